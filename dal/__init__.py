@@ -1,0 +1,54 @@
+"""dal: train PyTorch models against an NPU's constraints and prove on-target parity.
+
+    import dal
+    model = dal.prepare_qat(model, recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    dal.calibrate(model, calib_loader)
+    train(model)
+    dal.export_onnx(model, (x,), "model.onnx")
+    print(dal.verify("model.onnx", model, (x,)))
+
+``import dal`` is cheap: every public name is resolved on first use (PEP 562), so importing
+the package neither imports Lightning nor builds the C++ reference library.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute)
+_LAZY = {
+    "QFormat": ("dal.formats", "QFormat"),
+    "get_format": ("dal.formats", "get_format"),
+    "quantize": ("dal.formats", "quantize"),
+    "dequantize": ("dal.formats", "dequantize"),
+    "fake_quantize": ("dal.formats", "fake_quantize"),
+    "choose_qparams": ("dal.formats", "choose_qparams"),
+    "FakeQuantizer": ("dal.quantizer", "FakeQuantizer"),
+    "prepare_qat": ("dal.prepare", "prepare_qat"),
+    "register_qat_module": ("dal.nn.registry", "register_qat_module"),
+    "calibrate": ("dal.calibrate", "calibrate"),
+    "export_onnx": ("dal.export", "export_onnx"),
+    "verify": ("dal.verify", "verify"),
+    "prepare_sparse": ("dal.sparsity", "prepare_sparse"),
+    "load_recipe": ("dal.recipe", "load_recipe"),
+    "load_hardware": ("dal.hardware", "load_hardware"),
+}
+
+_SUBMODULES = {"formats", "observers", "quantizer", "hardware", "recipe", "nn", "sparsity", "replace",
+               "prepare", "calibrate", "export", "npu", "verify", "analysis", "distill"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"dal.{name}")
+    raise AttributeError(f"module 'dal' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY) + list(_SUBMODULES))

@@ -1,0 +1,4 @@
+"""Small real data sets that ship inside wheels (no download at run time)."""
+from .mnist import load_mnist, mnist_loaders
+
+__all__ = ["load_mnist", "mnist_loaders"]

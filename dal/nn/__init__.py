@@ -1,0 +1,13 @@
+"""Drop-in QAT modules: the float op plus its input / weight / output fake quantizers."""
+from .registry import OP_CLASSES, QAT_MODULES, is_qat_module, qat_class_for, register_qat_module
+from .base import QATMixin, apply_activation
+from .linear import QEmbedding, QLinear
+from .conv import QConv1d, QConv2d, QConvTranspose2d
+from .conv_bn import QConvBn2d, QConvBnReLU2d
+from .functional import QAdd, QCat, QMatMul, QMul
+from .spec import SimpleLayerSpec, SimpleTensorSpec, make_quantizer
+
+__all__ = ["QAT_MODULES", "OP_CLASSES", "register_qat_module", "qat_class_for", "is_qat_module", "QATMixin",
+           "apply_activation", "QLinear", "QEmbedding", "QConv1d", "QConv2d", "QConvTranspose2d", "QConvBn2d",
+           "QConvBnReLU2d", "QAdd", "QMul", "QCat", "QMatMul", "SimpleLayerSpec", "SimpleTensorSpec",
+           "make_quantizer"]

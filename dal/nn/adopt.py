@@ -1,0 +1,38 @@
+"""Swap a module's class without copying its parameters (from_float / to_float)."""
+from __future__ import annotations
+
+from torch import nn
+
+# Attributes a QAT module adds on top of its float module; to_float drops them.
+QAT_ATTRS = ("qat_name", "activation", "bias_mode", "_float_cls", "bn_frozen_flag")
+QAT_SUBMODULES = ("input_quant", "weight_quant", "output_quant", "input_quants", "bn")
+
+
+def adopt(cls, mod: nn.Module):
+    """A new instance of ``cls`` holding ``mod``'s attributes, Parameter and buffer objects
+    (the same objects: an optimizer built on the float model keeps working)."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    state = {k: v for k, v in mod.__dict__.items() if k != "training"}
+    for key in ("_parameters", "_buffers", "_modules"):
+        state[key] = dict(state[key])
+    new.__dict__.update(state)
+    new.training = mod.training
+    new._float_cls = type(mod)
+    return new
+
+
+def release(mod: nn.Module, float_cls=None) -> nn.Module:
+    """The float module of a QAT module: same parameters, quantizers and QAT attributes removed."""
+    cls = float_cls or mod.__dict__.get("_float_cls")
+    if cls is None:
+        raise ValueError(f"{type(mod).__name__} does not know its float class; it was not built with from_float")
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    state = {k: v for k, v in mod.__dict__.items() if k not in QAT_ATTRS and k != "training"}
+    for key in ("_parameters", "_buffers", "_modules"):
+        state[key] = {k: v for k, v in state[key].items() if k not in QAT_SUBMODULES}
+    state["_buffers"].pop("weight_mask", None)
+    new.__dict__.update(state)
+    new.training = mod.training
+    return new

@@ -1,0 +1,99 @@
+"""QConvBn2d / QConvBnReLU2d: Conv2d + BatchNorm2d (+ ReLU) with BN folded for QAT.
+
+Training (BN not frozen), as production QAT does it (Krishnamoorthi 2018; torch.ao):
+
+    f     = gamma / sqrt(running_var + eps)                 per output channel
+    y     = conv(x, fq_w(W * f)) / f (+ conv bias)          quantized *folded* weights
+    y     = BN(y)                                           batch statistics; running stats update
+
+Eval, or after ``freeze_bn()``: exactly the folded layer the hardware runs,
+
+    y = conv(x, fq_w(W * f), fq_b(beta + (b - running_mean) * f))
+
+which, with all quantizers off, equals the float Conv+BN within float rounding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .adopt import adopt, release
+from .base import QATMixin
+
+
+class QConvBn2d(QATMixin, nn.Conv2d):
+    """Conv2d with a BatchNorm2d folded into its weight and bias; see the module docstring."""
+
+    default_activation = None
+
+    @classmethod
+    def from_float(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d, spec=None, name: str = "", activation="default"):
+        if type(conv) is not nn.Conv2d or not isinstance(bn, nn.BatchNorm2d):
+            raise TypeError(f"{cls.__name__} fuses nn.Conv2d + nn.BatchNorm2d, got {type(conv).__name__} + "
+                            f"{type(bn).__name__} at {name or '<unnamed>'}")
+        if bn.num_features != conv.out_channels:
+            raise ValueError(f"{name}: BatchNorm2d has {bn.num_features} features but the conv has "
+                             f"{conv.out_channels} output channels")
+        if not bn.track_running_stats:
+            raise ValueError(f"{name}: BatchNorm2d without running statistics cannot be folded")
+        q = adopt(cls, conv)
+        q.bn = bn
+        q._init_qat(spec, name, cls.default_activation if activation == "default" else activation)
+        q.register_buffer("bn_frozen", torch.tensor(False))
+        return q
+
+    def freeze_bn(self, frozen: bool = True) -> "QConvBn2d":
+        """Stop updating BN statistics and train with the eval-mode folding from now on."""
+        self.bn_frozen.fill_(bool(frozen))
+        return self
+
+    def _fold_factor(self) -> torch.Tensor:
+        std = torch.sqrt(self.bn.running_var + self.bn.eps)
+        gamma = self.bn.weight if self.bn.affine else torch.ones_like(std)
+        return gamma / std
+
+    def folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W * f, beta + (b - mean) * f) in float: what the exporter and hardware see before quantization."""
+        f = self._fold_factor()
+        w = self.weight * f.reshape(-1, 1, 1, 1)
+        b = self.bias if self.bias is not None else torch.zeros_like(f)
+        beta = self.bn.bias if self.bn.affine else torch.zeros_like(f)
+        return w, beta + (b - self.bn.running_mean) * f
+
+    def forward(self, x):
+        if self.input_quant is not None:
+            x = self.input_quant(x)
+        if self.training and not bool(self.bn_frozen):
+            f = self._fold_factor()
+            w = self.quantized_weight(self.weight * f.reshape(-1, 1, 1, 1))
+            y = self._conv_forward(x, w, None) / f.reshape(1, -1, 1, 1)
+            if self.bias is not None:
+                y = y + self.bias.reshape(1, -1, 1, 1)
+            y = self.bn(y)
+        else:
+            w, b = self.folded_weight_and_bias()
+            y = self._conv_forward(x, self.quantized_weight(w), self.quantized_bias(b))
+        return self.finish(y)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if mode and bool(getattr(self, "bn_frozen", torch.tensor(False))):
+            self.bn.eval()  # frozen BN keeps its running statistics
+        return self
+
+    def to_float(self) -> nn.Module:
+        """nn.Sequential(conv, bn[, ReLU]) computing the same float function."""
+        bn = self.bn
+        conv = release(self, nn.Conv2d)
+        layers = [conv, bn] + ([nn.ReLU()] if self.activation == "relu" else [])
+        return nn.Sequential(*layers)
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, {self.qat_extra_repr()}"
+
+
+class QConvBnReLU2d(QConvBn2d):
+    """QConvBn2d followed by a fused ReLU (applied before the output quantizer)."""
+
+    default_activation = "relu"

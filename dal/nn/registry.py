@@ -1,0 +1,58 @@
+"""Registry of QAT modules: float module type -> QAT class (a dict plus a decorator)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+#: float type -> QAT class
+QAT_MODULES: dict[type, type] = {}
+#: float type -> hardware op class ("conv", "linear", ...) used to match recipes and hardware
+OP_CLASSES: dict[type, str] = {}
+
+
+def register_qat_module(float_type: type, op_class: str = "custom") -> Callable[[type], type]:
+    """Register ``cls`` as the QAT version of ``float_type``.
+
+    The class needs ``from_float(mod, spec, name) -> module`` and ``to_float() -> module``;
+    ``op_class`` names the hardware operator class its recipe rules and hardware checks use.
+
+        @dal.register_qat_module(MyAttention, op_class="matmul")
+        class QMyAttention(MyAttention): ...
+    """
+    if not (isinstance(float_type, type) and issubclass(float_type, nn.Module)):
+        raise TypeError(f"register_qat_module needs an nn.Module subclass, got {float_type!r}")
+
+    def wrap(cls):
+        missing = [m for m in ("from_float", "to_float") if not callable(getattr(cls, m, None))]
+        if missing:
+            raise TypeError(f"{cls.__name__} cannot be registered for {float_type.__name__}: it lacks {missing}")
+        QAT_MODULES[float_type] = cls
+        OP_CLASSES[float_type] = op_class
+        return cls
+    return wrap
+
+
+def qat_class_for(mod: nn.Module):
+    """The registered QAT class for ``type(mod)`` (exact type match), or None."""
+    return QAT_MODULES.get(type(mod))
+
+
+def is_qat_module(mod: nn.Module) -> bool:
+    return type(mod) in set(QAT_MODULES.values()) or hasattr(mod, "quantizers") and hasattr(mod, "qat_name")
+
+
+def op_class_of(mod: nn.Module) -> str:
+    """Hardware op class of a float or QAT module ("conv", "linear", "add", ...)."""
+    if hasattr(mod, "op_class"):
+        return mod.op_class
+    float_cls = mod.__dict__.get("_float_cls", type(mod))
+    return OP_CLASSES.get(float_cls, "custom")
+
+
+def float_type_name(mod: nn.Module) -> str:
+    """Name of the float type a recipe rule matches ("Conv2d" for QConv2d and fused Conv+BN)."""
+    float_cls = mod.__dict__.get("_float_cls")
+    if float_cls is not None:
+        return float_cls.__name__
+    return getattr(mod, "op_class", type(mod).__name__) if hasattr(mod, "op_class") else type(mod).__name__

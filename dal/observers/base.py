@@ -1,0 +1,123 @@
+"""Observer base: statistics of the tensors that flow through, turned into (scale, zero_point)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..formats import PER_TENSOR, Granularity, choose_qparams, get_format
+
+
+def finite_only(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Copies of x for min and max reductions with non-finite values made neutral, and their count.
+
+    NaN and +-inf never reach a statistic: a single inf would otherwise blow the range up and
+    a NaN would poison every later scale.
+    """
+    finite = torch.isfinite(x)
+    if bool(finite.all()):
+        return x, x, 0
+    bad = int((~finite).sum())
+    inf = torch.tensor(float("inf"), dtype=x.dtype, device=x.device)
+    return torch.where(finite, x, inf), torch.where(finite, x, -inf), bad
+
+
+def _raw_minmax(x: torch.Tensor, gran: Granularity) -> tuple[torch.Tensor, torch.Tensor]:
+    axis = gran.normalized_axis(x.dim())
+    if axis is None:
+        return torch.aminmax(x)
+    if not gran.block_size:
+        if x.dim() == 1:
+            return x.clone(), x.clone()
+        rows = x.movedim(axis, 0).reshape(x.shape[axis], -1)
+        return torch.aminmax(rows, dim=1)
+    shape = list(x.shape)
+    shape[axis:axis + 1] = [shape[axis] // gran.block_size, gran.block_size]
+    return torch.aminmax(x.reshape(shape), dim=axis + 1)
+
+
+def block_minmax(x: torch.Tensor, gran: Granularity) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Min and max of ``x`` per scale of ``gran`` (shape ``gran.scale_shape(x.shape)``), ignoring
+    non-finite values; also returns how many were ignored.
+
+    One fused pass in the common case: NaN propagates through min/max and an inf shows up as an
+    extreme, so only a non-finite result pays for the filtering pass.
+    """
+    x = x.detach().float()
+    lo, hi = _raw_minmax(x, gran)
+    if bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all()):
+        return lo, hi, 0
+    for_min, for_max, bad = finite_only(x)
+    lo, _ = _raw_minmax(for_min, gran)
+    _, hi = _raw_minmax(for_max, gran)
+    return lo, hi, bad
+
+
+class Observer(nn.Module):
+    """Watches tensors and proposes quantization parameters for ``fmt`` at ``granularity``.
+
+    Subclasses implement ``_observe(x)`` and ``_range() -> (min, max)``; the base turns the
+    range into (scale, zero_point) with ``dal.formats.choose_qparams``. State lives in buffers
+    (so it is saved, loaded and moved with the module); buffers are created lazily at the first
+    batch because per-channel shapes are only known then.
+    """
+
+    def __init__(self, fmt="int8", granularity: Granularity = PER_TENSOR, symmetric: bool = True,
+                 narrow_range: bool = False):
+        super().__init__()
+        self.fmt = get_format(fmt)
+        self.granularity = granularity
+        self.symmetric = symmetric
+        self.narrow_range = narrow_range
+        self.register_buffer("nonfinite_count", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("batches_seen", torch.zeros((), dtype=torch.int64))
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == 0:
+            raise ValueError(f"{type(self).__name__} got an empty tensor of shape {tuple(x.shape)}")
+        self._observe(x)
+        self.batches_seen += 1
+        return x
+
+    @property
+    def has_data(self) -> bool:
+        return int(self.batches_seen) > 0
+
+    def _observe(self, x: torch.Tensor) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _range(self) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale float32, zero_point int32) shaped for the granularity."""
+        if not self.has_data:
+            raise RuntimeError(f"{type(self).__name__} has seen no data: calibrate before asking for qparams")
+        lo, hi = self._range()
+        # A scale with no finite observation at all (every value NaN / inf) collapses to [0, 0].
+        lo = torch.where(torch.isfinite(lo), lo, torch.zeros_like(lo))
+        hi = torch.where(torch.isfinite(hi), hi, torch.zeros_like(hi))
+        return choose_qparams(lo, torch.maximum(hi, lo), self.fmt, self.symmetric, self.narrow_range)
+
+    def _lazy_buffer(self, name: str, value: torch.Tensor) -> None:
+        self.register_buffer(name, value)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # Lazily created buffers do not exist yet in a fresh observer: create them from the checkpoint.
+        for key, value in state_dict.items():
+            if key.startswith(prefix) and "." not in key[len(prefix):]:
+                name = key[len(prefix):]
+                if name not in self._buffers and name in self._lazy_names:
+                    self.register_buffer(name, torch.empty_like(value))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    _lazy_names: tuple[str, ...] = ()
+    #: Cheap enough to keep updating at every QAT step (min-max); histogram searches are not,
+    #: and their quantizers keep the calibrated range during training.
+    updates_during_training: bool = True
+
+    def extra_repr(self) -> str:
+        kind = "symmetric" if self.symmetric else "affine"
+        return f"{self.fmt.name}, {self.granularity}, {kind}"

@@ -1,0 +1,243 @@
+"""Histogram observers: the range is chosen by a search over clipping thresholds.
+
+One signed histogram (``bins`` bins over a range that grows as data arrives) is collected per
+tensor; the search then picks a clipping range ``[lo, hi]``:
+
+* ``percentile``: the ``p``-th percentile of ``|x|`` (symmetric) or the two tails (affine);
+* ``kl``:  TensorRT-style entropy calibration: the threshold whose quantized distribution has
+  the smallest KL divergence from the clipped reference distribution;
+* ``mse``: the threshold that minimises the expected squared error of fake quantization,
+  evaluated at the bin centres with dal's own fake quantizer (so it holds for any format).
+
+Per-channel MSE (weights) searches per channel on the last tensor seen, which for a weight is
+the weight itself.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..formats import fake_quantize
+from .base import Observer, block_minmax
+from .distributed import all_reduce_
+
+
+class HistogramObserver(Observer):
+    """Collects a histogram; subclasses choose the clipping range from it (``_search``)."""
+
+    _lazy_names = ("histogram", "hist_min", "hist_max", "min_val", "max_val")
+    updates_during_training = False
+
+    def __init__(self, *args, bins: int = 2048, **kwargs):
+        super().__init__(*args, **kwargs)
+        if bins < 16:
+            raise ValueError(f"bins={bins} is too few for a threshold search; use at least 16")
+        self.bins = bins
+
+    def _observe(self, x: torch.Tensor) -> None:
+        if self.granularity.axis is not None:
+            return self._observe_per_channel(x)
+        lo, hi, bad = block_minmax(x, self.granularity)
+        all_reduce_(lo, "min")
+        all_reduce_(hi, "max")
+        if bad:
+            self.nonfinite_count += bad
+        if not (torch.isfinite(lo) and torch.isfinite(hi)):
+            return  # nothing finite in this batch on any rank
+        if "histogram" not in self._buffers:
+            self._lazy_buffer("histogram", torch.zeros(self.bins, dtype=torch.float64))
+            self._lazy_buffer("hist_min", lo.clone())
+            self._lazy_buffer("hist_max", torch.maximum(hi, lo + 1e-12))
+        elif lo < self.hist_min or hi > self.hist_max:
+            self._grow(torch.minimum(lo, self.hist_min), torch.maximum(hi, self.hist_max))
+        flat = x.detach().float().flatten()
+        flat = flat[torch.isfinite(flat)]
+        counts = torch.histc(flat, self.bins, float(self.hist_min), float(self.hist_max)).double()
+        self.histogram += all_reduce_(counts, "sum")
+
+    def _grow(self, lo: torch.Tensor, hi: torch.Tensor) -> None:
+        """Re-bin the histogram onto a wider range: each old bin's count goes to the new bin
+        holding its centre (exact in total count; approximate in position by < 1 new bin)."""
+        old = self.histogram
+        width = (self.hist_max - self.hist_min) / self.bins
+        centres = self.hist_min + width * (torch.arange(self.bins, dtype=torch.float64) + 0.5)
+        new_width = (hi - lo) / self.bins
+        idx = ((centres - lo) / new_width).floor().clamp(0, self.bins - 1).long()
+        grown = torch.zeros_like(old)
+        grown.index_add_(0, idx, old)
+        self.histogram.copy_(grown)
+        self.hist_min.copy_(lo)
+        self.hist_max.copy_(hi)
+
+    def _observe_per_channel(self, x: torch.Tensor) -> None:
+        lo, hi, bad = block_minmax(x, self.granularity)
+        all_reduce_(lo, "min")
+        all_reduce_(hi, "max")
+        if bad:
+            self.nonfinite_count += bad
+        if "min_val" not in self._buffers:
+            self._lazy_buffer("min_val", lo.clone())
+            self._lazy_buffer("max_val", hi.clone())
+        else:
+            torch.minimum(self.min_val, lo, out=self.min_val)
+            torch.maximum(self.max_val, hi, out=self.max_val)
+        self._last = x.detach().float()
+
+    def _centres(self) -> tuple[np.ndarray, np.ndarray]:
+        width = float(self.hist_max - self.hist_min) / self.bins
+        centres = float(self.hist_min) + width * (np.arange(self.bins) + 0.5)
+        return centres, self.histogram.numpy()
+
+    def _range(self):
+        if self.granularity.axis is not None:
+            return self._per_channel_range()
+        if "histogram" not in self._buffers:
+            zero = torch.zeros(())
+            return zero, zero
+        lo, hi = self._search()
+        return torch.tensor(lo, dtype=torch.float32), torch.tensor(hi, dtype=torch.float32)
+
+    def _per_channel_range(self):
+        return self.min_val, self.max_val
+
+    def _search(self) -> tuple[float, float]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class PercentileObserver(HistogramObserver):
+    """Clip at the ``percentile``-th percentile of the observed values (per tensor)."""
+
+    def __init__(self, *args, percentile: float = 99.99, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not 50.0 < percentile <= 100.0:
+            raise ValueError(f"percentile={percentile} must be in (50, 100]")
+        self.percentile = percentile
+
+    def _search(self):
+        centres, counts = self._centres()
+        cdf = np.cumsum(counts) / max(counts.sum(), 1.0)
+        tail = (100.0 - self.percentile) / 100.0
+        if self.symmetric:
+            order = np.argsort(np.abs(centres), kind="stable")
+            acdf = np.cumsum(counts[order]) / max(counts.sum(), 1.0)
+            k = int(np.searchsorted(acdf, 1.0 - tail))
+            t = float(np.abs(centres[order[min(k, len(order) - 1)]]))
+            return -t, t
+        lo = centres[int(np.searchsorted(cdf, tail / 2))]
+        hi = centres[min(int(np.searchsorted(cdf, 1.0 - tail / 2)), self.bins - 1)]
+        return float(min(lo, 0.0)), float(max(hi, 0.0))
+
+
+def _candidate_thresholds(amax: float, n: int) -> np.ndarray:
+    return amax * np.linspace(1.0 / n, 1.0, n)
+
+
+class MSEObserver(HistogramObserver):
+    """Clipping threshold minimising E[(x - fake_quant(x))^2] over the observed distribution.
+
+    ``candidates`` thresholds ``t_k = amax * k / candidates`` are tried (symmetric: [-t, t];
+    affine: [min * k/n, max * k/n]); per channel the search runs on the last tensor seen.
+    """
+
+    def __init__(self, *args, candidates: int = 100, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.candidates = candidates
+
+    def _error(self, values: torch.Tensor, weights: torch.Tensor, lo: float, hi: float) -> float:
+        from ..formats import choose_qparams
+
+        scale, zp = choose_qparams(torch.tensor(lo), torch.tensor(hi), self.fmt, self.symmetric, self.narrow_range)
+        q = fake_quantize(values, self.fmt, scale, zp, narrow_range=self.narrow_range, check=False)
+        return float((weights * (q - values) ** 2).sum())
+
+    def _search(self):
+        centres, counts = self._centres()
+        keep = counts > 0
+        values = torch.tensor(centres[keep], dtype=torch.float32)
+        weights = torch.tensor(counts[keep], dtype=torch.float32)
+        lo0, hi0 = min(float(self.hist_min), 0.0), max(float(self.hist_max), 0.0)
+        best, best_err = (lo0, hi0), float("inf")
+        for f in np.linspace(1.0 / self.candidates, 1.0, self.candidates):
+            lo, hi = (lo0 * f, hi0 * f)
+            if self.symmetric:
+                t = max(-lo, hi)
+                lo, hi = -t, t
+            err = self._error(values, weights, lo, hi)
+            if err < best_err:
+                best, best_err = (lo, hi), err
+        return best
+
+    def _per_channel_range(self):
+        x = self._last
+        axis = self.granularity.normalized_axis(x.dim())
+        if self.granularity.block_size:
+            return self.min_val, self.max_val  # per-group: min-max (groups are small already)
+        rows = x.movedim(axis, 0).reshape(x.shape[axis], -1)
+        best_lo, best_hi = self.min_val.clone().reshape(-1), self.max_val.clone().reshape(-1)
+        ones = torch.ones(rows.shape[1])
+        for c in range(rows.shape[0]):
+            lo0, hi0 = min(float(best_lo[c]), 0.0), max(float(best_hi[c]), 0.0)
+            err_best = float("inf")
+            for f in np.linspace(1.0 / self.candidates, 1.0, self.candidates):
+                lo, hi = lo0 * f, hi0 * f
+                if self.symmetric:
+                    t = max(-lo, hi)
+                    lo, hi = -t, t
+                err = self._error(rows[c], ones, lo, hi)
+                if err < err_best:
+                    err_best, best_lo[c], best_hi[c] = err, lo, hi
+        return best_lo.reshape(self.min_val.shape), best_hi.reshape(self.max_val.shape)
+
+
+class KLObserver(HistogramObserver):
+    """Entropy calibration (TensorRT): the threshold ``t`` minimising KL(P || Q), where P is
+    the histogram of ``|x|`` clipped at ``t`` (outliers added to the last bin) and Q is P
+    merged into the format's quantization levels and spread back uniformly over the non-empty
+    bins of each level. Symmetric only; the result is ``[-t, t]`` (``[0, t]`` for unsigned data).
+    """
+
+    def __init__(self, *args, stride: int = 8, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stride = stride
+
+    def _search(self):
+        centres, counts = self._centres()
+        amax = float(max(-self.hist_min, self.hist_max))
+        if amax == 0.0:
+            return 0.0, 0.0
+        nb = self.bins
+        abs_hist = np.zeros(nb)
+        idx = np.clip((np.abs(centres) / amax * nb).astype(int), 0, nb - 1)
+        np.add.at(abs_hist, idx, counts)
+        levels = self._positive_levels()
+        best_t, best_kl = amax, float("inf")
+        for i in range(max(levels, 16), nb + 1, self.stride):
+            p = abs_hist[:i].copy()
+            p[i - 1] += abs_hist[i:].sum()
+            # Merge the first i bins into `levels` quantization bins, then expand back.
+            edges = np.linspace(0, i, levels + 1).astype(int)
+            q = np.zeros(i)
+            for a, b in zip(edges[:-1], edges[1:]):
+                chunk = abs_hist[a:b]
+                nz = chunk > 0
+                if nz.any():
+                    q[a:b][nz] = chunk.sum() / nz.sum()
+            kl = _kl(p, q)
+            if kl < best_kl:
+                best_kl, best_t = kl, (i / nb) * amax
+        negative = float(self.hist_min) < 0.0
+        return (-best_t if negative or self.symmetric else 0.0), best_t
+
+    def _positive_levels(self) -> int:
+        if self.fmt.is_integer:
+            return int(self.fmt.qmax) if self.fmt.signed else int(self.fmt.qmax) // 2
+        return 128  # FP8: levels are not uniform; use int8-like resolution for the search
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    p = p / max(p.sum(), 1e-12)
+    q = q / max(q.sum(), 1e-12)
+    mask = p > 0
+    if (q[mask] == 0).any():
+        return float("inf")
+    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))

@@ -1,0 +1,6 @@
+"""prepare_qat / to_float: turn a float model into a QAT model and back."""
+from .api import prepare_qat
+from .report import LayerRow, PrepareReport
+from .state import freeze_bn, set_quantizer_state, to_float
+
+__all__ = ["prepare_qat", "PrepareReport", "LayerRow", "set_quantizer_state", "freeze_bn", "to_float"]

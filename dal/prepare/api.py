@@ -1,0 +1,274 @@
+"""prepare_qat: one call turns a float model into a QAT model for a recipe and a hardware model."""
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
+from ..nn.registry import OP_CLASSES, QAT_MODULES, float_type_name, op_class_of
+from .own_forward import (cat_dim, find_conv_bn, functional_kind, needs_tracing, rebuild,
+                          replace_module_in_parent, trace_own_forward)
+from .report import PrepareReport
+
+_FUNCTIONAL = {"add": QAdd, "mul": QMul, "matmul": QMatMul, "cat": QCat}
+
+
+def _describe(spec) -> str:
+    if spec is None:
+        return ""
+    if getattr(spec, "fallback_fp16", False):
+        return "fp16"
+    parts = []
+    for role in ("input", "weight", "output"):
+        t = getattr(spec, role, None)
+        if t is not None:
+            fmt = getattr(t.format, "name", t.format)
+            parts.append(f"{role[0]}={fmt}/{t.granularity}")
+    if getattr(spec, "sparsity", None):
+        parts.append(f"sparse={spec.sparsity}")
+    return " ".join(parts)
+
+
+class _Resolver:
+    """Recipe lookup with the hardware check, one place for prepare's decisions."""
+
+    def __init__(self, recipe, hardware):
+        self.recipe, self.hardware = recipe, hardware
+
+    def __call__(self, name: str, type_name: str, op_class: str):
+        return self.recipe.resolve(name, type_name, op_class)
+
+
+def _fp16_spec(spec):
+    """A fallback layer: every tensor becomes an FP16 cast round trip."""
+    from ..nn.spec import SimpleLayerSpec, SimpleTensorSpec
+
+    t = SimpleTensorSpec("fp16")
+    return SimpleLayerSpec(weight=t, input=t, output=None, fallback_fp16=True)
+
+
+def _effective(spec):
+    if spec is not None and getattr(spec, "fallback_fp16", False):
+        return _fp16_spec(spec)
+    return spec
+
+
+def _candidates(model: nn.Module) -> list[tuple[str, str, str]]:
+    """(name, type, op_class) of every layer prepare would quantize: for the hardware check."""
+    layers = []
+    for name, mod in model.named_modules():
+        if type(mod) in QAT_MODULES:
+            layers.append((name, type(mod).__name__, OP_CLASSES[type(mod)]))
+        if needs_tracing(mod):
+            try:
+                graph = trace_own_forward(mod)
+            except Exception:  # noqa: BLE001 - reported later, in the apply phase
+                continue
+            for node in graph.nodes:
+                kind = functional_kind(node)
+                if kind:
+                    layers.append((f"{name}.{node.name}" if name else node.name, kind, kind))
+    return layers
+
+
+def _rewrite_module(root, path, mod, resolve, report) -> nn.Module:
+    """Fuse Conv+BN(+ReLU) and quantize functional ops in ``mod``'s own forward."""
+    try:
+        graph = trace_own_forward(mod)
+    except Exception as err:  # noqa: BLE001 - any tracing failure means "leave this forward as is"
+        msg = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        report.notes.append(f"{path or '<root>'} ({type(mod).__name__}): forward does not trace with torch.fx "
+                            f"({msg}); its submodules are still swapped, functional ops in it stay float")
+        return mod
+    changed = False
+    prefix = f"{path}." if path else ""
+    for pat in find_conv_bn(graph, mod):
+        name = prefix + pat.conv
+        spec = _effective(resolve(name, "Conv2d", "conv"))
+        if spec is None:
+            continue
+        conv, bn = mod.get_submodule(pat.conv), mod.get_submodule(pat.bn)
+        cls = QConvBnReLU2d if pat.relu_node is not None else QConvBn2d
+        fused = cls.from_float(conv, bn, spec, name)
+        replace_module_in_parent(mod, pat.conv, fused)
+        conv_node, bn_node = pat.nodes
+        bn_node.replace_all_uses_with(conv_node)
+        graph.erase_node(bn_node)
+        if pat.relu_node is not None:
+            pat.relu_node.replace_all_uses_with(conv_node)
+            graph.erase_node(pat.relu_node)
+        parent_path, _, leaf = pat.bn.rpartition(".")
+        delattr(mod.get_submodule(parent_path) if parent_path else mod, leaf)
+        report.add(name, cls.__name__, "conv", "fp16" if spec.fallback_fp16 else "quantized",
+                   f"fused with {prefix + pat.bn}" + (" + relu" if pat.relu_node is not None else "") + "; "
+                   + _describe(spec))
+        changed = True
+    for node in list(graph.nodes):
+        kind = functional_kind(node)
+        if kind is None:
+            continue
+        name = prefix + node.name
+        spec = _effective(resolve(name, kind, kind))
+        if spec is None:
+            report.add(name, kind, kind, "float", "no recipe rule quantizes it")
+            continue
+        attr = node.name if not hasattr(mod, node.name) else f"{node.name}_q"
+        if kind == "cat":
+            tensors = node.args[0] if node.args else node.kwargs["tensors"]
+            qmod = QCat(spec, prefix + attr, arity=len(tensors), dim=cat_dim(node))
+            args = tuple(tensors)
+        else:
+            qmod = _FUNCTIONAL[kind](spec, prefix + attr)
+            args = (node.args[0], node.args[1])
+        mod.add_module(attr, qmod)
+        with graph.inserting_after(node):
+            new = graph.call_module(attr, args)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        report.add(prefix + attr, type(qmod).__name__, kind, "fp16" if spec.fallback_fp16 else "quantized",
+                   _describe(spec))
+        changed = True
+    if not changed:
+        return mod
+    gm = rebuild(mod, graph)
+    if path:
+        replace_module_in_parent(root, path, gm)
+    return gm
+
+
+def _swap_leaves(model: nn.Module, resolve, report, strict: bool) -> None:
+    unknown = []
+    for name, mod in list(model.named_modules()):
+        if hasattr(mod, "qat_name") or hasattr(mod, "observer") or not name:
+            continue
+        cls = QAT_MODULES.get(type(mod))
+        if cls is None:
+            own_params = list(mod.named_parameters(recurse=False))
+            if own_params and not isinstance(mod, (nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d)):
+                unknown.append((name, type(mod).__name__))
+                report.add(name, type(mod).__name__, "custom", "float",
+                           f"no QAT module registered for {type(mod).__name__}: register one with "
+                           f"@dal.register_qat_module({type(mod).__name__})")
+            continue
+        op_class = OP_CLASSES[type(mod)]
+        spec = _effective(resolve(name, type(mod).__name__, op_class))
+        if spec is None:
+            report.add(name, type(mod).__name__, op_class, "float", "no recipe rule quantizes it")
+            continue
+        replace_module_in_parent(model, name, cls.from_float(mod, spec, name))
+        report.add(name, cls.__name__, op_class, "fp16" if spec.fallback_fp16 else "quantized", _describe(spec))
+    if strict and unknown:
+        listing = "\n".join(f"  {n}: {t} -> @dal.register_qat_module({t}) on a QAT class" for n, t in unknown)
+        raise ValueError(f"prepare_qat(strict=True): {len(unknown)} module(s) have parameters and no QAT "
+                         f"module:\n{listing}")
+
+
+def _quantize_model_outputs(model: nn.Module, example_inputs, resolve) -> Optional[str]:
+    """Give an output quantizer to the QAT layers whose results are the model's outputs (found by
+    running the example inputs), so exported outputs are integers the NPU can produce."""
+    from ..nn.spec import make_quantizer
+
+    produced: dict[int, tuple[str, nn.Module]] = {}
+    hooks = []
+    for name, mod in model.named_modules():
+        if hasattr(mod, "qat_name") and hasattr(mod, "output_quant"):
+            hooks.append(mod.register_forward_hook(
+                lambda m, i, o, name=name: produced.__setitem__(id(o), (name, m)) if torch.is_tensor(o) else None))
+    try:
+        with torch.no_grad():
+            out = model(*example_inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    outs = [out] if torch.is_tensor(out) else [o for o in (out if isinstance(out, (list, tuple)) else []) if torch.is_tensor(o)]
+    names = []
+    for o in outs:
+        if id(o) in produced:
+            name, mod = produced[id(o)]
+            spec = resolve(name, float_type_name(mod), op_class_of(mod))
+            if mod.output_quant is None and spec is not None and getattr(spec, "input", None) is not None \
+                    and not getattr(spec, "fallback_fp16", False):
+                mod.output_quant = make_quantizer(spec.input, None, f"{name}.output_quant")
+                names.append(name)
+    return ", ".join(names) or None
+
+
+def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example_inputs=None,
+                inplace: bool = True, strict: bool = False) -> nn.Module:
+    """Turn ``model`` into a QAT model: fuse, swap, quantize functional ops; return the model.
+
+    Args:
+        model: a float ``nn.Module``.
+        recipe: bundled recipe name, YAML path, dict or ``dal.recipe.Recipe``.
+        hardware: bundled hardware model name ("a2000"), path, dict or ``HardwareModel``; defaults
+            to the recipe's ``hardware``. The recipe is checked against it first: a layer asking
+            for a format the hardware cannot run is refused with every offender listed.
+        example_inputs: a tuple of example inputs; with them, the layers producing the model's
+            outputs get output quantizers (so the exported graph ends in integers).
+        inplace: modify ``model`` (default) or a deep copy.
+        strict: raise for modules with parameters that no QAT module handles, instead of
+            leaving them in float and listing them in the report.
+
+    Returns the prepared model; ``model.dal_report`` is a :class:`PrepareReport`. When the root's
+    own forward contains functional ops (``+``, ``torch.cat``, ``@``) the returned object is a
+    ``torch.fx.GraphModule`` sharing the same parameters (use the returned model).
+    Quantizers start in the ``observe`` state: call ``dal.calibrate`` next.
+    """
+    from ..hardware import load_hardware
+    from ..recipe import check_against_hardware, load_recipe
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"prepare_qat needs an nn.Module, got {type(model).__name__}")
+    rec = load_recipe(recipe)
+    hw_name = hardware if hardware is not None else getattr(rec, "hardware", None)
+    hw = load_hardware(hw_name) if hw_name is not None else None
+    if not inplace:
+        model = copy.deepcopy(model)
+    if hw is not None:
+        check_against_hardware(rec, hw, _candidates(model))
+    resolve = _Resolver(rec, hw)
+    report = PrepareReport(recipe=getattr(rec, "name", str(recipe)), hardware=getattr(hw, "name", str(hw_name)))
+    for path, mod in list(model.named_modules()):
+        if needs_tracing(mod) and (path == "" or _still_attached(model, path, mod)):
+            new = _rewrite_module(model, path, mod, resolve, report)
+            if path == "":
+                model = new
+    _swap_leaves(model, resolve, report, strict)
+    if example_inputs is not None:
+        if not isinstance(example_inputs, tuple):
+            example_inputs = (example_inputs,)
+        outs = _quantize_model_outputs(model, example_inputs, resolve)
+        if outs:
+            report.notes.append(f"output quantizer added to {outs} (model outputs)")
+    _attach_sparsity(model, rec, hw, report)
+    model.dal_report = report
+    model._dal_recipe = rec
+    model._dal_hardware = hw
+    return model
+
+
+def _still_attached(model: nn.Module, path: str, mod: nn.Module) -> bool:
+    try:
+        return model.get_submodule(path) is mod
+    except AttributeError:
+        return False
+
+
+def _attach_sparsity(model, rec, hw, report) -> None:
+    sparse = [n for n, m in model.named_modules()
+              if hasattr(m, "qat_name") and getattr(_spec_of(rec, n, m), "sparsity", None)]
+    if not sparse:
+        return
+    from ..sparsity import prepare_sparse
+
+    names = set(sparse)
+    prepare_sparse(model, pattern="2:4", layers=lambda name, mod: name in names, hardware=hw)
+    report.notes.append(f"2:4 sparsity on {len(names)} layer(s); see dal.sparsity.report(model)")
+
+
+def _spec_of(rec, name, mod):
+    return rec.resolve(name, float_type_name(mod), op_class_of(mod))

@@ -1,0 +1,162 @@
+"""Trace one module's *own* forward (every submodule call a leaf) and rewrite it.
+
+Tracing module by module, instead of the whole model at once, is what lets prepare_qat work
+on models that do not trace as a whole (torchvision's detection heads with data-dependent
+post-processing): a module whose own forward does not trace keeps it, everything below still
+gets fused and swapped, and the failure is listed in the report.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+
+class _OwnForwardTracer(fx.Tracer):
+    """Every submodule call is a leaf: only the module's own forward is traced."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:  # noqa: D401
+        return True
+
+
+def trace_own_forward(mod: nn.Module) -> fx.Graph:
+    """The fx graph of ``mod.forward`` with submodule calls as ``call_module`` leaves."""
+    return _OwnForwardTracer().trace(mod)
+
+
+def needs_tracing(mod: nn.Module) -> bool:
+    """Containers and user modules have forwards worth reading; torch.nn leaves do not."""
+    if isinstance(mod, (nn.ModuleList, nn.ModuleDict)) or hasattr(mod, "qat_name") or isinstance(mod, fx.GraphModule):
+        return False
+    if isinstance(mod, nn.Sequential):
+        return True
+    return not type(mod).__module__.startswith("torch.nn.modules") and not type(mod).__module__.startswith("dal.")
+
+
+# ---- functional ops ------------------------------------------------------------------------
+ADD_TARGETS = {operator.add, operator.iadd, torch.add}
+MUL_TARGETS = {operator.mul, operator.imul, torch.mul}
+MATMUL_TARGETS = {operator.matmul, torch.matmul, torch.bmm}
+CAT_TARGETS = {torch.cat, torch.concat}
+RELU_FUNCTIONS = {F.relu, torch.relu}
+_METHOD_OPS = {"add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "matmul": "matmul", "bmm": "matmul"}
+_NON_TENSOR_METHODS = {"size", "dim", "numel", "__len__", "item", "tolist", "stride"}
+_NON_TENSOR_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda"}
+
+
+def is_tensor_node(node) -> bool:
+    """Best effort: does this fx value hold a tensor (not a shape, int or dtype)?"""
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "call_method" and node.target in _NON_TENSOR_METHODS:
+        return False
+    if node.op == "call_function":
+        if node.target is getattr and len(node.args) > 1 and node.args[1] in _NON_TENSOR_ATTRS:
+            return False
+        if node.target in (len, int, float):
+            return False
+        if node.target is operator.getitem:
+            return is_tensor_node(node.args[0]) and not _is_shape_like(node.args[0])
+        tensor_args = [a for a in node.args if isinstance(a, fx.Node)]
+        if tensor_args and not any(is_tensor_node(a) for a in tensor_args):
+            return False
+    return True
+
+
+def _is_shape_like(node) -> bool:
+    return (node.op == "call_method" and node.target in _NON_TENSOR_METHODS) or (
+        node.op == "call_function" and node.target is getattr and len(node.args) > 1
+        and node.args[1] in _NON_TENSOR_ATTRS)
+
+
+def functional_kind(node: fx.Node) -> Optional[str]:
+    """"add" / "mul" / "matmul" / "cat" when the node is a quantizable tensor-tensor op."""
+    if node.op == "call_function":
+        if node.target in CAT_TARGETS:
+            seq = node.args[0] if node.args else node.kwargs.get("tensors")
+            if isinstance(seq, (list, tuple)) and len(seq) >= 2 and all(is_tensor_node(t) for t in seq):
+                return "cat"
+            return None
+        kind = ("add" if node.target in ADD_TARGETS else "mul" if node.target in MUL_TARGETS
+                else "matmul" if node.target in MATMUL_TARGETS else None)
+    elif node.op == "call_method":
+        kind = _METHOD_OPS.get(node.target)
+    else:
+        return None
+    if kind is None or len(node.args) < 2 or set(node.kwargs) - {"out"} and kind != "cat":
+        return None
+    if node.kwargs.get("alpha") is not None:
+        return None
+    a, b = node.args[0], node.args[1]
+    return kind if is_tensor_node(a) and is_tensor_node(b) else None
+
+
+def cat_dim(node: fx.Node) -> int:
+    if len(node.args) > 1:
+        return int(node.args[1])
+    return int(node.kwargs.get("dim", 0))
+
+
+# ---- conv + bn (+ relu) patterns -----------------------------------------------------------
+@dataclass
+class ConvBnPattern:
+    conv: str          # attribute path of the conv inside the traced module
+    bn: str
+    relu_node: Optional[fx.Node]
+    nodes: tuple = field(default=())
+
+
+def _is_relu(node: fx.Node, modules: dict) -> bool:
+    if node.op == "call_module":
+        return type(modules.get(node.target)) is nn.ReLU
+    if node.op == "call_function":
+        return node.target in RELU_FUNCTIONS
+    return node.op == "call_method" and node.target in ("relu", "relu_")
+
+
+def find_conv_bn(graph: fx.Graph, mod: nn.Module) -> list[ConvBnPattern]:
+    """Conv2d -> BatchNorm2d (-> ReLU) chains where each link has a single user and each
+    module is called exactly once in this forward."""
+    modules = dict(mod.named_modules())
+    calls: dict[str, int] = {}
+    for n in graph.nodes:
+        if n.op == "call_module":
+            calls[n.target] = calls.get(n.target, 0) + 1
+    found = []
+    for n in graph.nodes:
+        if n.op != "call_module" or type(modules.get(n.target)) is not nn.Conv2d or len(n.users) != 1:
+            continue
+        user = next(iter(n.users))
+        if user.op != "call_module" or not isinstance(modules.get(user.target), nn.BatchNorm2d):
+            continue
+        if user.args[0] is not n or calls[n.target] != 1 or calls[user.target] != 1:
+            continue
+        relu = None
+        if len(user.users) == 1:
+            nxt = next(iter(user.users))
+            if _is_relu(nxt, modules) and nxt.args[0] is user:
+                relu = nxt
+        found.append(ConvBnPattern(n.target, user.target, relu, (n, user)))
+    return found
+
+
+def replace_module_in_parent(root: nn.Module, path: str, new: nn.Module) -> None:
+    parent_path, _, leaf = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    parent._modules[leaf] = new
+
+
+def rebuild(mod: nn.Module, graph: fx.Graph) -> fx.GraphModule:
+    """A GraphModule running ``graph`` over ``mod``'s submodules (same objects, same names)."""
+    graph.lint()
+    gm = fx.GraphModule(mod, graph, class_name=type(mod).__name__)
+    gm.train(mod.training)
+    return gm
+
+
+BuildFn = Callable[..., Optional[nn.Module]]
