@@ -1,6 +1,7 @@
 """calibrate(model, data): observers see real data; then quantizers start quantizing."""
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -94,7 +95,12 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
                 continue
             q.set_state("quantize")
     if unseen:
+        # A layer whose forward never runs (its weight used functionally, e.g. torchvision's Swin
+        # attention calls F.linear on qkv.weight) cannot be calibrated: turn it off, loudly.
+        for name, q in qs:
+            if name in unseen:
+                q.set_state("off")
         shown = ", ".join(unseen[:10]) + (" ..." if len(unseen) > 10 else "")
-        raise ValueError(f"calibrate: {len(unseen)} quantizer(s) saw no data (their layers never ran on these "
-                         f"inputs): {shown}")
+        warnings.warn(f"calibrate: {len(unseen)} quantizer(s) saw no data and were turned off (their layers never "
+                      f"ran on these inputs): {shown}", stacklevel=2)
     return model

@@ -23,51 +23,71 @@ def reduce_to_param(t: torch.Tensor, param_shape: torch.Size, gran: Granularity)
     return t.reshape(shape).sum(dim=axis + 1).reshape(param_shape)
 
 
+def broadcast_view(gran: Granularity, shape: torch.Size) -> tuple[list[int], callable]:
+    """``(work_shape, view)``: x reshaped to ``work_shape`` broadcasts against ``view(param)``.
+
+    Per group, the blocked axis is split into ``(blocks, block_size)`` and the parameter gets a
+    1 after it, so parameters are broadcast, never repeated to the input's size: cheaper, and
+    torch's ``clamp`` takes the same broadcasting kernel for every granularity (its full-size
+    tensor kernel treats -0.0 and NaN differently, which would change the output's bits).
+    """
+    axis = gran.normalized_axis(len(shape))
+    if axis is None or not gran.block_size:
+        return list(shape), lambda p: gran.expand(p, shape)
+    work = list(shape)
+    work[axis:axis + 1] = [shape[axis] // gran.block_size, gran.block_size]
+    return work, lambda p: p.unsqueeze(axis + 1)
+
+
 class FakeQuantizeFunction(torch.autograd.Function):
     """out = clamp(round(x / s), qmin - zp, qmax - zp) * s   (FP8: cast_sat(x / s) * s)."""
 
     @staticmethod
     def forward(ctx, x, scale, zero_point, fmt, gran, qmin, qmax, grad_scale):
-        s = gran.expand(scale.to(x.dtype), x.shape)
+        work, view = broadcast_view(gran, x.shape)
+        xw = x.reshape(work)
+        s = view(scale.to(x.dtype))
         need_scale_grad = ctx.needs_input_grad[1]
         need_zp_grad = ctx.needs_input_grad[2]
-        v = x / s
+        v = xw / s
         if fmt.is_float8:
             limit = fmt.max_value
             mask = v.abs() <= limit
             clipped = torch.clamp(v, -limit, limit).to(fmt.torch_dtype()).to(x.dtype)
-            lo_hi = None
         else:
             zp = torch.round(zero_point.to(x.dtype)) if zero_point.is_floating_point() else zero_point.to(x.dtype)
-            zp = gran.expand(zp, x.shape)
+            zp = view(zp)
             lo, hi = qmin - zp, qmax - zp
             r = torch.round(v) if need_scale_grad else torch.round_(v)
             mask = (r >= lo) & (r <= hi)
             clipped = torch.clamp_(r, lo, hi) if isinstance(lo, torch.Tensor) else r.clamp_(lo, hi)
-            lo_hi = True
         if need_scale_grad:
             ctx.save_for_backward(mask, scale, v, clipped)
         else:
             ctx.save_for_backward(mask, scale)
-        ctx.gran, ctx.grad_scale, ctx.need_zp_grad, ctx.is_int = gran, grad_scale, need_zp_grad, lo_hi
-        return clipped.mul_(s) if not need_scale_grad else clipped * s
+        ctx.gran, ctx.grad_scale, ctx.need_zp_grad = gran, grad_scale, need_zp_grad
+        out = clipped.mul_(s) if not need_scale_grad else clipped * s
+        return out.reshape(x.shape)
 
     @staticmethod
     def backward(ctx, grad_out):
         saved = ctx.saved_tensors
         mask, scale = saved[0], saved[1]
         gran = ctx.gran
-        grad_x = grad_out * mask if ctx.needs_input_grad[0] else None
+        shape = grad_out.shape
+        work, view = broadcast_view(gran, shape)
+        g = grad_out.reshape(work)
+        grad_x = (g * mask).reshape(shape) if ctx.needs_input_grad[0] else None
         grad_scale = grad_zp = None
         if ctx.needs_input_grad[1]:
             v, clipped = saved[2], saved[3]
             # clipped holds the code minus zero point; inside the range d/ds = c - v, outside c.
             local = torch.where(mask, clipped - v, clipped)
-            grad_scale = reduce_to_param(grad_out * local, scale.shape, gran) * ctx.grad_scale
+            grad_scale = reduce_to_param((g * local).reshape(shape), scale.shape, gran) * ctx.grad_scale
         if ctx.need_zp_grad:
-            s = gran.expand(scale.to(grad_out.dtype), grad_out.shape)
-            local = torch.where(mask, torch.zeros_like(grad_out), -s)
-            grad_zp = reduce_to_param(grad_out * local, scale.shape, gran) * ctx.grad_scale
+            s = view(scale.to(grad_out.dtype))
+            local = torch.where(mask, torch.zeros_like(g), -s)
+            grad_zp = reduce_to_param((g * local).reshape(shape), scale.shape, gran) * ctx.grad_scale
         return grad_x, grad_scale, grad_zp, None, None, None, None, None
 
 

@@ -27,6 +27,13 @@ def apply_activation(y: torch.Tensor, activation) -> torch.Tensor:
     raise ValueError(f"activation={activation!r} is not one of None, 'relu', 'relu6', ('clip', lo, hi)")
 
 
+def _per_channel_copy(spec):
+    from .spec import SimpleTensorSpec
+
+    return SimpleTensorSpec(spec.format, "per_channel", None, None, spec.symmetric, spec.narrow_range,
+                            spec.observer, getattr(spec, "observer_args", ()), spec.learnable)
+
+
 def _active_integer(q: Optional[FakeQuantizer]) -> bool:
     return q is not None and q.fmt.is_integer and q.state in ("quantize", "frozen") and q.initialized
 
@@ -56,6 +63,14 @@ class QATMixin:
         w_spec = getattr(spec, "weight", None)
         group = getattr(w_spec, "granularity", None) == "per_group"
         axis = self.weight_reduction_axis if group else self.weight_channel_axis
+        if group and hasattr(self, "weight"):
+            size = int(getattr(w_spec, "group_size", 0) or 0)
+            ax = w_spec.axis if w_spec.axis is not None else axis
+            if size <= 0 or self.weight.shape[ax] % size:
+                # Groups that do not tile the reduction axis: per-channel is the closest valid choice.
+                self.group_fallback = f"group size {size} does not divide {self.weight.shape[ax]}: per_channel used"
+                w_spec = _per_channel_copy(w_spec)
+                axis = self.weight_channel_axis
         self.input_quant = make_quantizer(getattr(spec, "input", None), None, f"{name}.input_quant")
         self.weight_quant = make_quantizer(w_spec, axis, f"{name}.weight_quant") if hasattr(self, "weight") else None
         self.output_quant = make_quantizer(getattr(spec, "output", None), None, f"{name}.output_quant")

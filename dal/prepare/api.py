@@ -40,7 +40,10 @@ class _Resolver:
         self.recipe, self.hardware = recipe, hardware
 
     def __call__(self, name: str, type_name: str, op_class: str):
-        return self.recipe.resolve(name, type_name, op_class)
+        from ..hardware.op_classes import OP_CLASSES as HW_OP_CLASSES
+
+        # A user-registered module of no hardware op class is matched by name and type only.
+        return self.recipe.resolve(name, type_name, op_class if op_class in HW_OP_CLASSES else None)
 
 
 def _fp16_spec(spec):
@@ -167,6 +170,28 @@ def _swap_leaves(model: nn.Module, resolve, report, strict: bool) -> None:
                          f"module:\n{listing}")
 
 
+def _revert_uncalled(model: nn.Module, example_inputs, report: PrepareReport) -> None:
+    """QAT modules whose forward never runs on the example inputs (their weights are used
+    functionally elsewhere) go back to float and are listed with the reason."""
+    called = set()
+    hooks = [m.register_forward_pre_hook(lambda m, i: called.add(id(m)))
+             for m in model.modules() if hasattr(m, "qat_name") and hasattr(m, "to_float")]
+    try:
+        with torch.no_grad():
+            model(*example_inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    rows = {r.name: i for i, r in enumerate(report.rows)}
+    for name, mod in list(model.named_modules()):
+        if name and hasattr(mod, "qat_name") and hasattr(mod, "to_float") and id(mod) not in called:
+            replace_module_in_parent(model, name, mod.to_float())
+            reason = "its forward never runs on the example inputs (weights used functionally); left in float"
+            if name in rows:
+                old = report.rows[rows[name]]
+                report.rows[rows[name]] = type(old)(old.name, old.type_name, old.op_class, "float", reason)
+
+
 def _quantize_model_outputs(model: nn.Module, example_inputs, resolve) -> Optional[str]:
     """Give an output quantizer to the QAT layers whose results are the model's outputs (found by
     running the example inputs), so exported outputs are integers the NPU can produce."""
@@ -241,7 +266,11 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     if example_inputs is not None:
         if not isinstance(example_inputs, tuple):
             example_inputs = (example_inputs,)
+        was_training = model.training
+        model.eval()
+        _revert_uncalled(model, example_inputs, report)
         outs = _quantize_model_outputs(model, example_inputs, resolve)
+        model.train(was_training)
         if outs:
             report.notes.append(f"output quantizer added to {outs} (model outputs)")
     _attach_sparsity(model, rec, hw, report)
@@ -271,4 +300,4 @@ def _attach_sparsity(model, rec, hw, report) -> None:
 
 
 def _spec_of(rec, name, mod):
-    return rec.resolve(name, float_type_name(mod), op_class_of(mod))
+    return _Resolver(rec, None)(name, float_type_name(mod), op_class_of(mod))

@@ -31,8 +31,12 @@ def trace_own_forward(mod: nn.Module) -> fx.Graph:
 
 def needs_tracing(mod: nn.Module) -> bool:
     """Containers and user modules have forwards worth reading; torch.nn leaves do not."""
+    from ..nn.registry import QAT_MODULES
+
     if isinstance(mod, (nn.ModuleList, nn.ModuleDict)) or hasattr(mod, "qat_name") or isinstance(mod, fx.GraphModule):
         return False
+    if type(mod) in QAT_MODULES:
+        return False  # a registered type is swapped whole by its QAT class
     if isinstance(mod, nn.Sequential):
         return True
     return not type(mod).__module__.startswith("torch.nn.modules") and not type(mod).__module__.startswith("dal.")

@@ -1,0 +1,389 @@
+"""What an NPU can do, as frozen dataclasses validated on construction.
+
+A ``HardwareModel`` lists its engines, and for each op class the engine that runs it and the
+formats allowed for its weights, inputs and outputs; rules for weight and activation
+quantization; the requantizer; and sparsity, fp16, lookup-table and resize capabilities.
+See ``hardware_models/README.md`` for the YAML schema. Construct directly or with
+``dal.hardware.load_hardware``; any invalid field raises ``HardwareModelError`` naming the
+key path, the bad value and what is allowed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields
+
+from dal.formats.qformat import QFormat, get_format
+from dal.hardware.errors import HardwareModelError, Problem
+from dal.hardware.fields import did_you_mean
+from dal.hardware.op_classes import (ACTIVATION_FUNCTIONS, OP_CLASS_ROLES, OP_CLASSES, RESIZE_MODES,
+                                     ROLES)
+
+GRANULARITIES = ("per_tensor", "per_channel", "per_group")
+NARROW_RANGE = ("required", "allowed", "forbidden")
+REQUANTIZER_KINDS = ("float", "fixed_point")
+ROUNDINGS = ("half_up", "half_even", "half_away")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_PATTERN = re.compile(r"^(\d+):(\d+)$")
+
+
+def _raise(problems: list[Problem]) -> None:
+    if problems:
+        raise HardwareModelError(problems)
+
+
+def _as_tuple(obj, name: str, convert=None) -> None:
+    """Store ``obj.name`` as a tuple (a list or a single value is accepted), converting items."""
+    value = getattr(obj, name)
+    if value is None:
+        value = ()
+    elif isinstance(value, (str, QFormat)) or not hasattr(value, "__iter__"):
+        value = (value,)
+    value = tuple(convert(v) if convert else v for v in value)
+    object.__setattr__(obj, name, value)
+
+
+def _formats(obj, name: str, problems: list[Problem]) -> None:
+    try:
+        _as_tuple(obj, name, get_format)
+    except ValueError as e:
+        problems.append(Problem(str(e), (name,)))
+        object.__setattr__(obj, name, ())
+
+
+def _names(values) -> str:
+    return ", ".join(getattr(v, "name", str(v)) for v in values) or "(none)"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A compute unit: ``matrix`` (MAC array), ``vector`` (SIMD/LUT), ``dsp`` (custom ops).
+
+    ``formats`` is every format the engine computes in; an op on this engine may only use these.
+    """
+
+    name: str
+    description: str = ""
+    formats: tuple[QFormat, ...] = ()
+
+    def __post_init__(self):
+        problems: list[Problem] = []
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            problems.append(Problem(f"engine name {self.name!r} must be an identifier", ("name",)))
+        _formats(self, "formats", problems)
+        _raise(problems)
+
+
+@dataclass(frozen=True)
+class OpSupport:
+    """How the hardware runs one op class: on which engine, with which formats per role.
+
+    A role the op class does not have (``weight`` of ``add``, ``input`` of ``embedding``, whose
+    input is indices) must be empty; a role it has must list at least one format.
+    """
+
+    op_class: str
+    engine: str
+    weight_formats: tuple[QFormat, ...] = ()
+    input_formats: tuple[QFormat, ...] = ()
+    output_formats: tuple[QFormat, ...] = ()
+
+    def __post_init__(self):
+        problems: list[Problem] = []
+        for role in ROLES:
+            _formats(self, f"{role}_formats", problems)
+        if self.op_class not in OP_CLASS_ROLES:
+            problems.append(Problem(f"unknown op class {self.op_class!r}{did_you_mean(self.op_class, OP_CLASSES)} "
+                                    f"(known: {', '.join(OP_CLASSES)})"))
+        else:
+            roles = OP_CLASS_ROLES[self.op_class]
+            for role in ROLES:
+                given = getattr(self, f"{role}_formats")
+                if role in roles and not given:
+                    problems.append(Problem(f"{self.op_class} has {role}s: list at least one format "
+                                            f"in {role}_formats", (f"{role}_formats",)))
+                elif role not in roles and given:
+                    problems.append(Problem(f"{self.op_class} has no {role}; remove {role}_formats "
+                                            f"(roles of {self.op_class}: {', '.join(roles)})",
+                                            (f"{role}_formats",)))
+        _raise(problems)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return OP_CLASS_ROLES[self.op_class]
+
+    def formats(self, role: str) -> tuple[QFormat, ...]:
+        """Formats allowed for ``role`` ("weight", "input" or "output")."""
+        if role not in ROLES:
+            raise ValueError(f"role={role!r} is not one of {', '.join(ROLES)}")
+        return getattr(self, f"{role}_formats")
+
+
+@dataclass(frozen=True)
+class WeightRules:
+    """Constraints on weight quantization parameters, whatever the format."""
+
+    symmetric_required: bool = True
+    granularities: tuple[str, ...] = ("per_tensor", "per_channel")
+    group_sizes: tuple[int, ...] = ()
+    narrow_range: str = "allowed"
+
+    def __post_init__(self):
+        problems: list[Problem] = []
+        _as_tuple(self, "granularities")
+        _as_tuple(self, "group_sizes")
+        if not isinstance(self.symmetric_required, bool):
+            problems.append(Problem(f"expected true or false, got {self.symmetric_required!r}", ("symmetric_required",)))
+        bad = [g for g in self.granularities if g not in GRANULARITIES]
+        if bad or not self.granularities:
+            problems.append(Problem(f"{_names(bad)} not allowed; granularities is a non-empty list of "
+                                    f"{', '.join(GRANULARITIES)}", ("granularities",)))
+        if any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in self.group_sizes):
+            problems.append(Problem(f"group sizes must be positive integers, got {list(self.group_sizes)}", ("group_sizes",)))
+        elif ("per_group" in self.granularities) != bool(self.group_sizes):
+            problems.append(Problem("list group_sizes exactly when per_group is an allowed granularity", ("group_sizes",)))
+        if self.narrow_range not in NARROW_RANGE:
+            problems.append(Problem(f"{self.narrow_range!r} is not allowed (allowed: {', '.join(NARROW_RANGE)})", ("narrow_range",)))
+        _raise(problems)
+
+    def violations(self, granularity: str, group_size: int | None, symmetric: bool,
+                   narrow_range: bool) -> list[str]:
+        """What a weight quantizer with these parameters breaks, each with what is allowed."""
+        out = []
+        if granularity not in self.granularities:
+            out.append(f"granularity {granularity} is not supported (allowed: {', '.join(self.granularities)})")
+        elif granularity == "per_group" and group_size not in self.group_sizes:
+            out.append(f"group_size {group_size} is not supported (allowed: {', '.join(map(str, self.group_sizes))})")
+        if self.symmetric_required and not symmetric:
+            out.append("asymmetric weights are not supported (set symmetric: true)")
+        if self.narrow_range == "required" and not narrow_range:
+            out.append("narrow_range is required (set narrow_range: true)")
+        if self.narrow_range == "forbidden" and narrow_range:
+            out.append("narrow_range is not supported (set narrow_range: false)")
+        return out
+
+
+@dataclass(frozen=True)
+class ActivationRules:
+    """Constraints on activation (input/output) quantization: symmetric and/or affine."""
+
+    symmetric: bool = True
+    affine: bool = True
+    granularities: tuple[str, ...] = ("per_tensor",)
+
+    def __post_init__(self):
+        problems: list[Problem] = []
+        _as_tuple(self, "granularities")
+        for name in ("symmetric", "affine"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(Problem(f"expected true or false, got {getattr(self, name)!r}", (name,)))
+        if self.symmetric is False and self.affine is False:
+            problems.append(Problem("at least one of symmetric and affine must be true", ("affine",)))
+        bad = [g for g in self.granularities if g not in GRANULARITIES]
+        if bad or not self.granularities:
+            problems.append(Problem(f"{_names(bad)} not allowed; granularities is a non-empty list of "
+                                    f"{', '.join(GRANULARITIES)}", ("granularities",)))
+        _raise(problems)
+
+    def violations(self, granularity: str, symmetric: bool) -> list[str]:
+        out = []
+        if granularity not in self.granularities:
+            out.append(f"activation granularity {granularity} is not supported "
+                       f"(allowed: {', '.join(self.granularities)})")
+        if symmetric and not self.symmetric:
+            out.append("symmetric activations are not supported (set symmetric: false)")
+        if not symmetric and not self.affine:
+            out.append("affine (zero-point) activations are not supported (set symmetric: true)")
+        return out
+
+
+@dataclass(frozen=True)
+class Requantizer:
+    """How int32 accumulators are scaled to the output format.
+
+    ``kind="float"``: ONNX semantics, ``round_half_even(acc * s_in * s_w / s_out) + zp``.
+    ``kind="fixed_point"``: ``acc * M >> shift`` with an integer multiplier of
+    ``multiplier_bits`` bits and the given ``rounding`` (half_up, half_even, half_away).
+    """
+
+    kind: str = "float"
+    multiplier_bits: int | None = None
+    rounding: str = "half_even"
+
+    def __post_init__(self):
+        problems: list[Problem] = []
+        if self.kind not in REQUANTIZER_KINDS:
+            problems.append(Problem(f"{self.kind!r} is not allowed (allowed: {', '.join(REQUANTIZER_KINDS)})", ("kind",)))
+        if self.rounding not in ROUNDINGS:
+            problems.append(Problem(f"{self.rounding!r} is not allowed (allowed: {', '.join(ROUNDINGS)})", ("rounding",)))
+        if self.kind == "fixed_point":
+            mb = self.multiplier_bits
+            if isinstance(mb, bool) or not isinstance(mb, int) or not 8 <= mb <= 32:
+                problems.append(Problem(f"a fixed_point requantizer needs multiplier_bits, an integer "
+                                        f"from 8 to 32; got {mb!r}", ("multiplier_bits",)))
+        elif self.kind == "float":
+            if self.multiplier_bits is not None:
+                problems.append(Problem("multiplier_bits is only for kind: fixed_point; remove it", ("multiplier_bits",)))
+            if self.rounding != "half_even":
+                problems.append(Problem("a float requantizer rounds half_even (ONNX QuantizeLinear); "
+                                        "use kind: fixed_point for another rounding", ("rounding",)))
+        _raise(problems)
+
+
+@dataclass(frozen=True)
+class HardwareModel:
+    """An NPU: engines, per-op-class formats, quantization rules, requantizer, extras.
+
+    Attributes beyond the sub-dataclasses:
+        accumulator_bits: width of the matrix engine accumulator (e.g. 32).
+        channel_alignment: channel counts are padded to a multiple of this on the chip.
+        lut_size: entries in the activation lookup table (needed when ``lut_ops`` is set).
+        sparse_ops: op classes whose weights may follow ``sparsity_patterns`` (e.g. "2:4").
+        fp16_ops: op classes / activation functions the vector engine runs in fp16.
+        lut_ops: activation functions run through the lookup table on integer inputs.
+        replace_rules_needed: operator replacement rules (dal.replace) this chip needs.
+        resize_modes: interpolation modes the resize op supports.
+        source: where it was loaded from (not compared).
+    """
+
+    name: str
+    description: str = ""
+    engines: tuple[Engine, ...] = ()
+    ops: tuple[OpSupport, ...] = ()
+    weight_rules: WeightRules = field(default_factory=WeightRules)
+    activation_rules: ActivationRules = field(default_factory=ActivationRules)
+    requantizer: Requantizer = field(default_factory=Requantizer)
+    accumulator_bits: int = 32
+    channel_alignment: int = 1
+    lut_size: int | None = None
+    sparse_ops: tuple[str, ...] = ()
+    sparsity_patterns: tuple[str, ...] = ("2:4",)
+    fp16_ops: tuple[str, ...] = ()
+    lut_ops: tuple[str, ...] = ()
+    replace_rules_needed: tuple[str, ...] = ()
+    resize_modes: tuple[str, ...] = ()
+    source: str | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        for name in ("engines", "ops", "sparse_ops", "sparsity_patterns", "fp16_ops", "lut_ops",
+                     "replace_rules_needed", "resize_modes"):
+            _as_tuple(self, name)
+        problems: list[Problem] = []
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            problems.append(Problem(f"name {self.name!r} must be an identifier such as a2000", ("name",)))
+        for key, cls in (("weight_rules", WeightRules), ("activation_rules", ActivationRules),
+                         ("requantizer", Requantizer)):
+            if not isinstance(getattr(self, key), cls):
+                problems.append(Problem(f"expected a {cls.__name__}, got {getattr(self, key)!r}", (key,)))
+        engines = {}
+        for e in self.engines:
+            if not isinstance(e, Engine):
+                problems.append(Problem(f"expected Engine objects, got {e!r}", ("engines",)))
+            elif e.name in engines:
+                problems.append(Problem(f"engine {e.name!r} is listed twice", ("engines", e.name)))
+            else:
+                engines[e.name] = e
+        seen = set()
+        for op in self.ops:
+            if not isinstance(op, OpSupport):
+                problems.append(Problem(f"expected OpSupport objects, got {op!r}", ("ops",)))
+                continue
+            path = ("ops", op.op_class)
+            if op.op_class in seen:
+                problems.append(Problem(f"op class {op.op_class!r} is listed twice", path))
+            seen.add(op.op_class)
+            engine = engines.get(op.engine)
+            if engine is None:
+                problems.append(Problem(f"engine {op.engine!r} is not defined{did_you_mean(op.engine, engines)} "
+                                        f"(engines: {', '.join(engines) or '(none)'})", path + ("engine",)))
+            elif engine.formats:
+                for role in op.roles:
+                    extra = [f for f in op.formats(role) if f not in engine.formats]
+                    if extra:
+                        problems.append(Problem(f"{_names(extra)} not computed by the {engine.name} engine "
+                                                f"(its formats: {_names(engine.formats)})",
+                                                path + (f"{role}_formats",)))
+        for key, lo in (("accumulator_bits", 8), ("channel_alignment", 1)):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                problems.append(Problem(f"expected an integer >= {lo}, got {v!r}", (key,)))
+        if self.lut_size is not None and (isinstance(self.lut_size, bool) or not isinstance(self.lut_size, int)
+                                          or self.lut_size < 2):
+            problems.append(Problem(f"expected an integer >= 2, got {self.lut_size!r}", ("lut_size",)))
+        if self.lut_ops and self.lut_size is None:
+            problems.append(Problem("lut_ops needs lut_size (number of table entries, e.g. 256)", ("lut_size",)))
+        self._check_names(problems, "sparse_ops", seen, "op classes listed under ops")
+        for i, p in enumerate(self.sparsity_patterns):
+            m = _PATTERN.match(str(p))
+            if not m or not 0 < int(m.group(1)) < int(m.group(2)):
+                problems.append(Problem(f"{p!r} is not an N:M pattern such as '2:4'", ("sparsity_patterns", i)))
+        self._check_names(problems, "fp16_ops", OP_CLASSES + ACTIVATION_FUNCTIONS, "op classes or activation functions")
+        self._check_names(problems, "lut_ops", ACTIVATION_FUNCTIONS, "activation functions")
+        self._check_names(problems, "resize_modes", RESIZE_MODES, "resize modes")
+        if "resize" in seen and not self.resize_modes:
+            problems.append(Problem("the resize op needs resize_modes (e.g. [nearest])", ("resize_modes",)))
+        for i, r in enumerate(self.replace_rules_needed):
+            if not isinstance(r, str) or not _NAME.match(r):
+                problems.append(Problem(f"{r!r} is not a replacement rule name", ("replace_rules_needed", i)))
+        _raise(problems)
+
+    def _check_names(self, problems, key, allowed, what) -> None:
+        for i, v in enumerate(getattr(self, key)):
+            if v not in allowed:
+                problems.append(Problem(f"{v!r} is not allowed{did_you_mean(v, allowed)}; {key} lists "
+                                        f"{what} ({', '.join(allowed)})", (key, i)))
+
+    # -- queries -------------------------------------------------------------------------------
+    def engine(self, name: str) -> Engine:
+        for e in self.engines:
+            if e.name == name:
+                return e
+        raise KeyError(f"hardware {self.name!r} has no engine {name!r}")
+
+    def op(self, op_class: str) -> OpSupport | None:
+        """How ``op_class`` runs on this hardware, or None when the hardware does not run it."""
+        for op in self.ops:
+            if op.op_class == op_class:
+                return op
+        return None
+
+    def supports_op(self, op_class: str) -> bool:
+        return self.op(op_class) is not None
+
+    def allowed_formats(self, op_class: str, role: str) -> tuple[QFormat, ...]:
+        """Formats allowed for ``role`` of ``op_class``; () when the op is not supported."""
+        op = self.op(op_class)
+        return op.formats(role) if op is not None and role in op.roles else ()
+
+    def supports_sparsity(self, op_class: str, pattern: str = "2:4") -> bool:
+        """True when ``op_class`` takes weights with the N:M ``pattern``; else they stay dense."""
+        return op_class in self.sparse_ops and pattern in self.sparsity_patterns
+
+    def runs_in_fp16(self, name: str) -> bool:
+        """True when the op class or activation function ``name`` runs natively in fp16."""
+        return name in self.fp16_ops
+
+    def to_dict(self) -> dict:
+        """Plain data in the YAML schema (formats by name); ``load_hardware`` reads it back."""
+        def plain(v):
+            if isinstance(v, QFormat):
+                return v.name
+            if isinstance(v, (tuple, list)):
+                return [plain(x) for x in v]
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            return v
+
+        out: dict = {"name": self.name, "description": self.description,
+                     "engines": {e.name: {"description": e.description, "formats": plain(e.formats)}
+                                 for e in self.engines},
+                     "ops": {op.op_class: {"engine": op.engine, **{f"{r}_formats": plain(op.formats(r))
+                                                                  for r in op.roles}}
+                             for op in self.ops}}
+        for f in fields(self):
+            if f.name in out or f.name == "source":
+                continue
+            v = getattr(self, f.name)
+            if f.name in ("weight_rules", "activation_rules", "requantizer"):
+                v = {k: x for k, x in asdict(v).items() if x is not None}
+            out[f.name] = plain(v)
+        return out

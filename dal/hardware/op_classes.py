@@ -1,0 +1,92 @@
+"""The classes of operator a hardware model and a recipe talk about.
+
+An op class groups the operators a chip runs the same way: ``conv`` covers Conv1d/2d/3d,
+``pool`` covers max and average pooling, ``activation`` covers element-wise non-linear
+functions. Each op class has *roles*, the tensors that can carry a format:
+
+- ``weight``: a parameter tensor (conv, conv_transpose, linear, embedding);
+- ``input``: the activation inputs (everything except embedding, whose input is indices);
+- ``output``: the result.
+"""
+from __future__ import annotations
+
+ROLES = ("weight", "input", "output")
+
+#: op class -> roles it has, in the order the hardware schema lists them.
+OP_CLASS_ROLES: dict[str, tuple[str, ...]] = {
+    "conv": ("weight", "input", "output"),
+    "conv_transpose": ("weight", "input", "output"),
+    "linear": ("weight", "input", "output"),
+    "matmul": ("input", "output"),
+    "embedding": ("weight", "output"),
+    "add": ("input", "output"),
+    "mul": ("input", "output"),
+    "cat": ("input", "output"),
+    "pool": ("input", "output"),
+    "activation": ("input", "output"),
+    "softmax": ("input", "output"),
+    "layernorm": ("input", "output"),
+    "resize": ("input", "output"),
+}
+OP_CLASSES: tuple[str, ...] = tuple(OP_CLASS_ROLES)
+
+#: Op classes whose multiplication may skip N:M sparse zeros: those with weights, and matmul
+#: (one of its operands). Sparsity asked for any other op class is meaningless and dropped.
+SPARSIFIABLE: tuple[str, ...] = tuple(c for c, r in OP_CLASS_ROLES.items() if "weight" in r) + ("matmul",)
+
+#: Element-wise non-linear functions a vector engine may run in fp16 or through a table.
+ACTIVATION_FUNCTIONS: tuple[str, ...] = (
+    "relu", "relu6", "leaky_relu", "prelu", "elu", "selu", "gelu", "silu", "sigmoid", "tanh",
+    "hardswish", "hardsigmoid", "mish", "softplus", "exp", "log", "sqrt", "rsqrt", "reciprocal",
+)
+
+RESIZE_MODES: tuple[str, ...] = ("nearest", "linear", "bilinear", "bicubic", "trilinear")
+
+_ACTIVATION_TYPES = ("ReLU", "ReLU6", "LeakyReLU", "PReLU", "ELU", "SELU", "CELU", "GELU", "SiLU",
+                     "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid", "Hardtanh", "Mish", "Softplus")
+
+#: torch.nn class name -> op class; the default mapping for recipe rules written with
+#: ``type: Conv2d``. The prepare step may know more types (its own QAT modules, functions).
+MODULE_OP_CLASSES: dict[str, str] = {
+    **{f"Conv{d}d": "conv" for d in (1, 2, 3)},
+    **{f"ConvTranspose{d}d": "conv_transpose" for d in (1, 2, 3)},
+    "Linear": "linear", "LazyLinear": "linear",
+    "Embedding": "embedding", "EmbeddingBag": "embedding",
+    **{f"{k}Pool{d}d": "pool" for k in ("Max", "Avg", "AdaptiveMax", "AdaptiveAvg", "LP")
+       for d in (1, 2, 3)},
+    **{t: "activation" for t in _ACTIVATION_TYPES},
+    "Softmax": "softmax", "LogSoftmax": "softmax",
+    "LayerNorm": "layernorm",
+    "Upsample": "resize", "UpsamplingNearest2d": "resize", "UpsamplingBilinear2d": "resize",
+}
+
+
+def op_class_of_type(type_name: str) -> str | None:
+    """The op class of a torch.nn class name, or None when it is not known.
+
+    A leading ``Q`` of a QAT module (``QConv2d``) is ignored, and fused names such as
+    ``ConvBn2d`` / ``QConvBnReLU2d`` map to ``conv``.
+
+    >>> op_class_of_type("Conv2d"), op_class_of_type("QLinear"), op_class_of_type("Foo")
+    ('conv', 'linear', None)
+    """
+    if type_name in MODULE_OP_CLASSES:
+        return MODULE_OP_CLASSES[type_name]
+    if type_name.startswith("Q") and type_name[1:] in MODULE_OP_CLASSES:
+        return MODULE_OP_CLASSES[type_name[1:]]
+    bare = type_name[1:] if type_name.startswith("Q") else type_name
+    if bare.startswith("ConvBn") or bare.startswith("ConvReLU"):
+        return "conv"
+    if bare.startswith("LinearReLU") or bare.startswith("LinearBn"):
+        return "linear"
+    return None
+
+
+def check_op_class(op_class: str) -> str:
+    """Return ``op_class`` or raise ValueError listing the known op classes."""
+    if op_class not in OP_CLASS_ROLES:
+        from dal.hardware.fields import did_you_mean
+
+        raise ValueError(f"op_class={op_class!r} is not a known op class{did_you_mean(op_class, OP_CLASSES)} "
+                         f"(known: {', '.join(OP_CLASSES)})")
+    return op_class
