@@ -20,7 +20,7 @@ def main(argv=None) -> int:
 
     torch.manual_seed(0)
     t0 = time.time()
-    train, test = mnist_loaders(batch_size=128, train_limit=20000)
+    train, test = mnist_loaders(batch_size=128, train_limit=30000)
     model = MnistCNN()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     train_epoch(model, train, opt)
@@ -66,7 +66,7 @@ def _export_and_verify(qat, x, test) -> None:
     set_quantizer_state(qat, "frozen")
     qat.eval()
     path = os.path.join(tempfile.mkdtemp(prefix="dal-demo-"), "mnist_int8.onnx")
-    dal.export_onnx(qat, (x,), path)
+    dal.export_onnx(qat, (x,), path, dynamic_batch=True)
     print(f"\nexported QDQ ONNX: {path}")
     import onnxruntime as ort
 

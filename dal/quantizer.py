@@ -123,11 +123,12 @@ class FakeQuantizer(nn.Module):
         code = int(self.state_code)
         if code == 3:  # off
             return x
+        if code == 0:  # observe: the output is the input unchanged, for every format
+            if self.observer is not None:
+                self.observer(x)
+            return x
         if not self.fmt.is_scaled:
             return fake_quantize(x, self.fmt, check=False)
-        if code == 0:  # observe
-            self.observer(x)
-            return x
         if code == 1 and not self.learnable and self.observer.updates_during_training and self.training:
             self.observer(x)
             self.update_qparams()

@@ -17,7 +17,7 @@ def train_epoch(model, loader, optimizer, max_batches=None, loss_fn=None) -> flo
         loss = loss_fn(out, y, x) if loss_fn else F.cross_entropy(out, y)
         loss.backward()
         optimizer.step()
-        total, n = total + float(loss), n + 1
+        total, n = total + float(loss.detach()), n + 1
     return total / max(n, 1)
 
 

@@ -5,7 +5,7 @@ from torch import nn
 
 
 class MnistCNN(nn.Module):
-    """A small CNN for 1x28x28 digits: three Conv+BN+ReLU blocks, a residual add, a linear head.
+    """A small CNN for 1x28x28 digits: four Conv+BN(+ReLU) layers, a residual add, a linear head.
 
     It exercises what a real network needs from QAT: BN folding, a skip connection (``+``),
     pooling and a classifier.
@@ -19,10 +19,12 @@ class MnistCNN(nn.Module):
         self.conv = nn.Conv2d(2 * width, 2 * width, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(2 * width)
         self.relu = nn.ReLU()
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.head = nn.Linear(2 * width, num_classes)
+        self.down2 = nn.Sequential(nn.Conv2d(2 * width, 4 * width, 3, stride=2, padding=1, bias=False),
+                                   nn.BatchNorm2d(4 * width), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.head = nn.Linear(16 * width, num_classes)
 
     def forward(self, x):
         x = self.down(self.stem(x))
         x = self.relu(x + self.bn(self.conv(x)))
-        return self.head(self.pool(x).flatten(1))
+        return self.head(self.pool(self.down2(x)).flatten(1))

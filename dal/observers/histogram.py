@@ -168,24 +168,35 @@ class MSEObserver(HistogramObserver):
         return best
 
     def _per_channel_range(self):
-        x = self._last
-        axis = self.granularity.normalized_axis(x.dim())
         if self.granularity.block_size:
             return self.min_val, self.max_val  # per-group: min-max (groups are small already)
+        x = getattr(self, "_last", None)
+        if x is None:
+            # The search runs on the last tensor seen, which a state_dict does not carry.
+            raise RuntimeError(
+                f"{type(self).__name__} ({self.granularity}) searches on the last tensor it observed, "
+                "and has none since it was loaded from a state_dict: observe a tensor (the weight) first")
+        axis = self.granularity.normalized_axis(x.dim())
         rows = x.movedim(axis, 0).reshape(x.shape[axis], -1)
-        best_lo, best_hi = self.min_val.clone().reshape(-1), self.max_val.clone().reshape(-1)
-        ones = torch.ones(rows.shape[1])
-        for c in range(rows.shape[0]):
-            lo0, hi0 = min(float(best_lo[c]), 0.0), max(float(best_hi[c]), 0.0)
-            err_best = float("inf")
-            for f in np.linspace(1.0 / self.candidates, 1.0, self.candidates):
-                lo, hi = lo0 * f, hi0 * f
-                if self.symmetric:
-                    t = max(-lo, hi)
-                    lo, hi = -t, t
-                err = self._error(rows[c], ones, lo, hi)
-                if err < err_best:
-                    err_best, best_lo[c], best_hi[c] = err, lo, hi
+        lo0 = torch.clamp(self.min_val.reshape(-1), max=0.0)
+        hi0 = torch.clamp(self.max_val.reshape(-1), min=0.0)
+        best_lo, best_hi = lo0.clone(), hi0.clone()
+        best_err = torch.full_like(lo0, float("inf"), dtype=torch.float64)
+        from ..formats import choose_qparams, per_channel
+
+        # All channels at once per candidate: candidates passes over the tensor, not channels x candidates.
+        for f in np.linspace(1.0 / self.candidates, 1.0, self.candidates):
+            lo, hi = lo0 * float(f), hi0 * float(f)
+            if self.symmetric:
+                t = torch.maximum(-lo, hi)
+                lo, hi = -t, t
+            scale, zp = choose_qparams(lo, hi, self.fmt, self.symmetric, self.narrow_range)
+            q = fake_quantize(rows, self.fmt, scale, zp, per_channel(0), self.narrow_range, check=False)
+            err = ((q - rows).double() ** 2).sum(dim=1)
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best_lo = torch.where(better, lo, best_lo)
+            best_hi = torch.where(better, hi, best_hi)
         return best_lo.reshape(self.min_val.shape), best_hi.reshape(self.max_val.shape)
 
 

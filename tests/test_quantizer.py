@@ -1,0 +1,107 @@
+"""FakeQuantizer: states, persistence, repr, learnable scale, errors."""
+import pytest
+import torch
+
+import dal.formats as F
+from dal.quantizer import FakeQuantizer
+
+
+def _calibrated(fmt="int8", **kw):
+    fq = FakeQuantizer(fmt, **kw)
+    fq(torch.linspace(-3, 3, 100))
+    return fq
+
+
+def test_states_behave_as_documented():
+    torch.manual_seed(0)
+    fq = FakeQuantizer("int8", observer="minmax", name="layer1.act")
+    assert fq.state == "observe"
+    x = torch.randn(50) * 2
+    assert fq(x) is x and fq.observer.has_data                       # observe: identity, observer sees it
+    fq.set_state("quantize")                                          # leaving observe computes qparams
+    s0 = float(fq.scale)
+    assert s0 == pytest.approx(float(x.abs().max()) / 127)
+    y = fq(x)
+    assert torch.equal(y, F.fake_quantize(x, "int8", fq.scale, fq.zero_point))
+    fq(x * 10)                                                        # quantize + training: min-max keeps updating
+    assert float(fq.scale) == pytest.approx(10 * s0, rel=1e-6)
+    fq.eval()
+    fq(x * 100)                                                       # ...but not in eval
+    assert float(fq.scale) == pytest.approx(10 * s0, rel=1e-6)
+    fq.train().set_state("frozen")
+    batches = int(fq.observer.batches_seen)
+    y = fq(x * 1000)                                                  # frozen: fixed parameters, observer off
+    assert int(fq.observer.batches_seen) == batches and float(fq.scale) == pytest.approx(10 * s0, rel=1e-6)
+    assert float(y.max()) == pytest.approx(127 * 10 * s0, rel=1e-6)
+    fq.set_state("off")
+    assert fq(x) is x
+    with pytest.raises(ValueError, match="state='bogus'"):
+        fq.set_state("bogus")
+
+
+def test_fp16_quantizer_states():
+    fq = FakeQuantizer("fp16")
+    x = torch.tensor([1.0 + 2 ** -12, 70000.0])
+    assert fq(x) is x                                                 # observe: unchanged
+    fq.set_state("quantize")
+    assert fq(x).tolist() == [1.0, float("inf")]                      # a cast round trip
+
+
+def test_error_before_calibration_names_the_quantizer():
+    fq = FakeQuantizer("int4", name="encoder.layers.3.fc1.weight_quantizer")
+    with pytest.raises(RuntimeError, match=r"encoder\.layers\.3\.fc1\.weight_quantizer \(int4\).*calibrate"):
+        fq.set_state("quantize")
+    fq.eval().state_code.fill_(1)  # forced into quantize without a scale (eval: no min-max update)
+    with pytest.raises(RuntimeError, match=r"encoder\.layers\.3\.fc1\.weight_quantizer has no scale"):
+        fq(torch.randn(3))
+
+
+@pytest.mark.parametrize("kw", [
+    dict(fmt="int8"), dict(fmt="uint8", symmetric=False), dict(fmt="int4", granularity=F.per_channel(0)),
+    dict(fmt="fp8_e4m3", observer="percentile"), dict(fmt="int8", observer="kl"),
+    dict(fmt="uint8", symmetric=False, learnable=True), dict(fmt="int4", granularity=F.per_group(1, 4)),
+    dict(fmt="int8", granularity=F.per_channel(0), learnable=True)])
+def test_state_dict_round_trips_exactly_into_a_fresh_quantizer(kw):
+    torch.manual_seed(1)
+    fmt = kw.pop("fmt")
+    fq = FakeQuantizer(fmt, **kw)
+    for _ in range(3):
+        fq(torch.randn(6, 8))
+    fq.set_state("frozen")
+    sd = fq.state_dict()
+    fresh = FakeQuantizer(fmt, **kw)
+    fresh.load_state_dict(sd)
+    assert fresh.state == "frozen"
+    for k, v in fresh.state_dict().items():
+        assert v.dtype == sd[k].dtype and torch.equal(v, sd[k]), k
+    x = torch.randn(6, 8)
+    assert torch.equal(fq(x), fresh(x))
+
+
+def test_readable_repr():
+    fq = FakeQuantizer("int8", F.per_channel(0), observer="minmax", name="fc")
+    assert "int8, per_channel(axis=0), symmetric, observer=minmax, state=observe" in repr(fq)
+    fq(torch.randn(4, 3))
+    fq.set_state("frozen")
+    assert "state=frozen" in repr(fq) and "scale=[4 values" in repr(fq)
+    assert "scale=" in repr(_calibrated("fp8_e4m3").set_state("frozen"))
+
+
+def test_learnable_scale_trains():
+    torch.manual_seed(2)
+    x = torch.randn(4096) * 2
+    fq = FakeQuantizer("int4", learnable=True)
+    fq(x)
+    fq.set_state("quantize")
+    with torch.no_grad():
+        fq.scale.mul_(4.0)  # start far from a good step size
+    opt = torch.optim.Adam([fq.scale], lr=0.05)
+    losses = []
+    for _ in range(100):
+        opt.zero_grad()
+        loss = ((fq(x) - x) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.5 * losses[0]
+    assert fq.scale.grad is not None and float(fq.scale.detach()) > 0
