@@ -1,0 +1,73 @@
+"""One ResNet-18 training step (batch 8, 224x224): float vs dal INT8 QAT vs torch.ao eager QAT.
+
+Prints medians of interleaved repetitions and the two ratios against the float step.
+Peer: torch.ao.quantization.prepare_qat with the x86 QAT qconfig on torchvision's quantizable
+ResNet-18 (fused Conv+BN+ReLU), the reference QAT flow of PyTorch.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+import torchvision
+
+
+def _step_fn(model, x, y):
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--size", type=int, default=224)
+    args = ap.parse_args()
+    import dal
+
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, 3, args.size, args.size)
+    y = torch.randint(0, 1000, (args.batch,))
+
+    float_model = torchvision.models.resnet18(weights=None).train()
+
+    dal_model = dal.prepare_qat(torchvision.models.resnet18(weights=None), recipe="int8_balanced",
+                                hardware="a2000", example_inputs=(x[:2],))
+    dal.calibrate(dal_model, [x[:2]], progress=False)
+    dal_model.train()
+
+    ao_model = torchvision.models.quantization.resnet18(weights=None, quantize=False)
+    ao_model.fuse_model(is_qat=True)
+    ao_model.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
+    torch.ao.quantization.prepare_qat(ao_model.train(), inplace=True)
+
+    steps = {"float": _step_fn(float_model, x, y), "dal int8 QAT": _step_fn(dal_model, x, y),
+             "torch.ao QAT": _step_fn(ao_model, x, y)}
+    for fn in steps.values():  # warm up
+        fn()
+    times = {k: [] for k in steps}
+    for _ in range(args.reps):
+        for name, fn in steps.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"ResNet-18 train step, batch {args.batch}, {args.size}x{args.size}, {torch.get_num_threads()} threads, "
+          f"median of {args.reps} interleaved reps")
+    for name, t in med.items():
+        print(f"  {name:<14} {t * 1000:8.1f} ms   {t / med['float']:.2f}x float")
+    print(f"dal / float = {med['dal int8 QAT'] / med['float']:.2f} (target <= 1.2); "
+          f"torch.ao / float = {med['torch.ao QAT'] / med['float']:.2f}; "
+          f"dal / torch.ao = {med['dal int8 QAT'] / med['torch.ao QAT']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
