@@ -27,16 +27,16 @@ _LAZY = {
     "FakeQuantizer": ("dal.quantizer", "FakeQuantizer"),
     "prepare_qat": ("dal.prepare", "prepare_qat"),
     "register_qat_module": ("dal.nn.registry", "register_qat_module"),
-    "calibrate": ("dal.calibrate", "calibrate"),
+    "calibrate": ("dal.calibration", "calibrate"),
     "export_onnx": ("dal.export", "export_onnx"),
-    "verify": ("dal.verify", "verify"),
+    "verify": ("dal.verification", "verify"),
     "prepare_sparse": ("dal.sparsity", "prepare_sparse"),
     "load_recipe": ("dal.recipe", "load_recipe"),
     "load_hardware": ("dal.hardware", "load_hardware"),
 }
 
 _SUBMODULES = {"formats", "observers", "quantizer", "hardware", "recipe", "nn", "sparsity", "replace",
-               "prepare", "calibrate", "export", "npu", "verify", "analysis", "distill"}
+               "prepare", "calibration", "export", "npu", "verification", "analysis", "distill"}
 
 
 def __getattr__(name: str):

@@ -82,7 +82,7 @@ def _export_and_verify(qat, x, test) -> None:
     unit = "LSB" if scale else "abs"
     print(f"onnxruntime (optimizations off) vs torch QAT: {int((lsb < 0.5).sum())}/{lsb.size} outputs identical, "
           f"max {lsb.max():.2f} {unit}; same prediction on {(ort_out.argmax(1) == torch_out.argmax(1)).mean() * 100:.1f}%")
-    if importlib.util.find_spec("dal.verify") is not None:
+    if importlib.util.find_spec("dal.verification") is not None:
         try:
             print(dal.verify(path, qat, (xb[:16],)))
         except Exception as err:  # noqa: BLE001 - the demo reports, the tests enforce

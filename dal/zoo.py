@@ -21,8 +21,8 @@ class MnistCNN(nn.Module):
         self.relu = nn.ReLU()
         self.down2 = nn.Sequential(nn.Conv2d(2 * width, 4 * width, 3, stride=2, padding=1, bias=False),
                                    nn.BatchNorm2d(4 * width), nn.ReLU())
-        self.pool = nn.AdaptiveAvgPool2d(2)
-        self.head = nn.Linear(16 * width, num_classes)
+        self.pool = nn.MaxPool2d(2)
+        self.head = nn.Linear(36 * width, num_classes)
 
     def forward(self, x):
         x = self.down(self.stem(x))

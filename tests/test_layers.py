@@ -11,7 +11,7 @@ ROOT = Path(dal.__file__).parent
 # Lower number = lower layer. A module may import from layers with a number <= its own.
 LAYERS = {
     "formats": 0, "observers": 1, "quantizer": 2, "hardware": 3, "recipe": 3, "nn": 4, "sparsity": 5,
-    "replace": 6, "prepare": 7, "calibrate": 8, "calibration": 8, "export": 9, "verify": 10, "analysis": 10,
+    "replace": 6, "prepare": 7, "calibration": 8, "export": 9, "verification": 10, "analysis": 10,
     "distill": 10, "lightning": 11, "cli": 11, "datasets": 12, "zoo": 12, "training": 12, "demo": 12,
 }
 ISOLATED = {"npu"}  # the independent reference: imports nothing else from dal
@@ -55,7 +55,7 @@ def test_no_upward_imports():
                 continue
             if own in ISOLATED:
                 offenders.append(f"{path.relative_to(ROOT.parent)}:{line} imports dal.{target} (npu must be independent)")
-            elif target in ISOLATED and LAYERS.get(own, 99) < LAYERS["verify"]:
+            elif target in ISOLATED and LAYERS.get(own, 99) < LAYERS["verification"]:
                 offenders.append(f"{path.relative_to(ROOT.parent)}:{line} imports dal.npu below the verify layer")
             elif target in LAYERS and own in LAYERS and LAYERS[target] > LAYERS[own]:
                 offenders.append(f"{path.relative_to(ROOT.parent)}:{line}: {own} imports {target}, a layer below it")

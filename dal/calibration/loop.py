@@ -7,7 +7,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
-from .prepare.state import quantizers
+from ..prepare.state import quantizers
 
 
 def _model_inputs(batch, index: int) -> tuple[tuple, dict]:
@@ -53,7 +53,7 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
     batch with NaN/Inf inputs raises before it reaches an observer; an empty ``data`` raises.
     """
     if method not in (None, "recipe", "minmax"):
-        from .calibration import calibrate_with_method
+        from .methods import calibrate_with_method
 
         return calibrate_with_method(model, data, method, num_batches=num_batches, input_fn=input_fn,
                                      progress=progress)

@@ -1,0 +1,6 @@
+"""Parity reports: the NPU reference against the torch QAT model and onnxruntime."""
+from .api import verify
+from .metrics import Agreement, agreement
+from .report import LayerParity, ParityReport
+
+__all__ = ["verify", "ParityReport", "LayerParity", "Agreement", "agreement"]

@@ -1,0 +1,83 @@
+"""dal.verify: run an exported ONNX file on the NPU reference, torch and onnxruntime; compare."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import torch
+
+from .metrics import agreement
+from .onnx_tools import ort_run_all, output_lsb, producers
+from .report import LayerParity, ParityReport
+
+
+def _as_tuple(inputs):
+    return inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _torch_outputs(model, inputs) -> list[np.ndarray]:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(*inputs)
+    finally:
+        model.train(was_training)
+    outs = [out] if torch.is_tensor(out) else list(out)
+    return [o.detach().float().numpy() for o in outs]
+
+
+def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, threads=None) -> ParityReport:
+    """Parity of an exported QDQ model: NPU reference vs the torch QAT model and vs onnxruntime.
+
+    Args:
+        onnx_path: the exported file (or an ``onnx.ModelProto``).
+        torch_model: the QAT model it was exported from (eval mode is used), or None.
+        inputs: a tensor or tuple of tensors, in graph-input order.
+        onnxruntime: also run onnxruntime with graph optimizations disabled and compare every
+            intermediate tensor with the NPU reference (the layer-by-layer view).
+
+    Per output the report gives cosine, MSE, PSNR, max abs error and the count of elements that
+    differ by one LSB of the output quantizer's scale and by more. Requantizer settings come
+    from the model's ``dal.requantizer`` metadata and are named in the report.
+    """
+    import dal.npu
+
+    model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else onnx.load(str(onnx_path))
+    inputs = _as_tuple(inputs)
+    graph_inputs = [i.name for i in model.graph.input if i.name not in {x.name for x in model.graph.initializer}]
+    if len(inputs) != len(graph_inputs):
+        raise ValueError(f"verify: the model takes {len(graph_inputs)} input(s) {graph_inputs}, got {len(inputs)}")
+    feed = {n: (t.detach().numpy() if torch.is_tensor(t) else np.asarray(t)) for n, t in zip(graph_inputs, inputs)}
+    meta = {p.key: p.value for p in model.metadata_props}
+    requant = json.loads(meta.get("dal.requantizer", '{"kind": "float"}'))
+    report = ParityReport(model=str(onnx_path) if not isinstance(onnx_path, onnx.ModelProto) else model.graph.name,
+                          requantizer=requant.get("kind", "float"))
+    sess = dal.npu.load(model, threads=threads)
+    npu_outs, npu_values = sess.run(feed, return_intermediates=True)
+    torch_outs = _torch_outputs(torch_model, inputs) if torch_model is not None else None
+    ort_outs, ort_values = ort_run_all(model, feed) if onnxruntime else (None, {})
+    for i, out in enumerate(model.graph.output):
+        lsb = output_lsb(model, out.name)
+        pairs = {}
+        if torch_outs is not None:
+            pairs["npu_vs_torch"] = agreement(npu_outs[i], torch_outs[i].reshape(np.shape(npu_outs[i])), lsb)
+        if ort_outs is not None:
+            pairs["npu_vs_ort"] = agreement(npu_outs[i], ort_outs[i], lsb)
+        report.outputs[out.name] = pairs
+    made_by = producers(model)
+    for name, ref in ort_values.items():
+        if name not in npu_values:
+            continue
+        mine = np.asarray(npu_values[name])
+        if mine.shape != np.shape(ref):
+            continue
+        a = agreement(mine.astype(np.float64), np.asarray(ref, dtype=np.float64))
+        node = made_by.get(name)
+        row = LayerParity(name, node.name if node else "", node.op_type if node else "", a.elements,
+                          a.elements - a.identical, a.max_abs)
+        report.layers.append(row)
+        if row.differ and report.first_divergence is None:
+            report.first_divergence = f"{row.node} ({row.op_type}) -> {name}"
+    return report

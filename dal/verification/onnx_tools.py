@@ -1,0 +1,58 @@
+"""What verify needs to read from an ONNX file: output scales, intermediate values via onnxruntime."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+# Element types onnxruntime's Python API can hand back as numpy arrays.
+_NUMPY_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.UINT8, onnx.TensorProto.INT8, onnx.TensorProto.INT16,
+                onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL}
+
+
+def output_lsb(model: onnx.ModelProto, output_name: str) -> Optional[float]:
+    """The per-tensor scale of the DequantizeLinear that produces ``output_name``, if any."""
+    inits = {i.name: i for i in model.graph.initializer}
+    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
+    for node in model.graph.node:
+        if output_name in node.output and node.op_type == "DequantizeLinear":
+            scale = node.input[1]
+            if scale in inits:
+                arr = numpy_helper.to_array(inits[scale])
+            elif scale in consts:
+                arr = numpy_helper.to_array(consts[scale].attribute[0].t)
+            else:
+                return None
+            return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+    return None
+
+
+def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in model.graph.node for out in node.output}
+
+
+def ort_run_all(model: onnx.ModelProto, feed: dict) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """onnxruntime (graph optimizations disabled: its fused int8 kernels are not exact on CPUs
+    without VNNI) returning the graph outputs and every intermediate it can hand back."""
+    import onnxruntime as ort
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in
+             list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)}
+    extra = onnx.ModelProto()
+    extra.CopyFrom(model)
+    existing = {o.name for o in extra.graph.output}
+    names = []
+    for node in extra.graph.node:
+        for out in node.output:
+            if out and out not in existing and types.get(out) in _NUMPY_TYPES:
+                extra.graph.output.append(onnx.helper.make_tensor_value_info(out, types[out], None))
+                names.append(out)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(extra.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    results = sess.run(None, feed)
+    n_out = len(model.graph.output)
+    return results[:n_out], dict(zip(names, results[n_out:]))
