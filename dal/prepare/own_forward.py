@@ -39,7 +39,8 @@ def needs_tracing(mod: nn.Module) -> bool:
         return False  # a registered type is swapped whole by its QAT class
     if isinstance(mod, nn.Sequential):
         return True
-    return not type(mod).__module__.startswith("torch.nn.modules") and not type(mod).__module__.startswith("dal.")
+    module = type(mod).__module__
+    return not module.startswith(("torch.nn.modules", "dal.nn", "dal.quantizer", "dal.observers"))
 
 
 # ---- functional ops ------------------------------------------------------------------------

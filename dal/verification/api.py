@@ -68,7 +68,9 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
         report.outputs[out.name] = pairs
     made_by = producers(model)
     for name, ref in ort_values.items():
-        if name not in npu_values:
+        # Integer tensors (QuantizeLinear outputs) are what the hardware holds between layers;
+        # float intermediates differ in the last bits by design (exact int32 vs float32 sums).
+        if name not in npu_values or np.asarray(ref).dtype.kind not in "iu":
             continue
         mine = np.asarray(npu_values[name])
         if mine.shape != np.shape(ref):

@@ -20,7 +20,7 @@ class LayerParity:
 @dataclass
 class ParityReport:
     """``outputs[name] = {"npu_vs_torch": Agreement, "npu_vs_ort": Agreement}``; ``layers`` lists
-    every intermediate tensor compared between the NPU reference and onnxruntime, in graph
+    every intermediate integer tensor compared between the NPU reference and onnxruntime, in graph
     order; ``first_divergence`` names the first node whose output differs (None when all agree)."""
 
     model: str
@@ -42,7 +42,7 @@ class ParityReport:
             for pair, a in pairs.items():
                 lines.append(_row(name, pair, a))
         differing = [row for row in self.layers if row.differ]
-        lines.append(f"layers: {len(self.layers)} intermediate tensors compared with onnxruntime, "
+        lines.append(f"layers: {len(self.layers)} quantized intermediate tensors compared with onnxruntime, "
                      f"{len(differing)} differ")
         if self.first_divergence:
             lines.append(f"first divergence: {self.first_divergence}")
