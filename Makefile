@@ -35,3 +35,6 @@ bench: $(STAMP)
 clean:
 	rm -rf build .pytest_cache dal.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# AddressSanitizer run of the NPU reference kernels (not part of make test): make asan
+include mk/asan.mk

@@ -1,0 +1,271 @@
+"""Integer groups: DequantizeLinear -> Conv/Gemm/MatMul [-> Relu/Clip] -> QuantizeLinear.
+
+"integer" semantics (what the NPU computes), per output channel c:
+
+    acc   = sum_k (x_q - zp_x) * (w_q - zp_w[c])          exact int32 (C++ kernels)
+            + bias_q[c]   when the bias is an int32 DequantizeLinear with zero point 0 and
+                          scale == float32(s_x * s_w[c]) (quantize_static / dal exports)
+    v     = float32(float64(acc) * (float64(s_x) * float64(s_w[c])))     one rounding
+            (+ b[c] as a float32 add when the bias could not be folded)
+    q     = clamp(round_half_even(v / s_y) + zp_y, lo, hi)     float32 division (ONNX Q)
+
+where [lo, hi] is the output type's range narrowed by a fused Relu (lo = Q(0)) or
+Clip(a, b) (lo = Q(a), hi = Q(b)); this equals Q(Relu(v)) exactly because Q is monotone.
+With ``dal.requantizer`` fixed_point, q = clamp(round_shift(acc * m[c], n[c]) + zp_y, lo, hi)
+(metadata.py), and the bias must fold into acc.
+
+The ONNX graph instead rounds every dequantized value and every partial sum to float32; the
+two agree whenever that float32 arithmetic is exact (power-of-two s_x, s_w and all partial
+sums below 2^24 units of s_x*s_w), and otherwise differ only when v/s_y lies within float32
+rounding noise of a .5 boundary. Blocked weights, float16 scales and anything else not matched
+here run node by node in float ("onnx" semantics).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import kernels, quant
+from .errors import NPUError
+from .metadata import fixed_point_params
+from .sparse import check_24, compress_rows
+
+_CODES = {np.dtype(np.int8), np.dtype(np.uint8)} | quant.INT4
+_OUT_CODES = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16)} | quant.INT4
+
+
+class FusedStep:
+    """One integer group; ``outputs[0]`` is the QuantizeLinear output."""
+
+    kind = "fused"
+
+    def __init__(self, g, node, plan: dict, requantizer, threads_default):
+        self.node = node
+        self.node_name = node.name
+        self.__dict__.update(plan)
+        self.inputs = [plan["x_name"]]
+        self.outputs = [plan["q_out"]]
+        self.extra_outputs = [plan["op_out"]] + ([plan["act_out"]] if plan["act_out"] else [])
+        self.rq = requantizer
+        ys, yz = np.float32(plan["y_scale"]), int(plan["y_zp"])
+        qmin, qmax = quant.int_range(plan["y_dtype"])
+        q = lambda v: int(quant.quantize(np.float32(v), ys, np.array(yz), plan["y_dtype"]))
+        self.lo = max(qmin, q(plan["act_lo"])) if plan["act_lo"] is not None else qmin
+        self.hi = min(qmax, q(plan["act_hi"])) if plan["act_hi"] is not None else qmax
+        c = plan["channels"]
+        self.mult = np.broadcast_to(np.float64(plan["x_scale"]) * plan["w_scale"].astype(np.float64).reshape(-1), (c,)).copy()
+        if requantizer.kind == "fixed_point":
+            if plan["bias_f"] is not None:
+                raise NPUError(f"node {node.name!r}: the fixed-point requantizer needs an int32 "
+                               "bias with scale s_x*s_w and zero point 0")
+            mn = [fixed_point_params(float(m / np.float64(ys)), requantizer.multiplier_bits) for m in self.mult]
+            self.fp_m = np.array([v[0] for v in mn], dtype=np.int64)
+            self.fp_n = np.array([v[1] for v in mn], dtype=np.int64)
+
+    def _acc(self, xq, threads):
+        """int32 accumulators, channels first: Conv [N, O, H, W]; Gemm/MatMul [N_out, M]."""
+        if xq.dtype not in _CODES or xq.dtype != self.x_dtype:
+            raise NPUError(f"node {self.node_name!r}: input codes are {xq.dtype}, the zero point "
+                           f"says {self.x_dtype}")
+        if self.op == "Conv":
+            return kernels.conv2d(xq, self.x_zp, self.conv_w, *self.conv_geo, threads,
+                                  repr(self.node_name))
+        if xq.ndim < 1 or xq.shape[-1] != self.k:
+            raise NPUError(f"node {self.node_name!r}: input shape {xq.shape} does not match "
+                           f"reduction length {self.k}")
+        x2 = xq.reshape(-1, self.k)
+        if self.lin_sparse is not None:
+            bt = kernels.to_s16(np.ascontiguousarray(x2.T), self.x_zp)
+            import torch
+            bt = torch.nn.functional.pad(bt, (0, (-bt.shape[1]) % 16))
+            vals, pos = self.lin_sparse
+            from .build import kernels as lib
+            return lib().sparse24_gemm_s16(vals, pos, bt.contiguous(), x2.shape[0], threads).numpy()
+        a = kernels.PackedA(kernels.to_s16(x2, self.x_zp))
+        return kernels.gemm(a, self.lin_b, self.channels, threads).numpy().T
+
+    def run(self, ins, threads, want_extra=False):
+        xq = ins[0]
+        acc = self._acc(xq, threads)
+        c = self.channels
+        if self.op == "Conv":
+            rows = np.moveaxis(acc, 1, 0).reshape(c, -1)
+        else:
+            rows = np.ascontiguousarray(acc)
+        if self.bias_q is not None:
+            r64 = rows.astype(np.int64) + self.bias_q.reshape(-1, 1)
+            if r64.size and (r64.min() < -2**31 or r64.max() >= 2**31):
+                raise NPUError(f"node {self.node_name!r}: accumulator plus bias overflows int32")
+            rows = r64.astype(np.int32)
+        rows = np.ascontiguousarray(rows)
+        if self.rq.kind == "fixed_point":
+            q = kernels.requant_fixed(rows, self.fp_m, self.fp_n, self.y_zp, self.lo, self.hi,
+                                      self.rq.rounding, threads)
+        else:
+            q = kernels.requant_float(rows, self.mult, self.bias_f, self.y_scale, self.y_zp,
+                                      self.lo, self.hi, threads)
+        self._shape = acc.shape
+        out = {self.q_out: self._unrows(q, xq).astype(self.y_dtype)}
+        if want_extra:
+            v = (rows.astype(np.float64) * self.mult.reshape(-1, 1)).astype(np.float32)
+            if self.bias_f is not None:
+                v = v + self.bias_f.reshape(-1, 1)
+            v = self._unrows(v, xq)
+            out[self.op_out] = v
+            if self.act_out:
+                lo = -np.inf if self.act_lo is None else self.act_lo
+                hi = np.inf if self.act_hi is None else self.act_hi
+                out[self.act_out] = np.minimum(np.maximum(v, np.float32(lo)), np.float32(hi)).astype(np.float32)
+        return out
+
+    def _unrows(self, r, xq):
+        if self.op == "Conv":
+            n, _, h, w = self._shape
+            return np.ascontiguousarray(np.moveaxis(r.reshape(self.channels, n, h, w), 0, 1))
+        return np.ascontiguousarray(r.T).reshape(xq.shape[:-1] + (self.channels,))
+
+
+def match(g, node, sparse24: dict):
+    """Plan dict for a fusable group rooted at Conv/Gemm/MatMul ``node``, else None."""
+    if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2:
+        return None
+    dqx, dqw = g.producer(node.input[0]), g.producer(node.input[1])
+    if not (_is_dq(g, dqx) and _is_dq(g, dqw)):
+        return None
+    xs, xz = g.const(dqx.input[1]), g.const_opt(dqx, 2)
+    wq, ws, wz = g.const(dqw.input[0]), g.const(dqw.input[1]), g.const_opt(dqw, 2)
+    if xs is None or xz is None or xs.size != 1 or xz.size != 1 or xz.dtype not in _CODES:
+        return None
+    if wq is None or ws is None or wq.dtype not in _CODES or xs.dtype != np.float32 or ws.dtype != np.float32:
+        return None
+    if wz is None:
+        wz = np.zeros((), wq.dtype)
+    if wz.dtype != wq.dtype or g.attrs(dqw).get("block_size", 0) or g.attrs(dqx).get("block_size", 0):
+        return None
+    a = g.attrs(node)
+    w_axis = g.attrs(dqw).get("axis", 1)
+    plan = {"op": node.op_type, "x_name": dqx.input[0], "x_dtype": xz.dtype,
+            "x_scale": np.float32(xs.reshape(())), "x_zp": int(xz.reshape(-1)[0]),
+            "lin_sparse": None, "lin_b": None, "conv_w": None}
+    sparse_axis = sparse24.get(dqw.input[0])
+    wd = wq.astype(np.int32) - (wz.astype(np.int32).reshape(_pc_shape(wq.ndim, w_axis, wz.size)) if wz.size > 1 else wz.astype(np.int32))
+    if sparse_axis is not None:
+        check_24(wd, sparse_axis, dqw.input[0])
+    if node.op_type == "Conv":
+        if wq.ndim != 4:
+            return None
+        ch_axis, channels = 0, wq.shape[0]
+        from .ops_nn import conv_attrs
+        from types import SimpleNamespace
+        ctx = SimpleNamespace(node=node)
+        x_shape = g.shape_of(node.input[0])
+        if a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") and x_shape is None:
+            return None
+        strides, dil, pads, group = conv_attrs(ctx, x_shape or (1, 1, 1, 1), wq.shape, a)
+        if sparse_axis is not None and sparse_axis % 4 != 1:
+            raise NPUError(f"sparse initializer {dqw.input[0]!r}: a Conv weight is 2:4 along axis 1, not {sparse_axis}")
+        plan["conv_w"] = kernels.ConvWeights(wq, _per_channel(wz, channels), group,
+                                             sparse24=dqw.input[0] if sparse_axis is not None else None)
+        plan["conv_geo"] = (strides, dil, pads)
+        plan["k"] = None
+    else:
+        if wq.ndim != 2:
+            return None
+        trans_b = node.op_type == "Gemm" and a.get("transB", 0)
+        if node.op_type == "Gemm" and (a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0):
+            return None
+        w_kn = wd.T if trans_b else wd  # [K, N] codes minus zero point
+        ch_axis = 0 if trans_b else 1
+        channels, plan["k"] = w_kn.shape[1], w_kn.shape[0]
+        if sparse_axis is not None:
+            if sparse_axis % 2 != (1 if trans_b else 0):
+                raise NPUError(f"sparse initializer {dqw.input[0]!r}: axis {sparse_axis} is not the reduction axis")
+            import torch
+            vals, pos = compress_rows(np.ascontiguousarray(w_kn.T))
+            plan["lin_sparse"] = (torch.from_numpy(vals), torch.from_numpy(pos))
+        else:
+            plan["lin_b"] = kernels.pack_b(kernels.to_s16(np.ascontiguousarray(w_kn), 0))
+    if ws.size > 1 and not (ws.ndim == 1 and w_axis % wq.ndim == ch_axis and ws.size == channels):
+        return None
+    if wz.size > 1 and wz.size != channels:
+        return None
+    plan["channels"], plan["w_scale"] = channels, ws.reshape(-1)
+    # bias
+    plan["bias_q"] = plan["bias_f"] = None
+    if len(node.input) > 2 and node.input[2]:
+        bname = node.input[2]
+        dqb = g.producer(bname)
+        if _is_dq(g, dqb):
+            bq, bs, bz = g.const(dqb.input[0]), g.const(dqb.input[1]), g.const_opt(dqb, 2)
+            if bq is None or bs is None or bq.dtype != np.int32 or bq.size != channels:
+                return None
+            if bz is not None and np.any(bz != 0):
+                return None
+            want = (np.float32(xs.reshape(())) * ws.reshape(-1).astype(np.float32)).astype(np.float32)
+            if np.array_equal(np.broadcast_to(bs.reshape(-1), (channels,)), np.broadcast_to(want, (channels,))):
+                plan["bias_q"] = bq.reshape(-1).astype(np.int64)
+            else:
+                plan["bias_f"] = quant.dequantize(bq.reshape(-1), bs.reshape(-1) if bs.size > 1 else bs,
+                                                  None, axis=0).astype(np.float32).reshape(-1)
+        else:
+            b = g.const(bname)
+            if b is None or b.dtype != np.float32 or b.size != channels:
+                return None
+            plan["bias_f"] = b.reshape(-1).astype(np.float32)
+    # output chain: [Relu | Clip] -> QuantizeLinear
+    out = node.output[0]
+    plan["op_out"], plan["act_out"], plan["act_lo"], plan["act_hi"] = out, None, None, None
+    nxt = g.sole_consumer(out)
+    if nxt is not None and nxt.op_type in ("Relu", "Clip"):
+        if nxt.op_type == "Relu":
+            plan["act_lo"] = 0.0
+        else:
+            lo, hi = _clip_bounds(g, nxt)
+            if lo is False:
+                return None
+            plan["act_lo"], plan["act_hi"] = lo, hi
+        plan["act_out"] = nxt.output[0]
+        nxt = g.sole_consumer(nxt.output[0])
+    if nxt is None or nxt.op_type != "QuantizeLinear":
+        return None
+    ys, yz = g.const(nxt.input[1]), g.const_opt(nxt, 2)
+    if ys is None or yz is None or ys.size != 1 or yz.size != 1 or ys.dtype != np.float32 or yz.dtype not in _OUT_CODES:
+        return None
+    if g.attrs(nxt).get("block_size", 0):
+        return None
+    plan.update(q_out=nxt.output[0], q_node=nxt, y_scale=np.float32(ys.reshape(())),
+                y_zp=int(yz.reshape(-1)[0]), y_dtype=yz.dtype)
+    return plan
+
+
+def _pc_shape(ndim, axis, size):
+    s = [1] * ndim
+    s[axis % ndim] = size
+    return s
+
+
+def _per_channel(z, channels):
+    return z.astype(np.int32).reshape(-1) if z.size > 1 else np.full(channels, int(z.reshape(-1)[0]), np.int32)
+
+
+def _is_dq(g, n):
+    return n is not None and n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx") and len(n.input) >= 2
+
+
+def _clip_bounds(g, n):
+    lo = hi = None
+    a = g.attrs(n)
+    if g.opset < 11:
+        lo, hi = a.get("min"), a.get("max")
+    else:
+        for i, name in ((1, "lo"), (2, "hi")):
+            if len(n.input) > i and n.input[i]:
+                v = g.const(n.input[i])
+                if v is None or v.size != 1:
+                    return False, False
+                if i == 1:
+                    lo = float(v.reshape(-1)[0])
+                else:
+                    hi = float(v.reshape(-1)[0])
+    if lo is not None and hi is not None and lo > hi:
+        return False, False
+    return lo, hi

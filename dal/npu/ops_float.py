@@ -1,0 +1,271 @@
+"""Float and data-movement ops, node by node, with ONNX semantics in numpy (and torch float64).
+
+Float precision contract:
+  * float32 tensors: elementwise ops are computed in float32 (numpy, IEEE-rounded like ORT).
+  * float16 tensors (layers the exporter keeps in FP16, between Cast nodes): each op is
+    computed in float32 and its result rounded to float16 once.
+  * reductions (Conv, Gemm, MatMul, AveragePool sums, ReduceMean) are accumulated in float64
+    and rounded ONCE to the tensor type (float32 / float16): the correctly rounded result,
+    independent of summation order. A bias (Conv B, Gemm C) is then added in the tensor type,
+    as onnxruntime and onnx.reference do. Division by the pool size is in the tensor type.
+  * transcendental functions (Erf, Tanh, Sigmoid, Softmax...) use numpy's float32 routines;
+    they may differ from onnxruntime by an ulp.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import NPUError, UnsupportedNode
+
+OPS: dict = {}
+
+
+def op(*names):
+    def deco(fn):
+        for n in names:
+            OPS[n] = fn
+        return fn
+    return deco
+
+
+def _is_float(x):
+    return np.asarray(x).dtype in (np.float32, np.float16, np.float64)
+
+
+def _f(x):
+    """Compute type of a float tensor: float32 for float16/float32, float64 stays."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
+def _like(r, x):
+    return np.asarray(r).astype(x.dtype) if _is_float(x) else np.asarray(r)
+
+
+def _unary(fn):
+    def run(ctx, ins, a):
+        x = ins[0]
+        if not _is_float(x):
+            raise UnsupportedNode(ctx.node, [x.dtype], "expects a float tensor")
+        return [_like(fn(_f(x), a), x)]
+    return run
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+op("Relu")(_unary(lambda x, a: np.maximum(x, x.dtype.type(0))))
+op("Sigmoid")(_unary(lambda x, a: (1.0 / (1.0 + np.exp(-x.astype(np.float64))))))
+op("Tanh")(_unary(lambda x, a: np.tanh(x)))
+op("Exp")(_unary(lambda x, a: np.exp(x)))
+op("Log")(_unary(lambda x, a: np.log(x)))
+op("Sqrt")(_unary(lambda x, a: np.sqrt(x)))
+op("Neg")(_unary(lambda x, a: -x))
+op("Abs")(_unary(lambda x, a: np.abs(x)))
+op("Reciprocal")(_unary(lambda x, a: x.dtype.type(1) / x))
+op("Erf")(_unary(lambda x, a: _erf(x.astype(np.float64))))
+op("LeakyRelu")(_unary(lambda x, a: np.where(x >= 0, x, x * np.float32(a.get("alpha", 0.01)))))
+op("HardSigmoid")(_unary(lambda x, a: np.clip(x * np.float32(a.get("alpha", 0.2)) + np.float32(a.get("beta", 0.5)), 0, 1)))
+op("HardSwish")(_unary(lambda x, a: x * np.clip(x * np.float32(1 / 6) + np.float32(0.5), 0, 1)))
+
+
+@op("Gelu")
+def _gelu(ctx, ins, a):
+    x = ins[0]
+    x64 = _f(x).astype(np.float64)
+    if a.get("approximate", "none") == "tanh":
+        r = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+    else:
+        r = 0.5 * x64 * (1 + _erf(x64 / math.sqrt(2)))
+    return [r.astype(x.dtype)]
+
+
+@op("Identity")
+def _identity(ctx, ins, a):
+    return [ins[0]]
+
+
+def _binary(fn):
+    def run(ctx, ins, a):
+        x, y = ins
+        if x.dtype != y.dtype:
+            raise UnsupportedNode(ctx.node, [x.dtype, y.dtype], "input types differ")
+        if _is_float(x):
+            return [fn(_f(x), _f(y)).astype(x.dtype)]
+        return [fn(x, y).astype(x.dtype)]
+    return run
+
+
+op("Add")(_binary(np.add))
+op("Sub")(_binary(np.subtract))
+op("Mul")(_binary(np.multiply))
+op("Max")(_binary(np.maximum))
+op("Min")(_binary(np.minimum))
+
+
+@op("Div")
+def _div(ctx, ins, a):
+    x, y = ins
+    if _is_float(x):
+        return [(_f(x) / _f(y)).astype(x.dtype)]
+    if np.any(y == 0):
+        raise NPUError(f"node {ctx.node.name!r}: integer division by zero")
+    return [np.trunc(x / y).astype(x.dtype)]
+
+
+@op("Pow")
+def _pow(ctx, ins, a):
+    x, y = ins
+    return [np.power(_f(x), _f(y).astype(np.float32) if _is_float(y) else y).astype(x.dtype)]
+
+
+@op("Clip")
+def _clip(ctx, ins, a):
+    x = ins[0]
+    lo = ins[1] if len(ins) > 1 and ins[1] is not None else a.get("min")
+    hi = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("max")
+    r = x
+    if lo is not None:
+        r = np.maximum(r, np.asarray(lo).astype(x.dtype))
+    if hi is not None:
+        r = np.minimum(r, np.asarray(hi).astype(x.dtype))
+    return [r.astype(x.dtype)]
+
+
+@op("Softmax")
+def _softmax(ctx, ins, a):
+    x = ins[0]
+    axis = a.get("axis", -1 if ctx.opset >= 13 else 1)
+    if ctx.opset < 13:
+        raise UnsupportedNode(ctx.node, [x.dtype], "Softmax before opset 13 (2-D coercion)")
+    x32 = _f(x)
+    e = np.exp(x32 - x32.max(axis=axis, keepdims=True))
+    return [(e / e.sum(axis=axis, keepdims=True, dtype=np.float64).astype(x32.dtype)).astype(x.dtype)]
+
+
+@op("LayerNormalization")
+def _layernorm(ctx, ins, a):
+    x, scale = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    axis = a.get("axis", -1)
+    axis = axis % x.ndim
+    axes = tuple(range(axis, x.ndim))
+    x64 = _f(x).astype(np.float64)
+    mean = x64.mean(axis=axes, keepdims=True)
+    var = ((x64 - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (x64 - mean) / np.sqrt(var + a.get("epsilon", 1e-5))
+    y = y.astype(np.float32) * _f(scale)
+    if bias is not None:
+        y = y + _f(bias)
+    return [y.astype(x.dtype)]
+
+
+@op("ReduceMean")
+def _reduce_mean(ctx, ins, a):
+    x = ins[0]
+    axes = a.get("axes") if ctx.opset < 18 else (ins[1].tolist() if len(ins) > 1 and ins[1] is not None else None)
+    keep = bool(a.get("keepdims", 1))
+    axes = tuple(axes) if axes else tuple(range(x.ndim))
+    s = _f(x).astype(np.float64).sum(axis=axes, keepdims=keep).astype(_f(x).dtype)
+    n = int(np.prod([x.shape[i] for i in axes]))
+    return [(s / s.dtype.type(n)).astype(x.dtype)]
+
+
+# ----- data movement --------------------------------------------------------------------------
+
+@op("Reshape")
+def _reshape(ctx, ins, a):
+    x, shape = ins
+    shape = [int(v) for v in shape]
+    if not a.get("allowzero", 0):
+        shape = [x.shape[i] if v == 0 else v for i, v in enumerate(shape)]
+    if sum(v == -1 for v in shape) > 1 or any(v < -1 for v in shape):
+        raise NPUError(f"node {ctx.node.name!r}: bad Reshape target {shape}")
+    try:
+        return [x.reshape(shape)]
+    except ValueError as e:
+        raise NPUError(f"node {ctx.node.name!r}: cannot reshape {x.shape} to {shape}: {e}") from None
+
+
+@op("Flatten")
+def _flatten(ctx, ins, a):
+    x = ins[0]
+    ax = a.get("axis", 1) % (x.ndim + 1) if x.ndim else 0
+    return [x.reshape(int(np.prod(x.shape[:ax])), -1)]
+
+
+@op("Transpose")
+def _transpose(ctx, ins, a):
+    perm = a.get("perm")
+    return [np.ascontiguousarray(np.transpose(ins[0], perm))]
+
+
+def _axes(ctx, ins, a):
+    if ctx.opset >= 13 and len(ins) > 1 and ins[1] is not None:
+        return [int(v) for v in ins[1]]
+    return a.get("axes")
+
+
+@op("Squeeze")
+def _squeeze(ctx, ins, a):
+    axes = _axes(ctx, ins, a)
+    return [np.squeeze(ins[0], axis=tuple(axes) if axes else None)]
+
+
+@op("Unsqueeze")
+def _unsqueeze(ctx, ins, a):
+    x = ins[0]
+    axes = sorted(v % (x.ndim + len(_axes(ctx, ins, a))) for v in _axes(ctx, ins, a))
+    for ax in axes:
+        x = np.expand_dims(x, ax)
+    return [x]
+
+
+@op("Concat")
+def _concat(ctx, ins, a):
+    if len({x.dtype for x in ins}) != 1:
+        raise UnsupportedNode(ctx.node, [x.dtype for x in ins], "Concat of mixed types")
+    return [np.concatenate(ins, axis=a.get("axis", 0))]
+
+
+@op("Gather")
+def _gather(ctx, ins, a):
+    x, idx = ins
+    axis = a.get("axis", 0)
+    idx = np.where(idx < 0, idx + x.shape[axis], idx)
+    return [np.take(x, idx, axis=axis)]
+
+
+@op("Shape")
+def _shape(ctx, ins, a):
+    s = np.array(ins[0].shape, dtype=np.int64)
+    return [s[a.get("start", 0):a.get("end", None)]]
+
+
+@op("Slice")
+def _slice(ctx, ins, a):
+    x, starts, ends = ins[0], ins[1], ins[2]
+    axes = ins[3] if len(ins) > 3 and ins[3] is not None else range(len(starts))
+    steps = ins[4] if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    sl = [slice(None)] * x.ndim
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        sl[int(ax)] = slice(int(s), int(e), int(st))
+    return [x[tuple(sl)]]
+
+
+@op("Cast")
+def _cast(ctx, ins, a):
+    from .tensors import np_dtype
+    to = np_dtype(a["to"], ctx.node)
+    x = ins[0]
+    if a.get("saturate", 1) and to in _float8():
+        import ml_dtypes
+        fmax = np.float32(ml_dtypes.finfo(to).max)
+        x = _f(x).astype(np.float32)
+        x = np.where(np.isnan(x), x, np.clip(x, -fmax, fmax))
+    return [x.astype(to)]
+
+
+def _float8():
+    from .quant import FLOAT8
+    return FLOAT8

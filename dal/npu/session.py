@@ -1,0 +1,205 @@
+"""Session: parse an ONNX model once, pack its weights once, run it many times.
+
+    sess = dal.npu.load("model.onnx", semantics="integer")
+    outputs = sess.run({"input": x})                        # list in graph-output order
+    outputs, values = sess.run({"input": x}, return_intermediates=True)
+
+semantics:
+  "integer" (default): DQ -> Conv/Gemm/MatMul [-> Relu/Clip] -> Q groups run as exact int32
+      kernels + requantizer (fused.py; what the NPU computes). Everything else node by node.
+  "onnx": every node by itself with ONNX float semantics (float32 dequantized values,
+      float64-accumulated conv/gemm rounded once to float32, Q): the graph's own arithmetic,
+      independent of summation order. The fixed-point requantizer does not apply.
+"""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+
+from .errors import NPUError, UnsupportedNode
+from .graph import Graph, load_model
+from .metadata import read_requantizer, read_sparse24
+
+
+class NodeStep:
+    kind = "node"
+
+    def __init__(self, g, node, fn):
+        self.node, self.node_name, self.fn, self.g = node, node.name, fn, g
+        self.inputs = list(node.input)
+        self.outputs = list(node.output)
+        self.extra_outputs = []
+
+    def run(self, ins, threads, want_extra=False):
+        ctx = SimpleNamespace(node=self.node, opset=self.g.opset, threads=threads)
+        outs = self.fn(ctx, ins, self.g.attrs(self.node))
+        return {name: np.asarray(v) for name, v in zip(self.outputs, outs) if name}
+
+
+def _default_threads():
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class Session:
+    """A parsed model. ``run`` is re-entrant for different inputs (weights are read-only)."""
+
+    def __init__(self, model, *, semantics: str = "integer", threads: int | None = None):
+        if semantics not in ("integer", "onnx"):
+            raise NPUError(f"semantics must be 'integer' or 'onnx', got {semantics!r}")
+        from . import ops_float, ops_nn, ops_quant  # noqa: F401  (registers the ops)
+        from .fused import FusedStep, match
+        self.model = load_model(model)
+        self.semantics = semantics
+        self.threads = threads or _default_threads()
+        g = self.graph = Graph(self.model)
+        self.requantizer = read_requantizer(self.model)
+        self.sparse24 = read_sparse24(self.model)
+        for name in self.sparse24:
+            if name not in g.consts:
+                raise NPUError(f"dal.sparse_24 names {name!r}, which is not an initializer")
+        steps, absorbed = [], set()
+        for n in g.nodes:
+            if id(n) in absorbed:
+                continue
+            if n.domain not in ("", "ai.onnx"):
+                raise UnsupportedNode(n, self._in_types(n), f"domain {n.domain!r}")
+            plan = None
+            if semantics == "integer":
+                try:
+                    plan = match(g, n, self.sparse24)
+                except NPUError:
+                    raise
+                except Exception as e:
+                    raise NPUError(f"node {n.name!r} ({n.op_type}): {type(e).__name__}: {e}") from None
+            if plan is not None:
+                steps.append(FusedStep(g, n, plan, self.requantizer, self.threads))
+                for o in [plan["op_out"], plan["act_out"]]:
+                    if o:
+                        absorbed.update(id(c) for c in g.consumers(o))
+                continue
+            fn = ops_float.OPS.get(n.op_type)
+            if fn is None:
+                raise UnsupportedNode(n, self._in_types(n), "no implementation for this op type")
+            steps.append(NodeStep(g, n, fn))
+        if semantics == "onnx":
+            for name in self.sparse24:  # still verified, even though the float path runs
+                from .sparse import check_24
+                check_24(g.consts[name], self.sparse24[name] if True else 0, name)
+        self.steps = steps
+        self._live = self._liveness()
+
+    def _in_types(self, n):
+        out = []
+        for i in n.input:
+            if i in self.graph.consts:
+                out.append(str(self.graph.consts[i].dtype))
+            elif i in self.graph.input_info:
+                from onnx import TensorProto
+                out.append(TensorProto.DataType.Name(self.graph.input_info[i].type.tensor_type.elem_type).lower())
+            else:
+                out.append("?" if i else "none")
+        return out
+
+    def _liveness(self):
+        need = set(self.graph.outputs)
+        live = [False] * len(self.steps)
+        for k in range(len(self.steps) - 1, -1, -1):
+            s = self.steps[k]
+            if any(o in need for o in s.outputs):
+                live[k] = True
+                need.update(i for i in s.inputs if i)
+        return live
+
+    @property
+    def input_names(self):
+        return list(self.graph.inputs)
+
+    def _feed(self, inputs):
+        g = self.graph
+        if isinstance(inputs, dict):
+            unknown = set(inputs) - set(g.inputs)
+            if unknown:
+                raise NPUError(f"unknown graph inputs {sorted(unknown)}; the graph takes {g.inputs}")
+            feed = dict(inputs)
+        else:
+            inputs = list(inputs)
+            if len(inputs) != len(g.inputs):
+                raise NPUError(f"{len(inputs)} inputs given, the graph takes {len(g.inputs)}: {g.inputs}")
+            feed = dict(zip(g.inputs, inputs))
+        from .tensors import np_dtype
+        env = {}
+        for name in g.inputs:
+            if name not in feed:
+                raise NPUError(f"graph input {name!r} is missing")
+            x = feed[name]
+            if type(x).__name__ == "TensorProto":
+                from .tensors import load_initializer
+                x = load_initializer(x)
+            x = np.asarray(x)
+            tt = g.input_info[name].type.tensor_type
+            want = np_dtype(tt.elem_type) if tt.elem_type else x.dtype
+            if x.dtype != want:
+                raise NPUError(f"graph input {name!r} must be {want}, got {x.dtype}")
+            if tt.HasField("shape"):
+                dims = tt.shape.dim
+                if len(dims) != x.ndim or any(d.HasField("dim_value") and d.dim_value != s
+                                              for d, s in zip(dims, x.shape)):
+                    want_s = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in dims]
+                    raise NPUError(f"graph input {name!r} must have shape {want_s}, got {list(x.shape)}")
+            env[name] = x
+        return env
+
+    def _exec(self, step, ins, want_extra):
+        try:
+            return step.run(ins, self.threads, want_extra)
+        except NPUError:
+            raise
+        except Exception as e:  # numpy / torch / C++ (TORCH_CHECK) errors -> named ValueError
+            raise NPUError(f"node {step.node_name!r} ({step.node.op_type}) failed: "
+                           f"{type(e).__name__}: {e}") from None
+
+    def run(self, inputs, *, return_intermediates: bool = False):
+        """Outputs (list, graph-output order); with return_intermediates also a dict of every
+        tensor the graph names (inputs, constants excluded) with the value it holds."""
+        env = self._feed(inputs)
+        consts = self.graph.consts
+        for step, live in zip(self.steps, self._live):
+            if not (live or return_intermediates):
+                continue
+            ins = [None if not i else env[i] if i in env else consts[i] for i in step.inputs]
+            env.update(self._exec(step, ins, return_intermediates))
+        outs = [env[o] if o in env else consts[o] for o in self.graph.outputs]
+        if return_intermediates:
+            values = {k: v for k, v in env.items() if k not in self.graph.inputs}
+            return outs, values
+        return outs
+
+    def run_layerwise(self, values: dict) -> dict:
+        """Run every step on the given tensor values (e.g. an oracle's intermediates) instead of
+        its own upstream results; returns what each step computes. Isolates per-layer parity."""
+        out = {}
+        consts = self.graph.consts
+        for step in self.steps:
+            try:
+                ins = [None if not i else values[i] if i in values else consts[i] for i in step.inputs]
+            except KeyError:
+                continue
+            out.update(self._exec(step, ins, True))
+        return out
+
+
+def load(model, *, semantics: str = "integer", threads: int | None = None) -> Session:
+    """Parse ``model`` (path, bytes or onnx.ModelProto) once; see Session."""
+    return Session(model, semantics=semantics, threads=threads)
+
+
+def run(model, inputs, *, return_intermediates: bool = False, threads: int | None = None,
+        semantics: str = "integer"):
+    """One-shot ``load(model).run(inputs)``; list of outputs (plus dict of intermediates)."""
+    return load(model, semantics=semantics, threads=threads).run(
+        inputs, return_intermediates=return_intermediates)

@@ -1,0 +1,37 @@
+"""ONNX element types <-> numpy dtypes (ml_dtypes for int4/uint4/float8) and initializer loading."""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import NPUError, UnsupportedNode
+
+
+def np_dtype(elem_type: int, node=None) -> np.dtype:
+    """numpy dtype of an ONNX TensorProto element type; UnsupportedNode/NPUError if none."""
+    from onnx import helper
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(int(elem_type)))
+    except Exception:
+        if node is not None:
+            raise UnsupportedNode(node, [], f"element type {elem_type} has no numpy dtype") from None
+        raise NPUError(f"element type {elem_type} has no numpy dtype") from None
+
+
+def load_initializer(t) -> np.ndarray:
+    """numpy array of a TensorProto; NPUError naming it if the data is malformed."""
+    from onnx import numpy_helper
+    if t.data_location == 1:  # EXTERNAL: onnx.load resolved it when reading from a path
+        raise NPUError(f"initializer {t.name!r} uses external data that was not loaded "
+                       "(pass the model path so its data files can be found)")
+    try:
+        a = numpy_helper.to_array(t)
+    except Exception as e:
+        raise NPUError(f"initializer {t.name!r} is malformed: {e}") from None
+    expect = int(np.prod(t.dims)) if len(t.dims) else 1
+    if a.size != expect:
+        raise NPUError(f"initializer {t.name!r} holds {a.size} values for dims {list(t.dims)}")
+    return a
+
+
+def type_name(x) -> str:
+    return str(np.asarray(x).dtype) if x is not None else "none"

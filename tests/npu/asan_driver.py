@@ -1,0 +1,45 @@
+"""Driver for `make -f mk/asan.mk asan`: runs every C++ kernel of an AddressSanitizer build
+on edge sizes and on small test models. Exit 0 means ASan found nothing."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    import torch
+    from dal.npu import build, kernels
+    from dal.npu.sparse import compress_rows
+    lib = build.kernels(sanitize=True)
+    build.kernels = lambda sanitize=False: lib  # every wrapper below uses the ASan build
+    rng = np.random.default_rng(0)
+    for m, k, n in [(1, 1, 1), (3, 7, 5), (5, 33, 23), (4, 64, 24), (9, 130, 49), (1, 2, 100)]:
+        a, b = rng.integers(-255, 256, (m, k)), rng.integers(-255, 256, (k, n))
+        assert np.array_equal(kernels.matmul_s16(kernels.to_s16(a, 0), kernels.to_s16(b, 0), 2).numpy(), a @ b)
+        if k % 4 == 0:
+            w = a.reshape(m, k // 4, 4).copy()
+            w[..., :2] = 0
+            w = w.reshape(m, k)
+            v, p = compress_rows(w)
+            bp = torch.from_numpy(np.pad(b, ((0, 0), (0, (-n) % 16))).astype(np.int16))
+            assert np.array_equal(lib.sparse24_gemm_s16(torch.from_numpy(v), torch.from_numpy(p), bp, n, 2).numpy(), w @ b)
+    acc = rng.integers(-2**30, 2**30, (3, 37)).astype(np.int32)
+    kernels.requant_float(acc, np.full(3, 1e-5), np.ones(3, np.float32), np.float32(0.1), 0, -128, 127, 2)
+    kernels.requant_fixed(acc, np.full(3, 1 << 30), np.full(3, 40), 0, -128, 127, "half_even", 2)
+    import graphs
+    import dal.npu as npu
+    for i, (mod, shape) in enumerate([(graphs.conv_model(seed=1, group=2), (1, 8, 12, 12)),
+                                      (graphs.conv_model(seed=2, group=8), (1, 8, 12, 12)),
+                                      (graphs.conv_model(seed=3, stride=(2, 1), pads=(0, 2, 1, 0)), (1, 8, 12, 12)),
+                                      (graphs.mixed_model(seed=0), (1, 4, 16, 16)),
+                                      (graphs.linear_model(seed=0, op="MatMul"), (5, 40))]):
+        npu.run(mod, {"x": rng.standard_normal(shape).astype(np.float32)})
+    print("asan: all kernels ran clean")
+
+
+if __name__ == "__main__":
+    main()

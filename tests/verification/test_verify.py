@@ -1,0 +1,41 @@
+"""dal.verify end to end: prepare, calibrate, export, then NPU reference vs torch and onnxruntime."""
+import pytest
+import torch
+
+import dal
+from dal.prepare import set_quantizer_state
+from dal.zoo import MnistCNN
+
+
+def _exported(tmp_path, hardware):
+    torch.manual_seed(0)
+    x = torch.randn(16, 1, 28, 28)
+    q = dal.prepare_qat(MnistCNN(), recipe="int8_balanced", hardware=hardware, example_inputs=(x,))
+    dal.calibrate(q, [torch.randn(16, 1, 28, 28) for _ in range(3)], progress=False)
+    set_quantizer_state(q, "frozen")
+    q.eval()
+    path = tmp_path / f"mnist_{hardware}.onnx"
+    dal.export_onnx(q, (x,), path)
+    return path, q, x
+
+
+@pytest.mark.parametrize("hardware,requantizer", [("a2000", "float"), ("a1000", "fixed_point")])
+def test_verify_reports_parity_in_lsb(tmp_path, hardware, requantizer):
+    path, q, x = _exported(tmp_path, hardware)
+    report = dal.verify(path, q, (x,))
+    assert report.requantizer == requantizer
+    (pairs,) = report.outputs.values()
+    vs_torch, vs_ort = pairs["npu_vs_torch"], pairs["npu_vs_ort"]
+    assert vs_torch.lsb and vs_torch.elements == 160
+    # The exporter issue's criterion, stated in LSB of the output quantizer: nothing beyond 1 LSB.
+    assert vs_torch.off_by_more == 0 and vs_ort.off_by_more == 0
+    assert vs_torch.within_one_lsb_fraction == 1.0
+    assert report.layers, "no quantized intermediate tensor was compared"
+    text = str(report)
+    assert "npu_vs_torch" in text and requantizer in text
+
+
+def test_verify_names_the_input_count_mismatch(tmp_path):
+    path, q, x = _exported(tmp_path, "a2000")
+    with pytest.raises(ValueError, match="takes 1 input"):
+        dal.verify(path, q, (x, x))
