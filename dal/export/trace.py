@@ -91,6 +91,17 @@ def _placeholders(plan: ExportPlan, sites: dict[int, Site]):
             del q.forward
 
 
+class _Root(nn.Module):
+    """A plain module around the model, so torch.onnx sees no ``.graph`` attribute."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        return self.model(*args)
+
+
 @contextlib.contextmanager
 def _eval_mode(model: nn.Module):
     """Eval mode for the trace, each module's own training flag restored afterwards."""
@@ -121,8 +132,11 @@ def trace(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, input_nam
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
         warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export.*")
         warnings.filterwarnings("ignore", message=r".*custom_opsets.*|.*dal::Q.*")
+        # torch's dynamic-axes check reads ``model.graph`` as a TorchScript graph; an fx
+        # GraphModule (what prepare_qat returns when it rewrites the root) has an fx one.
+        traced = _Root(model) if isinstance(model, torch.fx.GraphModule) else model
         try:
-            torch.onnx.export(model, args, buf, dynamo=False, opset_version=min(opset, TRACE_MAX_OPSET),
+            torch.onnx.export(traced, args, buf, dynamo=False, opset_version=min(opset, TRACE_MAX_OPSET),
                               do_constant_folding=True, custom_opsets={PLACEHOLDER_DOMAIN: 1},
                               input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes,
                               training=torch.onnx.TrainingMode.EVAL, verbose=False)

@@ -39,3 +39,17 @@ def test_verify_names_the_input_count_mismatch(tmp_path):
     path, q, x = _exported(tmp_path, "a2000")
     with pytest.raises(ValueError, match="takes 1 input"):
         dal.verify(path, q, (x, x))
+
+
+def test_dynamic_batch_export_of_an_fx_rewritten_root(tmp_path):
+    # MnistCNN's own forward has a `+`, so prepare_qat returns a GraphModule root.
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 28, 28)
+    q = dal.prepare_qat(MnistCNN(), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    assert isinstance(q, torch.fx.GraphModule)
+    dal.calibrate(q, [x], progress=False)
+    set_quantizer_state(q, "frozen")
+    dal.export_onnx(q, (x,), tmp_path / "dyn.onnx", dynamic_batch=True)
+    report = dal.verify(tmp_path / "dyn.onnx", q, (torch.randn(7, 1, 28, 28),))
+    (pairs,) = report.outputs.values()
+    assert pairs["npu_vs_torch"].elements == 70 and pairs["npu_vs_torch"].off_by_more == 0
