@@ -257,6 +257,7 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
         check_against_hardware(rec, hw, _candidates(model))
     resolve = _Resolver(rec, hw)
     report = PrepareReport(recipe=getattr(rec, "name", str(recipe)), hardware=getattr(hw, "name", str(hw_name)))
+    model = _replace_operators(model, rec, hw, example_inputs, report)
     for path, mod in list(model.named_modules()):
         if needs_tracing(mod) and (path == "" or _still_attached(model, path, mod)):
             new = _rewrite_module(model, path, mod, resolve, report)
@@ -278,6 +279,21 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     model._dal_recipe = rec
     model._dal_hardware = hw
     return model
+
+
+def _replace_operators(model, rec, hw, example_inputs, report):
+    """Operator auto-replacement (the recipe's ``replace:`` list) before fusing and swapping, so
+    the hardware's own operators are what gets quantized and trained."""
+    rules = list(getattr(rec, "replace", ()) or ())
+    if not rules:
+        return model
+    from ..replace import auto_replace
+
+    ex = example_inputs if example_inputs is None or isinstance(example_inputs, tuple) else (example_inputs,)
+    result = auto_replace(model, rules=rules, hardware=hw, example_inputs=ex)
+    report.replacements = result
+    report.notes.append(f"operator replacement: {result.summary()}")
+    return getattr(result, "model", model)
 
 
 def _still_attached(model: nn.Module, path: str, mod: nn.Module) -> bool:

@@ -21,6 +21,7 @@ class PrepareReport:
     hardware: str = ""
     rows: list[LayerRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    replacements: object = None  # dal.replace's report when the recipe asked for replacements
 
     def add(self, *args, **kwargs) -> None:
         self.rows.append(LayerRow(*args, **kwargs))
