@@ -33,6 +33,11 @@ _LAZY = {
     "prepare_sparse": ("dal.sparsity", "prepare_sparse"),
     "load_recipe": ("dal.recipe", "load_recipe"),
     "load_hardware": ("dal.hardware", "load_hardware"),
+    "save_checkpoint": ("dal.checkpoint", "save_checkpoint"),
+    "load_checkpoint": ("dal.checkpoint", "load_checkpoint"),
+    "to_float": ("dal.prepare", "to_float"),
+    "set_quantizer_state": ("dal.prepare", "set_quantizer_state"),
+    "freeze_bn": ("dal.prepare", "freeze_bn"),
 }
 
 _SUBMODULES = {"formats", "observers", "quantizer", "hardware", "recipe", "nn", "sparsity", "replace",

@@ -1,0 +1,9 @@
+"""Train torchvision resnet18 on MNIST with the `int8_balanced` recipe: python recipes/examples/train_int8_balanced.py --help"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import run  # noqa: E402
+
+if __name__ == "__main__":
+    run("int8_balanced", "resnet18")
