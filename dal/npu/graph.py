@@ -127,14 +127,16 @@ class Graph:
 
     def attrs(self, n) -> dict:
         key = id(n)
-        if key not in self._attrs:
+        cached = self._attrs.get(key)
+        # The cache holds the node itself: an id() is only unique while its object is alive.
+        if cached is None or cached[0] is not n:
             from onnx import helper
             d = {}
             for at in n.attribute:
                 v = helper.get_attribute_value(at)
                 d[at.name] = v.decode() if isinstance(v, bytes) else v
-            self._attrs[key] = d
-        return self._attrs[key]
+            cached = self._attrs[key] = (n, d)
+        return cached[1]
 
     def producer(self, name):
         return self._producer.get(name)
