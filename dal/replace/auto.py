@@ -1,0 +1,214 @@
+"""auto_replace: apply replacement rules to a model, transactionally, and report the drift."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .registry import get_rules
+from .report import Replacement, ReplaceReport, RuleFailure
+
+
+def _load_hw(hardware):
+    if hardware is None:
+        return None
+    from ..hardware import load_hardware
+
+    return load_hardware(hardware)
+
+
+def _first_error_line(err: BaseException) -> str:
+    text = str(err).splitlines()[0][:200] if str(err) else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _takes_hardware(fn) -> bool:
+    """Does a rule's ``match`` accept a third argument (the hardware model)?"""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return len(params) >= 3 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+def _inside(path: str, claimed: list[str]) -> bool:
+    return any(c == "" or path == c or path.startswith(c + ".") for c in claimed)
+
+
+def _set_module(root: nn.Module, path: str, new: nn.Module) -> None:
+    parent_path, _, leaf = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    parent._modules[leaf] = new
+
+
+def _name_quantizers(new: nn.Module, path: str) -> None:
+    """Give the QAT-protocol modules and quantizers a replacement built the full module path
+    (rules build without knowing where the module goes; errors and exports name by path)."""
+    from ..quantizer import FakeQuantizer
+
+    for sub, m in new.named_modules():
+        full = ".".join(p for p in (path, sub) if p)
+        if isinstance(m, FakeQuantizer):
+            m.name = full
+        elif hasattr(m, "qat_name"):
+            m.qat_name = full
+
+
+def _tensor_of(out):
+    if torch.is_tensor(out):
+        return out
+    if isinstance(out, (list, tuple)):
+        for o in out:
+            t = _tensor_of(o)
+            if t is not None:
+                return t
+    return None
+
+
+def _capture(model: nn.Module, modules: dict[str, nn.Module], example_inputs: tuple) -> dict[str, torch.Tensor]:
+    """Every output of each module in ``modules`` on one eval-mode, no-grad run of ``model``.
+
+    Eval mode because dropout would make before and after incomparable; each module's own
+    training flag is restored afterwards.
+    """
+    seen: dict[str, list] = {p: [] for p in modules}
+    hooks = []
+    for path, mod in modules.items():
+        def hook(m, i, o, path=path):
+            t = _tensor_of(o)
+            if t is not None:
+                seen[path].append(t.detach().float().flatten())
+        hooks.append(mod.register_forward_hook(hook))
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(*example_inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, mode in modes:
+            m.training = mode
+    return {p: torch.cat(v) for p, v in seen.items() if v}
+
+
+def _drift(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> tuple[Optional[float], Optional[float]]:
+    if a is None or b is None or a.shape != b.shape:
+        return None, None
+    a64, b64 = a.double(), b.double()
+    denom = a64.norm() * b64.norm()
+    cos = float((a64 @ b64) / denom) if denom > 0 else (1.0 if torch.equal(a, b) else 0.0)
+    return cos, float((a64 - b64).abs().max()) if a.numel() else 0.0
+
+
+def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=None,
+                 strict: bool = False) -> ReplaceReport:
+    """Replace operators of ``model`` (in place) by the hardware's own versions; return a report.
+
+    Args:
+        model: a float ``nn.Module`` (before ``prepare_qat``; prepare calls this for the recipe's
+            ``replace:`` list).
+        rules: rule names (see :func:`dal.replace.known_rules`), applied in order; None = the
+            hardware model's ``replace_rules_needed``.
+        hardware: a ``HardwareModel``, bundled name or path; the rules read ``lut_size``,
+            ``fp16_ops``, ``lut_ops``, ``resize_modes`` from it (None: generic choices).
+        example_inputs: a tuple of inputs; with it each replacement reports the cosine and max
+            abs difference of its module's output before and after (forward hooks, eval mode).
+        strict: raise instead of reporting when a rule fails.
+
+    Contract:
+        * each rule's ``match(module, path)`` is asked top-down; a module replaced by one rule
+          is not offered (nor its submodules) to later rules;
+        * all replacements are built first, then swapped: if any ``build`` (or ``match``)
+          raises, nothing is swapped and the report lists the rule, path and error;
+        * unknown rule names raise ``ValueError`` listing the known rules;
+        * a rule that matches nothing is listed by name in ``report.unmatched``, with a reason.
+
+    Example:
+        >>> rep = dal.replace.auto_replace(model, ["npu_attention"], "a2000", (x,))  # doctest: +SKIP
+        >>> print(rep.summary())
+        npu_attention: 12 replaced (min cosine 1.000000, max |diff| 4.8e-07)
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"auto_replace needs an nn.Module, got {type(model).__name__}")
+    hw = _load_hw(hardware)
+    names = list(rules) if rules is not None and not isinstance(rules, str) else ([rules] if rules else None)
+    if names is None:
+        names = list(getattr(hw, "replace_rules_needed", ()) or ())
+    pairs = get_rules(names)
+    if example_inputs is not None and not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    report = ReplaceReport(rules=[n for n, _ in pairs], model=model)
+
+    # 1. match: top-down, first rule wins a subtree
+    plans, claimed = [], []
+    for rname, r in pairs:
+        found = 0
+        for path, mod in model.named_modules():
+            if _inside(path, claimed):
+                continue
+            try:
+                hit = bool(r.match(mod, path, hw) if _takes_hardware(r.match) else r.match(mod, path))
+            except Exception as err:  # noqa: BLE001 - a user's match is reported, not fatal
+                report.failed.append(RuleFailure(rname, path, f"match raised {_first_error_line(err)}"))
+                continue
+            if hit:
+                plans.append((rname, r, path, mod))
+                found += 1
+                if getattr(r, "claims_subtree", True):
+                    claimed.append(path)
+        if not found and not any(f.rule == rname for f in report.failed):
+            why = getattr(r, "why_nothing", None)
+            report.unmatched[rname] = (why(hw) if callable(why) else None) or "no module matched"
+
+    # 2. build every replacement before touching the model
+    built = []
+    for rname, r, path, mod in plans:
+        try:
+            new = r.build(mod, hw)
+            if not isinstance(new, nn.Module):
+                raise TypeError(f"build returned {type(new).__name__}, not an nn.Module")
+        except Exception as err:  # noqa: BLE001 - reported by rule name; the model stays intact
+            report.failed.append(RuleFailure(rname, path, f"build raised {_first_error_line(err)}"))
+            continue
+        built.append((rname, r, path, mod, new))
+    if report.failed:
+        report.applied = False
+        if strict:
+            raise RuntimeError("auto_replace: " + "; ".join(f"{f.rule} at {f.path or '<root>'}: {f.error}"
+                                                            for f in report.failed))
+        return report
+
+    swaps = [b for b in built if b[4] is not b[3]]
+    before = _capture(model, {p: m for _, _, p, m, _ in swaps}, example_inputs) if example_inputs and swaps else {}
+
+    # 3. swap, shallow paths first (a rebuilt parent keeps the same child objects)
+    for rname, r, path, mod, new in sorted(built, key=lambda b: b[2].count(".") + bool(b[2])):
+        if new is mod:
+            continue
+        if path == "":
+            model = new
+        else:
+            _set_module(model, path, new)
+    for rname, r, path, mod, new in built:
+        if new is not mod:
+            _name_quantizers(new, path)
+        hook = getattr(r, "after_swap", None)
+        if callable(hook):
+            report.notes.extend(hook(model, path, new) or [])
+    report.model = model
+
+    after = _capture(model, {p: n for _, _, p, _, n in swaps}, example_inputs) if before else {}
+    for rname, r, path, mod, new in built:
+        describe = getattr(r, "describe", None)
+        detail = describe(mod, path) if callable(describe) else ""
+        if new is mod:
+            report.replacements.append(Replacement(rname, path, type(mod).__name__, type(mod).__name__,
+                                                   "kept: " + (detail or "nothing to change")))
+            continue
+        cos, mad = _drift(before.get(path), after.get(path))
+        report.replacements.append(Replacement(rname, path, type(mod).__name__, type(new).__name__, detail, cos, mad))
+    return report

@@ -1,0 +1,67 @@
+"""layernorm_fp16, upsample_nearest and conv_bn_relu (report only)."""
+import torch
+from torch import nn
+
+import dal
+from dal.prepare.state import set_quantizer_state
+from dal.replace import Fp16LayerNorm, auto_replace
+
+from replace_common import ort_run, rel_err
+
+
+def test_layernorm_fp16_float_equal_then_fp16():
+    torch.manual_seed(0)
+    ln = nn.LayerNorm(16)
+    with torch.no_grad():
+        ln.weight.normal_(), ln.bias.normal_()
+    m = nn.Sequential(ln)
+    x = torch.randn(4, 16) * 3
+    ref = ln(x)
+    auto_replace(m, ["layernorm_fp16"], "a2000")
+    new = m[0]
+    assert isinstance(new, Fp16LayerNorm) and new.weight is ln.weight and new.bias is ln.bias
+    assert rel_err(new(x), ref) < 1e-6  # quantizers observe: identity
+    set_quantizer_state(new, "quantize")
+    y = new(x)
+    expected = torch.nn.functional.layer_norm(x.half().float(), (16,), ln.weight.half().float(),
+                                              ln.bias.half().float()).half().float()
+    assert torch.equal(y, expected)
+    assert type(new.to_float()) is nn.LayerNorm and new.to_float().weight is ln.weight
+
+
+def test_layernorm_fp16_exports_with_casts(tmp_path):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.LayerNorm(16))
+    auto_replace(m, ["layernorm_fp16"])
+    set_quantizer_state(m, "frozen")
+    x = torch.randn(3, 16)
+    proto = dal.export_onnx(m, (x,), str(tmp_path / "ln.onnx"))
+    assert "Cast" in {n.op_type for n in proto.graph.node}
+    out = ort_run(str(tmp_path / "ln.onnx"), {"input": x.numpy()})[0]
+    assert torch.equal(torch.from_numpy(out), m(x))
+
+
+def test_layernorm_not_replaced_where_hardware_has_no_fp16():
+    m = nn.Sequential(nn.LayerNorm(4))
+    rep = auto_replace(m, ["layernorm_fp16"], "a1000")
+    assert type(m[0]) is nn.LayerNorm and "fp16" in rep.unmatched["layernorm_fp16"]
+
+
+def test_upsample_bilinear_to_nearest_on_a1000():
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Upsample(scale_factor=2, mode="bilinear"), nn.UpsamplingBilinear2d(scale_factor=2))
+    x = torch.randn(1, 3, 8, 8)
+    rep = auto_replace(m, ["upsample_nearest"], "a1000", (x,))
+    assert [u.mode for u in (m[1], m[2])] == ["nearest", "nearest"]
+    assert len(rep.replacements) == 2 and all(r.cosine is not None and r.cosine < 1 for r in rep.replacements)
+
+
+def test_conv_bn_relu_reports_fusable_chains_and_changes_nothing():
+    import torchvision
+
+    m = torchvision.models.resnet18(weights=None)
+    before = dict(m.named_modules())
+    rep = auto_replace(m, ["conv_bn_relu", "lut_activation"])
+    assert dict(m.named_modules()).keys() == before.keys()
+    rows = {r.path: r for r in rep.by_rule("conv_bn_relu")}
+    assert "conv1+bn1+relu" in rows[""].detail and rows["layer1.0"].noted_only
+    assert "noted" in rep.summary()
