@@ -21,8 +21,11 @@ How pruned weights stay exactly zero under any optimizer
 1. Whenever a mask is computed or changes, the stored weight is zeroed where the mask is
    False, and the optimizer state tensors shaped like the weight (momentum, Adam moments)
    of the optimizers known to the controller are zeroed where the mask changed.
-2. A tensor hook on ``weight`` multiplies its gradient by the mask: pruned weights get no
-   gradient, so no momentum builds up and no gradient leaks into later mask decisions.
+2. Pruned weights get no gradient, so no momentum builds up and no gradient leaks into
+   later mask decisions: a tensor hook on ``weight`` multiplies its gradient by the mask.
+   dal's QAT modules (they have ``quantized_weight``) get no hook: their forward multiplies
+   the mask into the weight, so autograd already masks the gradient, and a second multiply
+   of the step's largest tensors would cost ~5% of a ResNet-18 QAT step for nothing.
 3. After every ``optimizer.step()`` of an optimizer that holds a sparse weight, the pruned
    entries are set to 0 again (post-step hook). ``prepare_sparse`` registers this hook for
    all optimizers (``torch.optim.optimizer.register_optimizer_step_post_hook``, filtered to
@@ -40,6 +43,15 @@ How pruned weights stay exactly zero under any optimizer
 The schedule advances only when the user calls :meth:`SparsityController.step` (once per
 training step, after ``optimizer.step()``), or automatically after each step of one
 optimizer with ``controller.attach(optimizer, auto_step=True)``.
+
+A new root over the same modules
+--------------------------------
+The controller finds its modules by name in its root model. When a model is rebuilt around
+the same sparse modules (``dal.prepare_qat`` returns a ``torch.fx.GraphModule`` when the
+root's forward has functional ops, and its QAT modules take over the float modules'
+Parameter and buffer objects), :func:`controller_of` on the new root finds the controller
+through the identity of the ``weight_mask`` tensors and moves it there. A *copy* of a model
+(``copy.deepcopy``) has new mask tensors and gets no controller: prepare the copy again.
 """
 from __future__ import annotations
 
@@ -54,18 +66,30 @@ from .mask import nm_mask, nm_mask_partial
 from .pattern import NMPattern
 from .schedule import SparsitySchedule
 
-__all__ = ["SparsityController", "controller_of", "CONTROLLER_ATTR"]
+__all__ = ["SparsityController", "controller_of", "find_controller", "CONTROLLER_ATTR"]
 
 #: attribute of the root model that holds its controller
 CONTROLLER_ATTR = "dal_sparsity"
 _VERSION_ATTR = "_dal_sparsity_weight_version"
+#: id(weight_mask tensor) -> its controller; entries vanish with the controller. A lookup is
+#: confirmed by tensor identity (ids of dead tensors are reused).
+_BY_MASK: "weakref.WeakValueDictionary[int, SparsityController]" = weakref.WeakValueDictionary()
 
 
-def _enforce_module(module: nn.Module) -> None:
-    """Zero the pruned entries of ``module.weight`` and record the weight's version."""
-    w = module.weight
+def _enforce_module(module: nn.Module, exact: bool = False) -> None:
+    """Zero the pruned entries of ``module.weight`` and record the weight's version.
+
+    Runs after every optimizer step, so it must be cheap: ``weight.mul_(mask)`` is ~5x faster
+    than ``masked_fill_`` on CPU (ResNet-18: 10 vs 60 ms a step) and allocates nothing. Pruned
+    entries become +-0.0, equal to 0 (code 0 for any zero point 0); only a value that is
+    already NaN / inf (a diverged step) would survive it. ``exact=True`` (mask recomputes,
+    rare) writes +0.0 with ``masked_fill_``."""
+    w, mask = module.weight, module.weight_mask
     with torch.no_grad():
-        w.masked_fill_(module.weight_mask.logical_not(), 0)
+        if exact:
+            w.masked_fill_(mask.logical_not(), 0)
+        else:
+            w.mul_(mask)
     object.__setattr__(module, _VERSION_ATTR, w._version)
 
 
@@ -107,6 +131,7 @@ class SparsityController:
         self._owned: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._auto_step: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
         self._step_no_layers = 0
+        self._masks: "dict[str, Tensor]" = {}
         for name in self.layers:
             self._install(name)
         self.update_masks(0)
@@ -124,11 +149,14 @@ class SparsityController:
         mod = self.module(name)
         w = mod.weight
         mod.register_buffer("weight_mask", torch.ones_like(w, dtype=torch.bool))
+        self._masks[name] = mod.weight_mask
+        _BY_MASK[id(mod.weight_mask)] = self
         mod.register_buffer("weight_sparsity_stats",
                             torch.zeros(3, dtype=torch.float64, device=w.device))
         if self.schedule.restore_pruned:
             mod.register_buffer("weight_pruned_values", torch.zeros_like(w.detach()))
-        self._handles.append(w.register_hook(_grad_hook(mod.weight_mask)))
+        if not callable(getattr(mod, "quantized_weight", None)):  # see point 2 above
+            self._handles.append(w.register_hook(_grad_hook(mod.weight_mask)))
         self._handles.append(mod.register_forward_pre_hook(_forward_pre_hook))
 
     @property
@@ -175,7 +203,7 @@ class SparsityController:
                 mod.weight_pruned_values.copy_(dense.masked_fill(new, 0))
                 w.copy_(dense.masked_fill(~new, 0))
             old.copy_(new)
-            _enforce_module(mod)
+            _enforce_module(mod, exact=True)
             if bool(changed.any()):
                 self._reset_optimizer_state(w, changed)
 
@@ -245,6 +273,9 @@ class SparsityController:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for mask in self._masks.values():
+            _BY_MASK.pop(id(mask), None)
+        self._masks.clear()
         for name in self.layers:
             mod = self.module(name)
             for buf in ("weight_mask", "weight_sparsity_stats", "weight_pruned_values"):
@@ -261,9 +292,38 @@ class SparsityController:
                 f"skipped={len(self.skipped)})")
 
 
-def controller_of(model: nn.Module) -> SparsityController:
-    """The :class:`SparsityController` that ``prepare_sparse`` attached to ``model``."""
+def find_controller(model: nn.Module) -> "SparsityController | None":
+    """The controller of ``model``, or None. Looks at the root attribute first, then for a
+    controller whose masks are all held, under the same names, by ``model``'s modules (a new
+    root built over the same modules, e.g. by ``dal.prepare_qat``); such a controller is moved
+    to ``model`` (it leaves the old root)."""
     ctl = model.__dict__.get(CONTROLLER_ATTR)
+    if ctl is not None:
+        return ctl
+    for name, mod in model.named_modules():
+        mask = mod._buffers.get("weight_mask")
+        cand = _BY_MASK.get(id(mask)) if mask is not None else None
+        if cand is None or cand._masks.get(name) is not mask:
+            continue
+        try:
+            mine = all(model.get_submodule(n)._buffers.get("weight_mask") is m
+                       for n, m in cand._masks.items())
+        except AttributeError:
+            mine = False
+        if mine:
+            old = cand._root()
+            if old is not None and old.__dict__.get(CONTROLLER_ATTR) is cand:
+                del old.__dict__[CONTROLLER_ATTR]
+            cand._root = weakref.ref(model)
+            model.__dict__[CONTROLLER_ATTR] = cand
+            return cand
+    return None
+
+
+def controller_of(model: nn.Module) -> SparsityController:
+    """The :class:`SparsityController` that ``prepare_sparse`` attached to ``model`` (also
+    found from a new root over the same modules: see :func:`find_controller`)."""
+    ctl = find_controller(model)
     if ctl is None:
         raise ValueError(f"{type(model).__name__} has no sparsity controller: call "
                          "dal.sparsity.prepare_sparse(model, ...) first")

@@ -5,7 +5,7 @@ from typing import Callable, Iterable, Union
 
 from torch import nn
 
-from .controller import CONTROLLER_ATTR, SparsityController
+from .controller import CONTROLLER_ATTR, SparsityController, find_controller
 from .layout import SPARSE_TYPES, op_class, reduction_axis, reduction_group_length
 from .pattern import parse_pattern
 from .permute import permute_sequential_pairs
@@ -16,27 +16,35 @@ __all__ = ["prepare_sparse", "dense_reason"]
 LayerFilter = Union[None, Callable[[str, nn.Module], bool], Iterable[str]]
 
 
-def dense_reason(module: nn.Module, m: int = 4, hardware=None) -> "str | None":
+def dense_reason(module: nn.Module, m: int = 4, hardware=None,
+                 pattern: "str | None" = None) -> "str | None":
     """Why ``module`` (a Linear / Conv / ConvTranspose) must stay dense, or None if an N:M
     mask with group size ``m`` fits it. Checked: a weight of 2+ dims, a reduction length
-    (input channels per conv group) that is a multiple of ``m`` and above 1 (depthwise
-    convolutions have 1), and ``hardware.supports_sparsity(op_class)``."""
+    (input channels per conv group) that is a multiple of ``m`` (depthwise convolutions,
+    one input channel per group, are named as such), and the hardware:
+    ``hardware.supports_sparsity(op_class)`` for 2:4 (or ``pattern`` None),
+    ``hardware.supports_sparsity(op_class, pattern)`` for any other pattern, so a one-argument
+    ``supports_sparsity`` is enough for hardware that only knows 2:4."""
     w = getattr(module, "weight", None)
     if isinstance(w, nn.parameter.UninitializedParameter):
         return "weight not initialized yet (lazy module): run one forward first"
     if w is None or w.dim() < 2:
         return "no 2-D+ weight"
     length = reduction_group_length(module)
-    if length == 1:
+    if length == 1 and getattr(module, "groups", 1) > 1:
         return "depthwise convolution (1 input channel per group): nothing to reduce over"
     if length % m:
-        what = "in_features" if isinstance(module, nn.Linear) else "input channels per group"
+        what = ("in_features" if isinstance(module, nn.Linear) else
+                "input channels" if getattr(module, "groups", 1) == 1 else "input channels per group")
         return f"{what} = {length} is not a multiple of {m}"
     if hardware is not None:
         cls = op_class(module)
-        if not hardware.supports_sparsity(cls):
+        ok = (hardware.supports_sparsity(cls) if pattern in (None, "2:4")
+              else hardware.supports_sparsity(cls, pattern))
+        if not ok:
             hw = getattr(hardware, "name", type(hardware).__name__)
-            return f"hardware {hw} cannot run {cls} with sparse weights"
+            what = "sparse" if pattern in (None, "2:4") else f"{pattern} sparse"
+            return f"hardware {hw} cannot run {cls} with {what} weights"
     return None
 
 
@@ -64,8 +72,9 @@ def prepare_sparse(model: nn.Module, pattern: str = "2:4",
     - ``permute``: run the channel-permutation search first (float models; scope in
       ``permute.py``), so masks keep more magnitude; the function is unchanged.
     - ``hardware``: None (everything allowed) or an object with
-      ``supports_sparsity(op_class) -> bool``, asked with ``"linear"``, ``"conv"`` or
-      ``"conv_transpose"``.
+      ``supports_sparsity(op_class[, pattern]) -> bool`` (a ``dal.hardware.HardwareModel``),
+      asked with ``"linear"``, ``"conv"`` or ``"conv_transpose"`` (and the pattern string
+      when it is not 2:4).
 
     Modules are matched by ``isinstance`` of the torch classes, so dal's QAT modules
     qualify. Layers that cannot be sparse (reduction length not a multiple of M, depthwise,
@@ -81,7 +90,7 @@ def prepare_sparse(model: nn.Module, pattern: str = "2:4",
     """
     pat = parse_pattern(pattern)
     sched = resolve_schedule(schedule)
-    if CONTROLLER_ATTR in model.__dict__:
+    if find_controller(model) is not None:
         raise ValueError(f"{type(model).__name__} is already sparse; call "
                          "dal.sparsity.controller_of(model).remove() before preparing again")
     chosen: "dict[str, int]" = {}
@@ -95,7 +104,7 @@ def prepare_sparse(model: nn.Module, pattern: str = "2:4",
         if not _selected(layers, name, mod):
             skipped[name] = "excluded by the layers filter"
             continue
-        reason = dense_reason(mod, pat.m, hardware)
+        reason = dense_reason(mod, pat.m, hardware, str(pat))
         if reason is not None:
             skipped[name] = reason
             continue

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .controller import CONTROLLER_ATTR
+from .controller import find_controller
 from .layout import SPARSE_TYPES, op_class, reduction_axis, to_groups
 
 __all__ = ["SparsityReport", "report"]
@@ -71,7 +71,7 @@ def report(model: nn.Module) -> SparsityReport:
     """Report on every Linear / Conv / ConvTranspose of ``model``. Works from the
     ``weight_mask`` buffers (so also on a model restored from a state_dict); reasons for
     dense layers come from the controller that ``prepare_sparse`` attached."""
-    ctl = model.__dict__.get(CONTROLLER_ATTR)
+    ctl = find_controller(model)
     n, m = (ctl.pattern.n, ctl.pattern.m) if ctl is not None else (2, 4)
     skipped = ctl.skipped if ctl is not None else {}
     notes = ctl.permuted if ctl is not None else {}

@@ -128,17 +128,57 @@ class RecomputeThenFreeze(SparsitySchedule):
         return ((self.freeze_at - 1) // self.every) * self.every
 
 
-_BY_NAME = {"one_shot": OneShot, "oneshot": OneShot}
+_BY_NAME = {"one_shot": OneShot, "oneshot": OneShot, "gradual": Gradual,
+            "recompute_then_freeze": RecomputeThenFreeze}
 
 
-def resolve_schedule(schedule: "SparsitySchedule | str | None") -> SparsitySchedule:
-    """``None`` or ``"one_shot"`` -> :class:`OneShot`; a schedule object passes through."""
+def resolve_schedule(schedule: "SparsitySchedule | str | dict | None") -> SparsitySchedule:
+    """A schedule object from what a user or a recipe wrote.
+
+    - ``None`` or ``"one_shot"`` -> :class:`OneShot`; a schedule object passes through;
+    - a mapping ``{"kind": "gradual", "steps": 2000, "every": 100, "power": 3}`` (also
+      ``"one_shot"``, ``"recompute_then_freeze"``): the plain-data form a YAML recipe can
+      carry; the other keys are the dataclass fields.
+
+    Raises ``ValueError`` naming the accepted kinds and fields.
+
+    >>> resolve_schedule({"kind": "gradual", "steps": 100})
+    Gradual(steps=100, every=1, begin=0, power=1.0)
+    """
     if schedule is None:
         return OneShot()
     if isinstance(schedule, SparsitySchedule):
         return schedule
+    kinds = ", ".join(repr(k) for k in _BY_NAME if k != "oneshot")
     if isinstance(schedule, str) and schedule.lower() in _BY_NAME:
-        return _BY_NAME[schedule.lower()]()
-    raise ValueError(f"unknown sparsity schedule {schedule!r}: pass 'one_shot' or an object "
-                     "such as dal.sparsity.Gradual(steps=...) or "
+        cls = _BY_NAME[schedule.lower()]
+        try:
+            return cls()
+        except TypeError:
+            raise ValueError(f"sparsity schedule {schedule!r} needs arguments: write it as a "
+                             f"mapping with 'kind' and {_fields(cls)}") from None
+    if isinstance(schedule, dict):
+        args = dict(schedule)
+        kind = str(args.pop("kind", "")).lower()
+        cls = _BY_NAME.get(kind)
+        if cls is None:
+            raise ValueError(f"sparsity schedule {schedule!r}: 'kind' must be one of {kinds}")
+        unknown = sorted(set(args) - set(_fields(cls)))
+        if unknown:
+            raise ValueError(f"sparsity schedule {schedule!r}: {cls.__name__} has no field(s) "
+                             f"{unknown}; its fields are {_fields(cls)}")
+        try:
+            return cls(**args)
+        except TypeError as err:
+            raise ValueError(f"sparsity schedule {schedule!r}: {err}; fields of "
+                             f"{cls.__name__}: {_fields(cls)}") from None
+    raise ValueError(f"unknown sparsity schedule {schedule!r}: pass 'one_shot', a mapping with "
+                     f"'kind' (one of {kinds}) and its fields, or an object such as "
+                     "dal.sparsity.Gradual(steps=...) or "
                      "dal.sparsity.RecomputeThenFreeze(every=..., freeze_at=...)")
+
+
+def _fields(cls) -> "list[str]":
+    from dataclasses import fields
+
+    return [f.name for f in fields(cls) if f.init]

@@ -129,7 +129,7 @@ def test_resnet18_prepare_and_complete_report():
     rep = sp.report(model)
     convs = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
     assert [r["name"] for r in rep.rows] == convs
-    assert rep.skipped == {"conv1": "input channels per group = 3 is not a multiple of 4"}
+    assert rep.skipped == {"conv1": "input channels = 3 is not a multiple of 4"}
     assert len(rep.sparse) == len(convs) - 1 and rep.all_valid
     for r in rep.sparse:
         assert r["density"] == 0.5 and 0.5 < r["retained"] < 1.0
