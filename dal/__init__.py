@@ -38,6 +38,7 @@ _LAZY = {
     "to_float": ("dal.prepare", "to_float"),
     "set_quantizer_state": ("dal.prepare", "set_quantizer_state"),
     "freeze_bn": ("dal.prepare", "freeze_bn"),
+    "report": ("dal.analysis.report", "build_report"),
 }
 
 _SUBMODULES = {"formats", "observers", "quantizer", "hardware", "recipe", "nn", "sparsity", "replace",

@@ -47,7 +47,8 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
             dicts of keyword inputs, or a list of tensors).
         num_batches: stop after this many batches (default: all).
         input_fn: ``batch -> (args, kwargs)`` for batches of another shape.
-        method: reserved for advanced methods; observers come from the recipe.
+        method: None (the recipe's observers), or "minmax", "percentile", "kl", "mse",
+            "easyquant" (see ``dal.calibration.methods``); ``method_args`` go to that method.
 
     The model runs in eval mode under ``torch.no_grad()`` and gets its mode back afterwards. A
     batch with NaN/Inf inputs raises before it reaches an observer; an empty ``data`` raises.
@@ -56,7 +57,7 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
         from .methods import calibrate_with_method
 
         return calibrate_with_method(model, data, method, num_batches=num_batches, input_fn=input_fn,
-                                     progress=progress)
+                                     progress=progress, **method_args)
     qs = list(quantizers(model))
     if not qs:
         raise ValueError("calibrate: the model has no FakeQuantizer; call dal.prepare_qat first")

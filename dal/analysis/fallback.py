@@ -1,0 +1,191 @@
+"""auto_fallback: the fewest layers to keep in FP16 so that the model reaches a target metric.
+
+1. Rank the quantized layers by ``gain`` (``sensitivity``: what keeping each one in float buys).
+2. Greedy: add layers in that order until ``M(model with those layers in FP16) >= target``.
+   FP16 is simulated in place exactly as ``prepare_qat`` builds a ``fallback: fp16`` layer
+   (input and weight rounded to FP16, no output quantizer); every other scale stays as is.
+3. Prune: drop any chosen layer whose removal still meets the target (latest first).
+4. The result's ``recipe`` is the model's recipe with ``{match: <layer>, fallback: fp16}``
+   rules prepended (``Recipe.with_rules_prepended``): ``recipe.to_yaml(path)`` saves it, and
+   ``prepare_qat(float_model, recipe)`` rebuilds the model with those layers in FP16, which the
+   exporter writes as ``Cast(to=float16)`` regions.
+5. Verify (when ``float_model`` is given): re-prepare a copy of it with the new recipe,
+   calibrate it on ``data`` and measure again; while the target is missed, the next-ranked
+   layer is added and the check repeated; then the pruning of step 3 is repeated on
+   re-prepared models (re-calibration after an FP16 layer moves the metric by a hair).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Optional
+
+from torch import nn
+
+from .common import evaluating, qat_layers
+from .evaluator import Evaluator, Metric
+from .sensitivity import sensitivity
+
+
+@dataclass
+class FallbackResult:
+    """``layers``: names kept in FP16; ``metric``: the value reached (verified when
+    ``verified_metric`` is not None); ``met``: whether ``target`` was reached; ``recipe``: the
+    recipe to save and re-prepare with; ``model``: the re-prepared, calibrated model (verify
+    step) or None; ``history``: (layers, metric) of every evaluation."""
+
+    layers: list
+    metric: float
+    target: float
+    met: bool
+    recipe: object
+    baseline: float = 0.0
+    verified_metric: Optional[float] = None
+    model: Optional[nn.Module] = None
+    history: list = field(default_factory=list)
+    sensitivity: object = None
+
+    def rules(self) -> list:
+        return [{"match": name, "fallback": "fp16"} for name in self.layers]
+
+    def __str__(self) -> str:
+        state = "met" if self.met else "NOT met"
+        verified = f", verified after re-prepare: {self.verified_metric:.6f}" if self.verified_metric is not None else ""
+        return (f"dal.analysis.auto_fallback: target {self.target:.6f} {state} with {len(self.layers)} FP16 layer(s) "
+                f"{self.layers}: {self.metric:.6f} (all quantized: {self.baseline:.6f}{verified})")
+
+
+def _fp16_quantizer(name: str):
+    from ..quantizer import FakeQuantizer
+
+    return FakeQuantizer("fp16", name=name).set_state("quantize")
+
+
+@contextlib.contextmanager
+def fp16_fallback(model: nn.Module, names) -> Iterator[None]:
+    """Temporarily give the named QAT layers the quantizers of a ``fallback: fp16`` spec
+    (input and weight: FP16 casts; no output quantizer; functional ops: FP16 inputs)."""
+    from torch.nn import ModuleList
+
+    mods = dict(qat_layers(model))
+    saved = []
+    try:
+        for name in names:
+            mod = mods[name]
+            for attr in ("input_quant", "weight_quant", "output_quant", "input_quants"):
+                if attr not in mod._modules:
+                    continue
+                old = mod._modules[attr]
+                saved.append((mod, attr, old))
+                if old is None:
+                    continue
+                if attr == "output_quant":
+                    new = None
+                elif attr == "input_quants":
+                    new = ModuleList([_fp16_quantizer(f"{name}.input_quants.{i}") for i in range(len(old))])
+                else:
+                    new = _fp16_quantizer(f"{name}.{attr}")
+                mod._modules[attr] = new
+        yield
+    finally:
+        for mod, attr, old in reversed(saved):
+            mod._modules[attr] = old
+
+
+def auto_fallback(model: nn.Module, data: Optional[Iterable] = None, target: float = 0.99, metric: Metric = "cosine",
+                  *, float_model: Optional[nn.Module] = None, example_inputs=None, num_batches: Optional[int] = 8,
+                  calibrate_args: Optional[dict] = None, max_layers: Optional[int] = None,
+                  input_fn: Optional[Callable] = None, progress: bool = True) -> FallbackResult:
+    """Choose FP16 fallback layers for a calibrated QAT ``model`` (see the module docstring).
+
+    Args:
+        target: the metric value to reach (cosine of outputs vs float by default, or whatever
+            the ``metric`` callable returns, e.g. accuracy in percent).
+        float_model: the float model ``model`` was prepared from; given, the choice is verified
+            by re-preparing a copy of it and calibrating on ``data`` (``num_batches`` batches,
+            ``calibrate_args`` passed to ``dal.calibrate``, e.g. ``{"method": "mse"}``).
+        example_inputs: for the re-prepare (default: the first batch of ``data``).
+
+    Example:
+        >>> res = dal.analysis.auto_fallback(qat, loader, target=0.995, float_model=net)  # doctest: +SKIP
+        >>> res.recipe.to_yaml("my_recipe.yaml"); res.layers                               # doctest: +SKIP
+    """
+    recipe = getattr(model, "_dal_recipe", None)
+    if recipe is None:
+        raise ValueError("auto_fallback: the model was not prepared with dal.prepare_qat (no recipe attached)")
+    sens = sensitivity(model, data, metric, num_batches, input_fn=input_fn, progress=progress)
+    order = [r["layer"] for r in sens.ranked_by_gain]
+    limit = len(order) if max_layers is None else min(max_layers, len(order))
+    history = []
+    with evaluating(model):
+        ev = Evaluator(model, data, metric, num_batches, input_fn, False, "dal.analysis.auto_fallback")
+
+        def measure(names):
+            with fp16_fallback(model, names):
+                value = ev()
+            history.append((list(names), value))
+            return value
+
+        chosen: list = []
+        value = baseline = measure(chosen)
+        while value < target and len(chosen) < limit:
+            chosen.append(order[len(chosen)])
+            value = measure(chosen)
+        if value >= target:
+            for name in list(reversed(chosen[:-1])):
+                trial = [n for n in chosen if n != name]
+                v = measure(trial)
+                if v >= target:
+                    chosen, value = trial, v
+    result = FallbackResult(chosen, value, target, value >= target, _recipe_with(recipe, chosen), baseline,
+                            history=history, sensitivity=sens)
+    if float_model is not None:
+        _verify(result, model, float_model, data, metric, order, limit, example_inputs, num_batches,
+                calibrate_args or {}, input_fn)
+    return result
+
+
+def _recipe_with(recipe, names):
+    return recipe.with_rules_prepended([{"match": n, "fallback": "fp16"} for n in names]) if names else recipe
+
+
+def _verify(result, model, float_model, data, metric, order, limit, example_inputs, num_batches, calibrate_args,
+            input_fn) -> None:
+    from ..calibration import calibrate
+    from ..calibration.batches import cached_inputs
+    from ..prepare import prepare_qat
+
+    if data is None:
+        raise ValueError("auto_fallback: verifying with float_model needs calibration data")
+    if example_inputs is None:
+        args, _ = cached_inputs(data, 1, input_fn=input_fn)[0]
+        example_inputs = args
+    hardware = getattr(model, "_dal_hardware", None)
+    ex = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+
+    def real(names):
+        recipe = _recipe_with(model._dal_recipe, names)
+        fresh = prepare_qat(copy.deepcopy(float_model), recipe=recipe, hardware=hardware, example_inputs=ex)
+        calibrate(fresh, data, num_batches, input_fn=input_fn, progress=False, **calibrate_args)
+        with evaluating(fresh):
+            value = Evaluator(fresh, data, metric, num_batches, input_fn)()
+        result.history.append((list(names), value))
+        return value, recipe, fresh
+
+    names = list(result.layers)
+    value, recipe, fresh = real(names)
+    while value < result.target and len(names) < limit:
+        names.append(next(n for n in order if n not in names))
+        value, recipe, fresh = real(names)
+    if value >= result.target:
+        # Re-preparing recalibrates the layers after a fallback one, so the simulated pruning
+        # can be off by a hair: prune again on re-prepared models (latest added first).
+        for name in list(reversed(names[:-1])):
+            trial = [n for n in names if n != name]
+            v, r, f = real(trial)
+            if v >= result.target:
+                names, value, recipe, fresh = trial, v, r, f
+    result.layers, result.recipe, result.model = names, recipe, fresh
+    result.verified_metric = result.metric = value
+    result.met = value >= result.target

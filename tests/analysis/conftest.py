@@ -1,0 +1,9 @@
+"""Session fixture: the briefly trained MNIST CNN of analysis_helpers.py."""
+import pytest
+
+from analysis_helpers import trained_mnist
+
+
+@pytest.fixture(scope="session")
+def mnist():
+    return trained_mnist()

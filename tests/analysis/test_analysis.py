@@ -1,0 +1,186 @@
+"""dal.analysis: layerwise error, sensitivity, auto FP16 fallback, HTML report (briefly trained MNIST CNN)."""
+import base64
+import copy
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import onnx
+import pytest
+import torch
+from analysis_helpers import W4A8, accuracy, prepared
+
+import dal
+from dal.analysis import auto_fallback, layerwise, sensitivity
+from dal.prepare import set_quantizer_state
+from dal.prepare.state import quantizers
+
+
+@pytest.fixture(scope="module")
+def w4a8(mnist):
+    net, calib, test = mnist
+    q = prepared(net)
+    dal.calibrate(q, calib, progress=False)
+    return net, q, calib[:2], test
+
+
+def _states(model):
+    return [(n, q.state, q.scale.clone()) for n, q in quantizers(model)]
+
+
+def _unchanged(before, model):
+    return all(s == q.state and torch.equal(sc, q.scale) for (n, s, sc), (_, q) in zip(before, quantizers(model)))
+
+
+def test_layerwise_compares_fused_layers_after_bn_and_relu(w4a8):
+    net, q, data, _ = w4a8
+    before = _states(q)
+    rep = layerwise(net, q, data, progress=False)
+    assert _unchanged(before, q)
+    rows = {r["layer"]: r for r in rep.rows}
+    assert [r["layer"] for r in rep.rows] == ["stem.0", "down.0", "conv", "add", "down2.0", "head"]  # execution order
+    assert rows["stem.0"]["reference"] == "float stem.1 + relu" and rows["conv"]["reference"] == "float bn"
+    assert rows["add"]["reference"] == "qat, quantizers off"  # a functional + has no float module
+    # Oracle for stem.0: its output against relu(bn(conv(x))) of the float model, by hand.
+    x = torch.cat([b[0] for b in data])
+    with torch.no_grad():
+        q.eval()
+        got = q.get_submodule("stem.0")(x)
+        ref = net.stem(x)
+    cos = float(torch.nn.functional.cosine_similarity(got.flatten().double(), ref.flatten().double(), dim=0))
+    assert rows["stem.0"]["cosine"] == pytest.approx(cos, abs=1e-9)
+    assert rows["stem.0"]["max_abs"] == pytest.approx(float((got - ref).abs().max()), rel=1e-6)
+    for r in rep.rows:
+        assert 0.9 < r["cosine"] <= 1.0 and r["mse"] > 0 and r["psnr"] > 10 and r["mae"] > 0
+    text = str(rep)
+    assert "cosine" in text and "PSNR" in text and "head" in text
+
+
+def test_layerwise_refuses_an_uncalibrated_model(mnist):
+    with pytest.raises(ValueError, match="still observing"):
+        layerwise(mnist[0], prepared(mnist[0]), mnist[1], progress=False)
+
+
+def test_sensitivity_ranks_and_restores(w4a8):
+    net, q, data, test = w4a8
+    before = _states(q)
+    rep = sensitivity(q, data, progress=False)
+    assert _unchanged(before, q)
+    assert {r["layer"] for r in rep.rows} == {"stem.0", "down.0", "conv", "add", "down2.0", "head"}
+    assert rep.all_float == pytest.approx(1.0) and rep.all_quantized < 1.0
+    drops = [r["drop"] for r in rep.ranked]
+    assert drops == sorted(drops, reverse=True)
+    assert "rank" in str(rep)
+    # A user metric (accuracy) works the same way.
+    acc = sensitivity(q, None, metric=lambda m: accuracy(m, test[:1]), layers=["head", "stem.0"], progress=False)
+    assert {r["layer"] for r in acc.rows} == {"head", "stem.0"} and acc.all_float > 50
+
+
+def _fp16_cast_count(proto):
+    return sum(1 for n in proto.graph.node if n.op_type == "Cast"
+               and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute))
+
+
+def test_auto_fallback_needs_no_more_layers_than_first_conv_plus_head(w4a8, tmp_path):
+    net, q, data, _ = w4a8
+    x = data[0][0]
+    by_hand = dal.load_recipe(W4A8).with_rules_prepended(
+        [{"match": "stem.0", "fallback": "fp16"}, {"match": "head", "fallback": "fp16"}])
+    hand = prepared(net, by_hand)
+    dal.calibrate(hand, data, progress=False)
+    with torch.no_grad():
+        xs = torch.cat([b[0] for b in data])
+        hand_cos = float(torch.nn.functional.cosine_similarity(hand.eval()(xs).flatten().double(),
+                                                               net(xs).flatten().double(), dim=0))
+    res = auto_fallback(q, data, target=hand_cos, float_model=net, example_inputs=(x,), progress=False)
+    assert res.met and res.verified_metric >= hand_cos, str(res)
+    assert 1 <= len(res.layers) <= 2, str(res)
+    # The recipe saves, reloads, re-prepares; the exporter keeps those layers in FP16.
+    path = tmp_path / "fallback.yaml"
+    res.recipe.to_yaml(path)
+    again = prepared(net, dal.load_recipe(str(path)))
+    rows = {r.name: r.status for r in again.dal_report.rows}
+    assert all(rows[name] == "fp16" for name in res.layers)
+    dal.calibrate(again, data, progress=False)
+    set_quantizer_state(again, "frozen")
+    proto = dal.export_onnx(again, (x,), tmp_path / "fallback.onnx")
+    assert _fp16_cast_count(proto) >= len(res.layers)
+    # Each fallback layer's operator runs on float16 inputs produced by a Cast(to=float16).
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    half_ops = [n for n in proto.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")
+                and (p := producers.get(n.input[0])) is not None and p.op_type == "Cast"]
+    assert len(half_ops) >= len(res.layers)
+    baseline = copy.deepcopy(q)
+    set_quantizer_state(baseline, "frozen")
+    assert _fp16_cast_count(dal.export_onnx(baseline, (x,), tmp_path / "base.onnx")) == 0
+
+
+class _Checker(HTMLParser):
+    VOID = {"meta", "img", "br", "hr", "link", "input"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.imgs, self.errors = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.imgs.append(dict(attrs).get("src", ""))
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"unbalanced </{tag}> (open: {self.stack[-3:]})")
+        else:
+            self.stack.pop()
+
+
+def test_html_report_is_self_contained(w4a8, tmp_path):
+    from dal.analysis.report import build_report
+
+    net, q, data, _ = w4a8
+    x = data[0][0]
+    frozen = copy.deepcopy(q)
+    set_quantizer_state(frozen, "frozen")
+    onnx_path = tmp_path / "m.onnx"
+    dal.export_onnx(frozen, (x,), onnx_path)
+    out = build_report(frozen, data, net, onnx_path, tmp_path / "report.html", num_batches=2, progress=False)
+    text = out.read_text()
+    checker = _Checker()
+    checker.feed(text)
+    checker.close()
+    assert not checker.errors and checker.stack == [], (checker.errors, checker.stack)
+    assert len(checker.imgs) >= 4  # error bars, weight and activation histograms, sensitivity
+    for src in checker.imgs:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    for heading in ("Summary", "Per-layer output error", "Weight histograms", "Activation histograms",
+                    "Sensitivity", "Parity"):
+        assert heading in text
+    assert "http://" not in text and "https://" not in text
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser:  # optional: render headless when a browser is installed
+        shot = tmp_path / "shot.png"
+        subprocess.run([browser, "--headless", "--no-sandbox", f"--screenshot={shot}", out.as_uri()],
+                       check=True, capture_output=True, timeout=60)
+        assert shot.stat().st_size > 0
+
+
+def test_report_main_from_a_checkpoint(w4a8, tmp_path):
+    from dal.analysis.report import main
+    from dal.checkpoint import save_checkpoint
+
+    net, q, _, _ = w4a8
+    ckpt = tmp_path / "q.pt"
+    save_checkpoint(q, ckpt)
+    out = tmp_path / "cli.html"
+    assert main(["--model", "dal.zoo:MnistCNN", "--checkpoint", str(ckpt), "--random-input", "8,1,28,28",
+                 "--out", str(out), "--num-batches", "1", "--no-sensitivity"]) == 0
+    assert "Per-layer output error" in out.read_text()
+
+
+def test_import_dal_analysis_does_not_import_matplotlib():
+    code = "import sys, dal.analysis; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"

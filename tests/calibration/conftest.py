@@ -1,0 +1,9 @@
+"""Session fixture: the briefly trained MNIST CNN of calib_helpers.py."""
+import pytest
+
+from calib_helpers import trained_mnist
+
+
+@pytest.fixture(scope="session")
+def mnist():
+    return trained_mnist()
