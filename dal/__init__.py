@@ -42,7 +42,7 @@ _LAZY = {
 }
 
 _SUBMODULES = {"formats", "observers", "quantizer", "hardware", "recipe", "nn", "sparsity", "replace",
-               "prepare", "calibration", "export", "npu", "verification", "analysis", "distill"}
+               "prepare", "calibration", "export", "npu", "verification", "analysis", "distill", "preprocess"}
 
 
 def __getattr__(name: str):

@@ -38,7 +38,8 @@ def _check_finite(args, kwargs, index: int) -> None:
 
 
 def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = None, *,
-              input_fn: Optional[Callable] = None, progress: bool = True, method: Optional[str] = None) -> nn.Module:
+              input_fn: Optional[Callable] = None, progress: bool = True, method: Optional[str] = None,
+              **method_args) -> nn.Module:
     """Run ``data`` through ``model`` with observers on and fake quantization off, then switch
     every calibrated quantizer to ``quantize``.
 

@@ -204,7 +204,8 @@ class KLObserver(HistogramObserver):
     """Entropy calibration (TensorRT): the threshold ``t`` minimising KL(P || Q), where P is
     the histogram of ``|x|`` clipped at ``t`` (outliers added to the last bin) and Q is P
     merged into the format's quantization levels and spread back uniformly over the non-empty
-    bins of each level. Symmetric only; the result is ``[-t, t]`` (``[0, t]`` for unsigned data).
+    bins of each level. The result is ``[-t, t]``, or ``[0, t]`` for one-sided data with an affine
+    format (whose levels then all lie between 0 and t).
     """
 
     def __init__(self, *args, stride: int = 8, **kwargs):
@@ -216,33 +217,56 @@ class KLObserver(HistogramObserver):
         amax = float(max(-self.hist_min, self.hist_max))
         if amax == 0.0:
             return 0.0, 0.0
+        negative = float(self.hist_min) < 0.0
+        levels = self._positive_levels(negative)
+        if negative and not self.symmetric and self.fmt.is_integer:
+            # An affine range need not be symmetric: search each side on its own histogram
+            # (folding |x| would let a spike on one side, e.g. an image background, set both).
+            lo = self._threshold(np.where(centres < 0, counts, 0.0), -centres, -float(self.hist_min), levels)
+            hi = self._threshold(np.where(centres > 0, counts, 0.0), centres, max(float(self.hist_max), 0.0), levels)
+            return -lo, hi
+        t = self._threshold(counts, np.abs(centres), amax, levels)
+        return (-t if negative or self.symmetric else 0.0), t
+
+    def _threshold(self, counts: np.ndarray, magnitudes: np.ndarray, amax: float, levels: int) -> float:
+        """KL-optimal clipping threshold for the distribution of ``magnitudes`` (weights ``counts``)."""
+        if amax <= 0.0 or counts.sum() == 0:
+            return max(amax, 0.0)
         nb = self.bins
-        abs_hist = np.zeros(nb)
-        idx = np.clip((np.abs(centres) / amax * nb).astype(int), 0, nb - 1)
-        np.add.at(abs_hist, idx, counts)
-        levels = self._positive_levels()
+        hist = np.zeros(nb)
+        idx = np.clip((magnitudes / amax * nb).astype(int), 0, nb - 1)
+        np.add.at(hist, idx, np.where(magnitudes >= 0, counts, 0.0))
+        # The bin at zero holds ReLU's zeros (often most of the mass). Zero is exact for every
+        # threshold, so it says nothing about the clipping choice; left in, its spike makes
+        # every wide range look bad and the search clips far too hard.
+        hist[0] = 0.0
         best_t, best_kl = amax, float("inf")
         for i in range(max(levels, 16), nb + 1, self.stride):
-            p = abs_hist[:i].copy()
-            p[i - 1] += abs_hist[i:].sum()
+            p = hist[:i].copy()
+            p[i - 1] += hist[i:].sum()
             # Merge the first i bins into `levels` quantization bins, then expand back.
             edges = np.linspace(0, i, levels + 1).astype(int)
             q = np.zeros(i)
             for a, b in zip(edges[:-1], edges[1:]):
-                chunk = abs_hist[a:b]
+                chunk = hist[a:b]
                 nz = chunk > 0
                 if nz.any():
                     q[a:b][nz] = chunk.sum() / nz.sum()
             kl = _kl(p, q)
             if kl < best_kl:
                 best_kl, best_t = kl, (i / nb) * amax
-        negative = float(self.hist_min) < 0.0
-        return (-best_t if negative or self.symmetric else 0.0), best_t
+        return best_t
 
-    def _positive_levels(self) -> int:
-        if self.fmt.is_integer:
-            return int(self.fmt.qmax) if self.fmt.signed else int(self.fmt.qmax) // 2
-        return 128  # FP8: levels are not uniform; use int8-like resolution for the search
+    def _positive_levels(self, negative: bool) -> int:
+        """Quantization steps available between 0 and the threshold: all of an affine format's
+        codes for one-sided data (uint8 after ReLU: 255), half of them for two-sided data."""
+        if not self.fmt.is_integer:
+            return 128  # FP8: levels are not uniform; use int8-like resolution for the search
+        if not self.symmetric and not negative:
+            return int(self.fmt.qmax - self.fmt.qmin)
+        if self.fmt.signed:
+            return int(self.fmt.qmax)
+        return int(self.fmt.qmax - self.fmt.qmin) // 2
 
 
 def _kl(p: np.ndarray, q: np.ndarray) -> float:
