@@ -7,7 +7,7 @@ builds a new extension and an unchanged one is loaded from torch's cache
 cpp_extension's own file lock in the build directory.
 
 Flags: ``-O3 -mavx2 -mfma -fopenmp -DDAL_NPU_AVX2`` when the CPU reports AVX2 and FMA in
-/proc/cpuinfo, else portable ``-O3 -fopenmp``. ``-ffp-contract=off`` always: the float
+/proc/cpuinfo (plus ``-mavxvnni -DDAL_NPU_VNNI`` with avx_vnni), else portable ``-O3 -fopenmp``. ``-ffp-contract=off`` always: the float
 requantizer must round exactly where the formula says (no fused multiply-add).
 ``sanitize=True`` builds a separate AddressSanitizer variant (used by ``mk/asan.mk``).
 """
@@ -19,30 +19,41 @@ import os
 import shutil
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = ("gemm_s16.cpp", "conv_s16.cpp", "requant.cpp", "module.cpp")
+_SOURCES = ("gemm_s16.cpp", "conv_s16.cpp", "requant.cpp", "qconv.cpp", "pool_codes.cpp", "module.cpp")
 
 
 class BuildError(RuntimeError):
     """The C++ kernels could not be built (no compiler, or a compile error)."""
 
 
-def cpu_has_avx2() -> bool:
-    """True when /proc/cpuinfo lists both avx2 and fma (Linux); False where unknown."""
+def _cpu_flags() -> set:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return "avx2" in flags and "fma" in flags
+                    return set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return False
+    return set()
+
+
+def cpu_has_avx2() -> bool:
+    """True when /proc/cpuinfo lists both avx2 and fma (Linux); False where unknown."""
+    flags = _cpu_flags()
+    return "avx2" in flags and "fma" in flags
+
+
+def cpu_has_avx_vnni() -> bool:
+    """True when /proc/cpuinfo lists avx_vnni (VEX vpdpbusd: u8 x s8 summed in exact int32)."""
+    return cpu_has_avx2() and "avx_vnni" in _cpu_flags()
 
 
 def _flags(avx2: bool, sanitize: bool) -> list[str]:
     flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
     if avx2:
         flags += ["-mavx2", "-mfma", "-DDAL_NPU_AVX2"]
+        if cpu_has_avx_vnni():
+            flags += ["-mavxvnni", "-DDAL_NPU_VNNI"]
     if sanitize:
         flags += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-O1"]
     return flags

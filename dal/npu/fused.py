@@ -60,12 +60,96 @@ class FusedStep:
             mn = [fixed_point_params(float(m / np.float64(ys)), requantizer.multiplier_bits) for m in self.mult]
             self.fp_m = np.array([v[0] for v in mn], dtype=np.int64)
             self.fp_n = np.array([v[1] for v in mn], dtype=np.int64)
+        self.fast = False
+        if plan["w_fast"] is not None:
+            self._pack_fast(plan["w_fast"])
 
-    def _acc(self, xq, threads):
-        """int32 accumulators, channels first: Conv [N, O, H, W]; Gemm/MatMul [N_out, M]."""
+    def _pack_fast(self, wd, allow_vnni=True):
+        """One C++ call per run (csrc/qconv.cpp): weights packed into panels here, once.
+
+        int8 panels (vpdpbusd, exact u8 x s8 sums in int32) when the build has AVX-VNNI, the
+        input codes are 8-bit and every weight minus its zero point lies in [-128, 127]; else
+        int16 panels (vpmaddwd). Both give the same exact int32 accumulators."""
+        import torch
+        from .build import kernels as lib
+        c = self.channels
+        k_total = int(np.prod(wd.shape[1:]))
+        vnni = (allow_vnni and lib().has_vnni_build() and np.dtype(self.x_dtype).itemsize == 1
+                and str(np.dtype(self.x_dtype)) in ("int8", "uint8") and wd.size > 0
+                and wd.min() >= -128 and wd.max() <= 127 and (k_total + 64) * 255 * 128 < 2**31)
+        step = 4 if vnni else 2
+        if self.op == "Conv":
+            # few input channels: an explicit patch matrix beats 2-element inner loops
+            self.implicit = wd.shape[1] >= 16
+            wm = kernels.conv_weight_matrix(wd, self.implicit, step)
+        else:
+            wm = np.pad(wd, ((0, 0), (0, (-wd.shape[1]) % step)))
+        if vnni:
+            self.fast_b, self.fast_wsum = kernels.pack_panels_s8(wm)
+        else:
+            self.fast_b, self.fast_wsum = kernels.pack_panels(wm), torch.empty(0, dtype=torch.int32)
+        self.vnni = vnni
+        self.fast_mult = kernels.pad_channels(self.mult, c, np.float64)
+        empty = lambda dt: torch.empty(0, dtype=dt)
+        if self.bias_q is not None:
+            if self.bias_q.min() < -2**31 or self.bias_q.max() >= 2**31:
+                return
+            self.fast_bq = kernels.pad_channels(self.bias_q, c, np.int32)
+        else:
+            self.fast_bq = empty(torch.int32)
+        self.fast_bf = kernels.pad_channels(self.bias_f, c, np.float32) if self.bias_f is not None else empty(torch.float32)
+        if self.rq.kind == "fixed_point":
+            self.fast_m = kernels.pad_channels(self.fp_m, c, np.int64)
+            self.fast_n = kernels.pad_channels(self.fp_n, c, np.int64)
+            self.fast_round = kernels.ROUNDING[self.rq.rounding]
+        else:
+            self.fast_m, self.fast_n, self.fast_round = empty(torch.int64), empty(torch.int64), 0
+        self.fast_out = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2}.get(np.dtype(self.y_dtype), 0)
+        self.fast = True
+
+    def _run_fast(self, xq, threads, want_extra):
+        """(codes, rows) by the fused kernel; rows = int32 accumulators [C, -1] (+ bias_q) when
+        want_extra, else None."""
+        import torch
+        from .build import kernels as lib
+        c = self.channels
+        rq = (self.fast_mult, self.fast_bq, self.fast_bf, self.fast_m, self.fast_n, self.fast_round,
+              float(self.y_scale), int(self.y_zp), int(self.lo), int(self.hi), self.fast_out)
+        if self.op == "Conv":
+            strides, dil, pads = self.conv_geo
+            oh, ow = kernels.check_conv_attrs(xq.shape, self.conv_w.shape, strides, dil, pads, 1,
+                                              repr(self.node_name))
+            _, _, kh, kw = self.conv_w.shape
+            x, zx = kernels.code_tensor(xq, self.x_zp)
+            n = xq.shape[0]
+            accs = torch.empty((n, c, oh * ow) if want_extra else (n, 0), dtype=torch.int32)
+            qs = [lib().qconv(x[b], zx, self.fast_b, self.fast_wsum, c, kh, kw, strides[0], strides[1], dil[0], dil[1],
+                              pads[0], pads[1], oh, ow, self.implicit, *rq, accs[b], threads)
+                  for b in range(n)]
+            q = np.stack([t.numpy() for t in qs]).reshape(n, c, oh, ow)  # not torch.stack (slow)
+            self._shape = (n, c, oh, ow)
+            rows = accs.numpy().transpose(1, 0, 2).reshape(c, -1) if want_extra else None
+        else:
+            x2 = xq.reshape(-1, self.k)
+            x, zx = kernels.code_tensor(x2, self.x_zp)
+            acc = torch.empty((x2.shape[0], c) if want_extra else (0,), dtype=torch.int32)
+            q = lib().qgemm(x, zx, self.fast_b, self.fast_wsum, c, *rq, acc, threads).numpy()
+            q = q.reshape(xq.shape[:-1] + (c,))
+            rows = np.ascontiguousarray(acc.numpy().T) if want_extra else None
+        if q.dtype != self.y_dtype:
+            q = q.astype(self.y_dtype)
+        return q, rows
+
+    def _check_x(self, xq):
         if xq.dtype not in _CODES or xq.dtype != self.x_dtype:
             raise NPUError(f"node {self.node_name!r}: input codes are {xq.dtype}, the zero point "
                            f"says {self.x_dtype}")
+        if self.op != "Conv" and (xq.ndim < 1 or xq.shape[-1] != self.k):
+            raise NPUError(f"node {self.node_name!r}: input shape {xq.shape} does not match "
+                           f"reduction length {self.k}")
+
+    def _acc(self, xq, threads):
+        """int32 accumulators, channels first: Conv [N, O, H, W]; Gemm/MatMul [N_out, M]."""
         if self.op == "Conv":
             return kernels.conv2d(xq, self.x_zp, self.conv_w, *self.conv_geo, threads,
                                   repr(self.node_name))
@@ -85,6 +169,13 @@ class FusedStep:
 
     def run(self, ins, threads, want_extra=False):
         xq = ins[0]
+        self._check_x(xq)
+        if self.fast:
+            q, rows = self._run_fast(xq, threads, want_extra)
+            out = {self.q_out: q}
+            if want_extra:
+                self._extra(out, rows, xq)
+            return out
         acc = self._acc(xq, threads)
         c = self.channels
         if self.op == "Conv":
@@ -106,16 +197,20 @@ class FusedStep:
         self._shape = acc.shape
         out = {self.q_out: self._unrows(q, xq).astype(self.y_dtype)}
         if want_extra:
-            v = (rows.astype(np.float64) * self.mult.reshape(-1, 1)).astype(np.float32)
-            if self.bias_f is not None:
-                v = v + self.bias_f.reshape(-1, 1)
-            v = self._unrows(v, xq)
-            out[self.op_out] = v
-            if self.act_out:
-                lo = -np.inf if self.act_lo is None else self.act_lo
-                hi = np.inf if self.act_hi is None else self.act_hi
-                out[self.act_out] = np.minimum(np.maximum(v, np.float32(lo)), np.float32(hi)).astype(np.float32)
+            self._extra(out, rows, xq)
         return out
+
+    def _extra(self, out, rows, xq):
+        """The float values of the op (and Relu/Clip) outputs, from the int32 accumulators."""
+        v = (rows.astype(np.float64) * self.mult.reshape(-1, 1)).astype(np.float32)
+        if self.bias_f is not None:
+            v = v + self.bias_f.reshape(-1, 1)
+        v = self._unrows(v, xq)
+        out[self.op_out] = v
+        if self.act_out:
+            lo = -np.inf if self.act_lo is None else self.act_lo
+            hi = np.inf if self.act_hi is None else self.act_hi
+            out[self.act_out] = np.minimum(np.maximum(v, np.float32(lo)), np.float32(hi)).astype(np.float32)
 
     def _unrows(self, r, xq):
         if self.op == "Conv":
@@ -145,7 +240,7 @@ def match(g, node, sparse24: dict):
     w_axis = g.attrs(dqw).get("axis", 1)
     plan = {"op": node.op_type, "x_name": dqx.input[0], "x_dtype": xz.dtype,
             "x_scale": np.float32(xs.reshape(())), "x_zp": int(xz.reshape(-1)[0]),
-            "lin_sparse": None, "lin_b": None, "conv_w": None}
+            "lin_sparse": None, "lin_b": None, "conv_w": None, "w_fast": None}
     sparse_axis = sparse24.get(dqw.input[0])
     wd = wq.astype(np.int32) - (wz.astype(np.int32).reshape(_pc_shape(wq.ndim, w_axis, wz.size)) if wz.size > 1 else wz.astype(np.int32))
     if sparse_axis is not None:
@@ -167,6 +262,8 @@ def match(g, node, sparse24: dict):
                                              sparse24=dqw.input[0] if sparse_axis is not None else None)
         plan["conv_geo"] = (strides, dil, pads)
         plan["k"] = None
+        # kept (as int16: 8-bit codes minus zero point fit) so the panels can be re-packed
+        plan["w_fast"] = wd.astype(np.int16) if group == 1 and sparse_axis is None else None
     else:
         if wq.ndim != 2:
             return None
@@ -184,6 +281,7 @@ def match(g, node, sparse24: dict):
             plan["lin_sparse"] = (torch.from_numpy(vals), torch.from_numpy(pos))
         else:
             plan["lin_b"] = kernels.pack_b(kernels.to_s16(np.ascontiguousarray(w_kn), 0))
+        plan["w_fast"] = np.ascontiguousarray(w_kn.T, dtype=np.int16) if sparse_axis is None else None
     if ws.size > 1 and not (ws.ndim == 1 and w_axis % wq.ndim == ch_axis and ws.size == channels):
         return None
     if wz.size > 1 and wz.size != channels:

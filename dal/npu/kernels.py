@@ -202,3 +202,67 @@ def requant_fixed(acc2d: np.ndarray, m: np.ndarray, n: np.ndarray, zp, qmin: int
                              torch.from_numpy(full(zp, np.int32)), int(qmin), int(qmax),
                              ROUNDING[rounding], int(threads))
     return r.numpy()
+
+
+# ----- fused groups: codes in, codes out (csrc/qconv.cpp) --------------------------------------
+
+PANEL = 16  # output channels per packed weight panel
+
+
+def pack_panels(wd: np.ndarray):
+    """Weights minus zero point [O, K] (K even) -> torch int16 [ceil(O/16), K/2, 16, 2], packed
+    once at load: panel p holds output channels 16p..16p+15, k pairs contiguous."""
+    torch = _torch()
+    o, k = wd.shape
+    if k % 2:
+        raise NPUError("pack_panels: K must be even")
+    if wd.size and (wd.min() < -32768 or wd.max() > 32767):
+        raise NPUError("weight minus zero point does not fit in int16")
+    op = _round_up(max(o, 1), PANEL)
+    w = np.zeros((op, k), dtype=np.int16)
+    w[:o] = wd
+    return torch.from_numpy(np.ascontiguousarray(w.reshape(op // PANEL, PANEL, k // 2, 2).transpose(0, 2, 1, 3)))
+
+
+def pack_panels_s8(wd: np.ndarray):
+    """VNNI form: weights minus zero point [O, K] within [-128, 127] (K % 4 == 0) -> (torch int8
+    [ceil(O/16), K/4, 16, 4], torch int32 wsum[round_up(O, 16)] = sum_k wd[o, k])."""
+    torch = _torch()
+    o, k = wd.shape
+    if k % 4 or (wd.size and (wd.min() < -128 or wd.max() > 127)):
+        raise NPUError("pack_panels_s8: K must be a multiple of 4 and weights within [-128, 127]")
+    op = _round_up(max(o, 1), PANEL)
+    w = np.zeros((op, k), dtype=np.int8)
+    w[:o] = wd
+    packed = np.ascontiguousarray(w.reshape(op // PANEL, PANEL, k // 4, 4).transpose(0, 2, 1, 3))
+    return torch.from_numpy(packed), torch.from_numpy(w.astype(np.int64).sum(1).astype(np.int32))
+
+
+def conv_weight_matrix(wd: np.ndarray, implicit: bool, step: int = 2) -> np.ndarray:
+    """[O, C, kh, kw] -> [O, K] in the reduction order of qconv: k = (i*kw + j)*Cp + c with Cp
+    = C rounded up to a multiple of ``step`` (implicit), or k = (i*kw + j)*C + c zero padded to
+    a multiple of ``step`` (explicit). step: 2 for int16 panels, 4 for int8 (VNNI) panels."""
+    o, c, kh, kw = wd.shape
+    t = np.transpose(wd, (0, 2, 3, 1))
+    if implicit:
+        t = np.pad(t, ((0, 0), (0, 0), (0, 0), (0, (-c) % step)))
+        return t.reshape(o, -1)
+    t = t.reshape(o, kh * kw * c)
+    return np.pad(t, ((0, 0), (0, (-(kh * kw * c)) % step)))
+
+
+def pad_channels(v, o: int, dtype) -> "object":
+    """Per-channel vector (scalar broadcast) padded with zeros to round_up(o, 16), as torch."""
+    torch = _torch()
+    out = np.zeros(_round_up(max(o, 1), PANEL), dtype=dtype)
+    out[:o] = np.broadcast_to(np.asarray(v, dtype=dtype).reshape(-1), (o,))
+    return torch.from_numpy(out)
+
+
+def code_tensor(x: np.ndarray, zp: int):
+    """(torch tensor of 8-bit codes, zp) as qconv/qgemm read them; other code types (int4) are
+    turned into int16 ``x - zp`` first (zp becomes 0)."""
+    torch = _torch()
+    if x.dtype in (np.dtype(np.uint8), np.dtype(np.int8)):
+        return torch.from_numpy(np.ascontiguousarray(x)), zp
+    return torch.from_numpy(np.ascontiguousarray(x.astype(np.int32) - zp).astype(np.int16)), 0

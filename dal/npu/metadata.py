@@ -1,6 +1,7 @@
 """The metadata contract between dal's exporter and the NPU reference (``metadata_props``).
 
-``dal.requantizer`` (JSON; default ``{"kind": "float"}``):
+``dal.requantizer`` (JSON; default ``{"kind": "float"}``; a key whose value is null counts as
+absent, so ``{"kind": "float", "multiplier_bits": null}`` is the default):
     float        ONNX QuantizeLinear semantics on the kernel's float value (see fused.py).
     fixed_point  ``{"kind": "fixed_point", "multiplier_bits": B, "rounding": R}``. For each
                  output channel c the multiplier M = s_x * s_w[c] / s_y (float64 arithmetic
@@ -72,7 +73,8 @@ def read_requantizer(model) -> Requantizer:
     unknown = set(raw) - {"kind", "multiplier_bits", "rounding"}
     if unknown:
         raise NPUError(f"metadata 'dal.requantizer' has unknown keys {sorted(unknown)}")
-    return Requantizer(**raw)
+    # JSON null means "not given": the default applies (writers may emit every key)
+    return Requantizer(**{k: v for k, v in raw.items() if v is not None})
 
 
 def read_sparse24(model) -> dict[str, int]:

@@ -53,6 +53,7 @@ class Session:
             raise NPUError(f"semantics must be 'integer' or 'onnx', got {semantics!r}")
         from . import ops_float, ops_nn, ops_quant  # noqa: F401  (registers the ops)
         from .fused import FusedStep, match
+        from .fused_codes import match as match_codes
         self.model = load_model(model)
         self.semantics = semantics
         self.threads = threads or _default_threads()
@@ -82,6 +83,15 @@ class Session:
                     if o:
                         absorbed.update(id(c) for c in g.consumers(o))
                 continue
+            if semantics == "integer":
+                try:
+                    cstep = match_codes(g, n)
+                except Exception:  # unusual attributes: the node-by-node path reports them
+                    cstep = None
+                if cstep is not None:
+                    steps.append(cstep)
+                    absorbed.update(id(c) for c in cstep.absorbed)
+                    continue
             fn = ops_float.OPS.get(n.op_type)
             if fn is None:
                 raise UnsupportedNode(n, self._in_types(n), "no implementation for this op type")

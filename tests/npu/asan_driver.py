@@ -36,8 +36,17 @@ def main():
                                       (graphs.conv_model(seed=2, group=8), (1, 8, 12, 12)),
                                       (graphs.conv_model(seed=3, stride=(2, 1), pads=(0, 2, 1, 0)), (1, 8, 12, 12)),
                                       (graphs.mixed_model(seed=0), (1, 4, 16, 16)),
-                                      (graphs.linear_model(seed=0, op="MatMul"), (5, 40))]):
+                                      (graphs.linear_model(seed=0, op="MatMul"), (5, 40)),
+                                      # fused qconv: implicit (C >= 16) and explicit patch paths,
+                                      # odd sizes, O not a multiple of 16, 5x5 stride 3 dilation 2
+                                      (graphs.conv_model(seed=4, cin=17, cout=33, hw=11, k=5, stride=(3, 2),
+                                                         dilation=(1, 2), pads=(3, 0, 1, 2)), (1, 17, 11, 11)),
+                                      (graphs.conv_model(seed=5, cin=3, cout=64, hw=30, k=7, stride=(2, 2),
+                                                         pads=(3, 3, 3, 3)), (1, 3, 30, 30)),
+                                      (graphs.conv_model(seed=6, cin=64, cout=1, hw=5, k=1, pads=(0, 0, 0, 0)), (1, 64, 5, 5)),
+                                      (graphs.linear_model(seed=1, op="Gemm", m=7, k=33, n=1000), (7, 33))]):
         npu.run(mod, {"x": rng.standard_normal(shape).astype(np.float32)})
+        npu.load(mod).run({"x": rng.standard_normal(shape).astype(np.float32)}, return_intermediates=True)
     print("asan: all kernels ran clean")
 
 

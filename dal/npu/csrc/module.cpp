@@ -1,5 +1,6 @@
 // Python bindings of the dal NPU reference kernels (built by dal/npu/build.py).
 #include "gemm_s16.h"
+#include "qconv.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "dal NPU reference: exact integer kernels";
@@ -9,5 +10,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dwconv_s16", &dal_npu::dwconv_s16, "exact depthwise conv");
   m.def("requant_float", &dal_npu::requant_float, "float-scale requantizer (ONNX QuantizeLinear)");
   m.def("requant_fixed", &dal_npu::requant_fixed, "fixed-point multiplier + shift requantizer");
+  m.def("qconv", &dal_npu::qconv, "fused integer conv: codes in, codes out");
+  m.def("qgemm", &dal_npu::qgemm, "fused integer gemm: codes in, codes out");
+  m.def("maxpool_codes", &dal_npu::maxpool_codes, "max pool of codes + lookup table");
+  m.def("lut2_codes", &dal_npu::lut2_codes, "binary op of two code tensors by lookup table");
+  m.def("has_vnni_build", &dal_npu::has_vnni_build, "built with AVX-VNNI (vpdpbusd) kernels");
   m.def("has_avx2_build", &dal_npu::has_avx2_build, "built with AVX2 kernels");
 }

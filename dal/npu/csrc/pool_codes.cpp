@@ -1,0 +1,119 @@
+// Elementwise / pooling ops on integer codes (exact: see qconv.h and fused_ops.py).
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "qconv.h"
+
+namespace dal_npu {
+
+namespace {
+template <typename F>
+void in_codes(const torch::Tensor& x, const char* who, F&& f) {
+  switch (x.scalar_type()) {
+    case torch::kUInt8: f(x.data_ptr<uint8_t>()); break;
+    case torch::kInt8: f(x.data_ptr<int8_t>()); break;
+    default: TORCH_CHECK(false, who, ": codes must be uint8 or int8");
+  }
+}
+
+void check_lut(const torch::Tensor& lut, int64_t n, const char* who) {
+  TORCH_CHECK(lut.dim() == 1 && lut.is_contiguous() && lut.size(0) == n &&
+                  (lut.scalar_type() == torch::kUInt8 || lut.scalar_type() == torch::kInt8),
+              who, ": lut must be a contiguous uint8/int8 vector of ", n, " entries");
+}
+}  // namespace
+
+torch::Tensor maxpool_codes(const torch::Tensor& X, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                            int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t OH, int64_t OW,
+                            const torch::Tensor& lut, int64_t lut_base, int64_t nthreads) {
+  TORCH_CHECK(X.dim() == 3 && X.is_contiguous(), "maxpool_codes: X must be contiguous codes [C, H, W]");
+  TORCH_CHECK(kh >= 1 && kw >= 1 && sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && pt >= 0 && pl >= 0 &&
+                  kh < (1 << 16) && kw < (1 << 16) && sh < (1 << 16) && sw < (1 << 16) &&
+                  dh < (1 << 16) && dw < (1 << 16) && pt < (1 << 16) && pl < (1 << 16),
+              "maxpool_codes: bad geometry");
+  TORCH_CHECK(OH >= 0 && OW >= 0 && OH < (1 << 24) && OW < (1 << 24), "maxpool_codes: bad output size");
+  check_lut(lut, 256, "maxpool_codes");
+  TORCH_CHECK(lut_base == 0 || lut_base == -128, "maxpool_codes: lut_base must be 0 or -128");
+  const int64_t C = X.size(0), H = X.size(1), W = X.size(2);
+  auto out = torch::empty({C, OH, OW}, torch::dtype(lut.scalar_type()));
+  const uint8_t* tb = reinterpret_cast<const uint8_t*>(lut.data_ptr());
+  uint8_t* o = reinterpret_cast<uint8_t*>(out.data_ptr());
+  nthreads = std::max<int64_t>(1, nthreads);
+  bool empty_window = false;
+  // Separable and branch-free: each channel is copied into an int16 image bordered with a
+  // sentinel below every code (-32768 acts as -inf), then a horizontal max over kw taps and a
+  // vertical max over kh rows. A window that saw only padding keeps the sentinel.
+  const int64_t Hp = std::max(pt + H, (OH - 1) * sh + (kh - 1) * dh + 1);
+  const int64_t Wp = std::max(pl + W, (OW - 1) * sw + (kw - 1) * dw + 1);
+  // (the caller falls back to the float path on any error, e.g. absurd pads or dilations)
+  TORCH_CHECK(Hp * Wp < (int64_t(1) << 27), "maxpool_codes: padded image too large");
+  in_codes(X, "maxpool_codes", [&](auto* x) {
+    using T = std::remove_pointer_t<decltype(x)>;
+#pragma omp parallel num_threads(nthreads) reduction(|| : empty_window)
+    {
+      std::vector<int16_t> img(static_cast<size_t>(Hp * Wp)), hor(static_cast<size_t>(Hp * OW));
+      std::vector<int16_t> col(static_cast<size_t>(OW));
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < C; ++c) {
+        std::fill(img.begin(), img.end(), int16_t(-32768));
+        const T* xc = x + c * H * W;
+        for (int64_t y = 0; y < H; ++y) {
+          int16_t* d = img.data() + (y + pt) * Wp + pl;
+          for (int64_t xx = 0; xx < W; ++xx) d[xx] = xc[y * W + xx];
+        }
+        for (int64_t y = 0; y < Hp; ++y) {
+          const int16_t* r = img.data() + y * Wp;
+          int16_t* h = hor.data() + y * OW;
+          for (int64_t ox = 0; ox < OW; ++ox) {
+            int16_t m = r[ox * sw];
+            for (int64_t j = 1; j < kw; ++j) m = std::max(m, r[ox * sw + j * dw]);
+            h[ox] = m;
+          }
+        }
+        for (int64_t oy = 0; oy < OH; ++oy) {
+          const int16_t* h0 = hor.data() + oy * sh * OW;
+          for (int64_t ox = 0; ox < OW; ++ox) col[ox] = h0[ox];
+          for (int64_t i = 1; i < kh; ++i) {
+            const int16_t* hi = h0 + i * dh * OW;
+            for (int64_t ox = 0; ox < OW; ++ox) col[ox] = std::max(col[ox], hi[ox]);
+          }
+          uint8_t* orow = o + (c * OH + oy) * OW;
+          for (int64_t ox = 0; ox < OW; ++ox) {
+            const int32_t m = col[ox];
+            if (m == -32768) empty_window = true;
+            orow[ox] = tb[m == -32768 ? 0 : m - lut_base];
+          }
+        }
+      }
+    }
+  });
+  TORCH_CHECK(!empty_window, "maxpool_codes: a pooling window covers only padding");
+  return out;
+}
+
+torch::Tensor lut2_codes(const torch::Tensor& A, const torch::Tensor& B, const torch::Tensor& lut,
+                         int64_t base_a, int64_t base_b, int64_t nb, int64_t nthreads) {
+  TORCH_CHECK(A.is_contiguous() && B.is_contiguous() && A.sizes() == B.sizes(),
+              "lut2_codes: A and B must be contiguous with one shape");
+  TORCH_CHECK(nb == 256 && (base_a == 0 || base_a == -128) && (base_b == 0 || base_b == -128),
+              "lut2_codes: 8-bit codes only");
+  check_lut(lut, 256 * 256, "lut2_codes");
+  auto out = torch::empty(A.sizes(), torch::dtype(lut.scalar_type()));
+  const uint8_t* tb = reinterpret_cast<const uint8_t*>(lut.data_ptr());
+  uint8_t* o = reinterpret_cast<uint8_t*>(out.data_ptr());
+  const int64_t n = A.numel();
+  nthreads = std::max<int64_t>(1, nthreads);
+  in_codes(A, "lut2_codes", [&](auto* a) {
+    in_codes(B, "lut2_codes", [&](auto* b) {
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+      for (int64_t i = 0; i < n; ++i)
+        o[i] = tb[(int32_t(a[i]) - base_a) * 256 + (int32_t(b[i]) - base_b)];
+    });
+  });
+  return out;
+}
+
+}  // namespace dal_npu

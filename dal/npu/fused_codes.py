@@ -1,0 +1,206 @@
+"""Groups that stay on integer codes without any arithmetic change (exact by construction).
+
+* ``DQ -> MaxPool -> Q`` (scalar parameters, 8-bit codes, scale > 0): DequantizeLinear is
+  non-decreasing in the code and max commutes with non-decreasing maps, so
+  ``Q(max DQ(x)) == T[max x]`` with the 256-entry table ``T[c] = Q(DQ(c))``. The max runs on
+  the codes (csrc/pool_codes.cpp); padding is ignored as with -inf.
+* ``DQ(a), DQ(b) -> Add | Sub | Mul | Max | Min [-> Relu | Clip] -> Q`` (8-bit codes, scalar
+  parameters): every float op in the chain is elementwise and correctly rounded, so the result
+  for an element depends only on its two codes: ``T[a, b] = Q(act(DQ(a) op DQ(b)))``, a
+  65536-entry table computed at load by the very same numpy functions the node-by-node path
+  uses (quant.py, ops_float.py). Broadcast inputs are expanded first.
+
+The tables are built once per Session; the float intermediates (return_intermediates) are
+recomputed node by node only when asked for.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from . import quant
+
+_8BIT = {np.dtype(np.int8), np.dtype(np.uint8)}
+_BINARY = ("Add", "Sub", "Mul", "Max", "Min")
+
+
+def _dq_params(g, name):
+    """(dq node, scale, zp) when ``name`` is a DQ output with scalar float32 params and 8-bit codes."""
+    n = g.producer(name)
+    if n is None or n.op_type != "DequantizeLinear" or n.domain not in ("", "ai.onnx") or len(n.input) < 3:
+        return None
+    s, z = g.const(n.input[1]), g.const_opt(n, 2)
+    if s is None or z is None or s.size != 1 or z.size != 1 or s.dtype != np.float32 or z.dtype not in _8BIT:
+        return None
+    a = g.attrs(n)
+    if a.get("block_size", 0) or a.get("output_dtype", 0) or not np.isfinite(s).all() or float(s.reshape(())) <= 0:
+        return None
+    return n, np.float32(s.reshape(())), z.reshape(())
+
+
+def _q_after(g, name):
+    n = g.sole_consumer(name)
+    if n is None or n.op_type != "QuantizeLinear" or len(n.input) < 3:
+        return None
+    s, z = g.const(n.input[1]), g.const_opt(n, 2)
+    if s is None or z is None or s.size != 1 or z.size != 1 or s.dtype != np.float32 or z.dtype not in _8BIT:
+        return None
+    a = g.attrs(n)
+    if a.get("block_size", 0) or a.get("output_dtype", 0):
+        return None
+    return n, np.float32(s.reshape(())), z.reshape(())
+
+
+def _codes(dt):
+    lo, hi = quant.int_range(dt)
+    return np.arange(lo, hi + 1).astype(dt), lo
+
+
+class _CodeStep:
+    kind = "codes"
+
+    def _ctx(self, node, threads):
+        return SimpleNamespace(node=node, opset=self.g.opset, threads=threads)
+
+    def _float_chain(self, ins, threads):
+        """The absorbed float nodes, node by node (only for return_intermediates)."""
+        from .ops_float import OPS
+        vals = {}
+        for node in self.chain:
+            args = [vals.get(i) if i in vals else ins.get(i, self.g.consts.get(i)) if i else None
+                    for i in node.input]
+            outs = OPS[node.op_type](self._ctx(node, threads), args, self.g.attrs(node))
+            vals.update(zip(node.output, outs))
+        return vals
+
+
+class MaxPoolCodes(_CodeStep):
+    def __init__(self, g, node, dq, q):
+        self.g, self.node, self.node_name = g, node, node.name
+        (dqn, xs, xz), (qn, ys, yz) = dq, q
+        self.inputs = [dqn.input[0]]
+        self.outputs = [qn.output[0]]
+        self.extra_outputs = [node.output[0]]
+        self.absorbed = [qn]
+        self.chain = [dqn, node]
+        self.dq_out = dqn.output[0]
+        codes, self.base = _codes(xz.dtype)
+        self.x_dtype = xz.dtype
+        t = quant.quantize(quant.dequantize(codes, xs, xz), ys, yz, yz.dtype)
+        import torch
+        self.lut = torch.from_numpy(np.ascontiguousarray(t))
+        self.y_dtype = yz.dtype
+
+    def run(self, ins, threads, want_extra=False):
+        from .build import kernels as lib
+        from .errors import NPUError
+        from .ops_nn import _pool_attrs
+        import torch
+        x = ins[0]
+        if x.dtype != self.x_dtype or x.ndim != 4:
+            raise NPUError(f"node {self.node_name!r}: MaxPool input codes {x.dtype} {x.shape}")
+        a = self.g.attrs(self.node)
+        ks, st, dil, pads, ceil = _pool_attrs(self._ctx(self.node, threads), x, a)
+        if ceil:
+            return self._by_nodes(ins, threads, want_extra)
+        n, c, h, w = x.shape
+        oh = (h + pads[0] + pads[2] - dil[0] * (ks[0] - 1) - 1) // st[0] + 1
+        ow = (w + pads[1] + pads[3] - dil[1] * (ks[1] - 1) - 1) // st[1] + 1
+        if oh < 1 or ow < 1:
+            return self._by_nodes(ins, threads, want_extra)
+        xt = torch.from_numpy(np.ascontiguousarray(x))
+        try:
+            ys = [lib().maxpool_codes(xt[b], ks[0], ks[1], st[0], st[1], dil[0], dil[1], pads[0],
+                                      pads[1], oh, ow, self.lut, self.base, threads) for b in range(n)]
+        except RuntimeError:  # a window entirely in padding: leave it to the float path
+            return self._by_nodes(ins, threads, want_extra)
+        # np.stack: torch.stack of uint8 tensors took ~19 ms here (thread-pool start-up)
+        out = {self.outputs[0]: np.stack([y.numpy() for y in ys]).reshape(n, c, oh, ow)}
+        if want_extra:
+            out[self.node.output[0]] = self._float_chain({self.inputs[0]: x}, threads)[self.node.output[0]]
+        return out
+
+    def _by_nodes(self, ins, threads, want_extra):
+        from .ops_float import OPS
+        qn = self.absorbed[0]
+        vals = self._float_chain({self.inputs[0]: ins[0]}, threads)
+        y = OPS["QuantizeLinear"](self._ctx(qn, threads), [vals[self.node.output[0]]] +
+                                  [self.g.consts.get(i) for i in qn.input[1:]], self.g.attrs(qn))[0]
+        out = {self.outputs[0]: y}
+        if want_extra:
+            out[self.node.output[0]] = vals[self.node.output[0]]
+        return out
+
+
+class BinaryCodes(_CodeStep):
+    def __init__(self, g, node, dqa, dqb, act, q):
+        from .ops_float import OPS
+        self.g, self.node, self.node_name = g, node, node.name
+        (na, sa, za), (nb, sb, zb), (qn, ys, yz) = dqa, dqb, q
+        self.inputs = [na.input[0], nb.input[0]]
+        self.outputs = [qn.output[0]]
+        self.extra_outputs = [node.output[0]] + ([act.output[0]] if act is not None else [])
+        self.absorbed = ([act] if act is not None else []) + [qn]
+        self.chain = [na, nb, node] + ([act] if act is not None else [])
+        self.dtypes = (za.dtype, zb.dtype)
+        ca, self.base_a = _codes(za.dtype)
+        cb, self.base_b = _codes(zb.dtype)
+        A, B = np.meshgrid(ca, cb, indexing="ij")
+        ctx = self._ctx(node, 1)
+        v = OPS[node.op_type](ctx, [quant.dequantize(A, sa, za), quant.dequantize(B, sb, zb)], g.attrs(node))[0]
+        if act is not None:
+            v = OPS[act.op_type](self._ctx(act, 1), [v] + [g.consts.get(i) if i else None for i in act.input[1:]],
+                                 g.attrs(act))[0]
+        t = quant.quantize(v, ys, yz, yz.dtype)
+        import torch
+        self.lut = torch.from_numpy(np.ascontiguousarray(t.reshape(-1)))
+
+    def run(self, ins, threads, want_extra=False):
+        from .build import kernels as lib
+        from .errors import NPUError
+        import torch
+        a, b = ins
+        if (a.dtype, b.dtype) != self.dtypes:
+            raise NPUError(f"node {self.node_name!r}: input codes {a.dtype}, {b.dtype}, the zero "
+                           f"points say {self.dtypes}")
+        if a.shape != b.shape:
+            try:
+                a, b = np.broadcast_arrays(a, b)
+            except ValueError as e:
+                raise NPUError(f"node {self.node_name!r}: shapes {a.shape} and {b.shape}: {e}") from None
+        y = lib().lut2_codes(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b)),
+                             self.lut, self.base_a, self.base_b, 256, threads).numpy()
+        out = {self.outputs[0]: y}
+        if want_extra:
+            vals = self._float_chain(dict(zip(self.inputs, ins)), threads)
+            out.update({k: vals[k] for k in self.extra_outputs})
+        return out
+
+
+def match(g, node):
+    """A code step rooted at ``node`` (MaxPool or a binary op), else None."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "MaxPool":
+        if len(node.output) > 1 and node.output[1]:
+            return None
+        dq, q = _dq_params(g, node.input[0]), _q_after(g, node.output[0])
+        if dq is None or q is None:
+            return None
+        return MaxPoolCodes(g, node, dq, q)
+    if node.op_type in _BINARY and len(node.input) == 2:
+        dqa, dqb = _dq_params(g, node.input[0]), _dq_params(g, node.input[1])
+        if dqa is None or dqb is None:
+            return None
+        act, nxt = None, node.output[0]
+        c = g.sole_consumer(nxt)
+        if c is not None and c.op_type in ("Relu", "Clip"):
+            if c.op_type == "Clip" and (g.opset < 11 or any(i and g.const(i) is None for i in c.input[1:])):
+                return None
+            act, nxt = c, c.output[0]
+        q = _q_after(g, nxt)
+        if q is None:
+            return None
+        return BinaryCodes(g, node, dqa, dqb, act, q)
+    return None
