@@ -142,6 +142,8 @@ def run(dataset: str, train, test, epochs: int, qat_steps: int, lr: float, rows:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small budgets (smoke run, numbers not meaningful)")
+    ap.add_argument("--write", metavar="PATH", help="also write the table to PATH (bench/results/accuracy.md is "
+                    "the one README.md shows; a test checks they agree)")
     args = ap.parse_args(argv)
     from dal.datasets import digits_loaders, mnist_loaders
 
@@ -154,12 +156,15 @@ def main(argv=None) -> int:
     d_train, d_test = digits_loaders(batch_size=32)
     run("digits", d_train, d_test, epochs=3 if args.quick else 15, qat_steps=40 if args.quick else 200, lr=0.05,
         rows=rows)
-    print("| data | model | torch accuracy | NPU reference accuracy | note |")
-    print("|---|---|---|---|---|")
+    lines = ["| data | model | torch accuracy | NPU reference accuracy | note |", "|---|---|---|---|---|"]
     for data, label, acc, npu, note in rows:
         a = f"{acc:.2f}%" if acc is not None else "-"
         n = f"{npu:.2f}%" if npu is not None else "-"
-        print(f"| {data} | {label} | {a} | {n} | {note or ''} |")
+        lines.append(f"| {data} | {label} | {a} | {n} | {note or ''} |")
+    print("\n".join(lines))
+    if args.write:
+        with open(args.write, "w") as f:
+            f.write("\n".join(lines) + "\n")
     return 0
 
 

@@ -31,3 +31,10 @@ def test_readme_starts_with_the_two_commands():
     text = README.read_text()
     first_block = re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1)
     assert "make demo" in first_block and "make test" in first_block
+
+
+def test_readme_accuracy_table_is_the_benchmark_output():
+    text = README.read_text()
+    table = re.search(r"<!-- accuracy-table -->\n(.*?)<!-- /accuracy-table -->", text, flags=re.S).group(1)
+    printed = (README.parent / "bench" / "results" / "accuracy.md").read_text()
+    assert table.strip() == printed.strip(), "README's table differs from bench/results/accuracy.md: re-run the bench"
