@@ -269,3 +269,114 @@ def _cast(ctx, ins, a):
 def _float8():
     from .quant import FLOAT8
     return FLOAT8
+
+
+# ---- shape arithmetic (int64 tensors the exporter leaves for dynamic shapes) -----------------
+@op("ConstantOfShape")
+def _constant_of_shape(ctx, ins, a):
+    from onnx import numpy_helper
+
+    value = a.get("value")
+    fill = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
+    return [np.full(tuple(int(d) for d in np.asarray(ins[0]).reshape(-1)), fill, dtype=np.asarray(fill).dtype)]
+
+
+@op("Mod")
+def _mod(ctx, ins, a):
+    x, y = ins
+    if a.get("fmod", 0):
+        return [np.fmod(x, y).astype(x.dtype)]
+    if _is_float(x):
+        raise UnsupportedNode(ctx.node, [x.dtype], "float Mod needs fmod=1 (ONNX)")
+    return [np.mod(x, y).astype(x.dtype)]  # integer Mod: sign of the divisor, as numpy's
+
+
+@op("Equal")
+def _equal(ctx, ins, a):
+    return [np.equal(ins[0], ins[1])]
+
+
+@op("Less")
+def _less(ctx, ins, a):
+    return [np.less(ins[0], ins[1])]
+
+
+@op("Greater")
+def _greater(ctx, ins, a):
+    return [np.greater(ins[0], ins[1])]
+
+
+@op("Not")
+def _not(ctx, ins, a):
+    return [np.logical_not(ins[0])]
+
+
+@op("And")
+def _and(ctx, ins, a):
+    return [np.logical_and(ins[0], ins[1])]
+
+
+@op("Where")
+def _where(ctx, ins, a):
+    cond, x, y = ins
+    return [np.where(cond, x, y).astype(np.result_type(x, y))]
+
+
+@op("Expand")
+def _expand(ctx, ins, a):
+    x, shape = ins[0], tuple(int(d) for d in np.asarray(ins[1]).reshape(-1))
+    return [x * np.ones(shape, dtype=x.dtype) if x.dtype != np.bool_ else np.broadcast_to(x, np.broadcast_shapes(x.shape, shape)).copy()]
+
+
+@op("Range")
+def _range(ctx, ins, a):
+    start, limit, delta = (np.asarray(t).reshape(()) for t in ins)
+    return [np.arange(start, limit, delta, dtype=start.dtype)]
+
+
+@op("Tile")
+def _tile(ctx, ins, a):
+    return [np.tile(ins[0], tuple(int(r) for r in np.asarray(ins[1]).reshape(-1)))]
+
+
+@op("Pad")
+def _pad(ctx, ins, a):
+    """ONNX Pad (opset >= 11: pads as an input; begin values then end values, per axis)."""
+    x = ins[0]
+    pads = [int(p) for p in np.asarray(ins[1]).reshape(-1)]
+    value = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    axes = ins[3] if len(ins) > 3 and ins[3] is not None else None
+    axes = [int(ax) % x.ndim for ax in np.asarray(axes).reshape(-1)] if axes is not None else list(range(x.ndim))
+    if len(pads) != 2 * len(axes):
+        raise UnsupportedNode(ctx.node, [x.dtype], f"pads has {len(pads)} values for {len(axes)} axes")
+    width = [(0, 0)] * x.ndim
+    for i, ax in enumerate(axes):
+        width[ax] = (pads[i], pads[i + len(axes)])
+    if any(b < 0 or e < 0 for b, e in width):
+        # Negative pads crop.
+        sl = tuple(slice(-b if b < 0 else None, e if e < 0 else None) for b, e in width)
+        x = x[sl]
+        width = [(max(b, 0), max(e, 0)) for b, e in width]
+    mode = a.get("mode", "constant")
+    if mode == "constant":
+        fill = np.asarray(value).reshape(-1)[0] if value is not None and np.asarray(value).size else 0
+        return [np.pad(x, width, mode="constant", constant_values=fill)]
+    if mode in ("reflect", "edge"):
+        return [np.pad(x, width, mode=mode)]
+    raise UnsupportedNode(ctx.node, [x.dtype], f"Pad mode {mode!r}")
+
+
+@op("ScatterND")
+def _scatter_nd(ctx, ins, a):
+    """ONNX ScatterND, reduction "none" (what torch emits for in-place index assignment)."""
+    data, indices, updates = ins
+    if a.get("reduction", "none") != "none":
+        raise UnsupportedNode(ctx.node, [data.dtype], f"ScatterND reduction {a.get('reduction')!r}")
+    out = np.array(data, copy=True)
+    idx = np.asarray(indices).astype(np.int64)
+    k = idx.shape[-1]
+    flat_idx = idx.reshape(-1, k)
+    flat_upd = np.asarray(updates).reshape((flat_idx.shape[0],) + out.shape[k:])
+    for i in range(flat_idx.shape[0]):
+        out[tuple(flat_idx[i])] = flat_upd[i]
+    return [out]

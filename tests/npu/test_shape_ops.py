@@ -1,0 +1,77 @@
+"""Shape-arithmetic and data-movement ops that transformer exports carry (vit, swin), against
+onnx.reference, and a whole quantized swin_t export against onnxruntime."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import dal.npu
+
+
+def _single(op, inputs, attrs=None, out_type=TensorProto.FLOAT):
+    names = [f"i{k}" for k in range(len(inputs))]
+    inits = [numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names, inputs)]
+    node = helper.make_node(op, names, ["y"], **(attrs or {}))
+    graph = helper.make_graph([node], op, [], [helper.make_tensor_value_info("y", out_type, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+CASES = [
+    ("Pad", [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([1, 0, 2, 3], np.int64), np.float32(7)], {}),
+    ("Pad", [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([0, 1, 0, 1], np.int64)], {"mode": "reflect"}),
+    ("ScatterND", [np.zeros((4, 3), np.float32), np.array([[1], [3]], np.int64), np.ones((2, 3), np.float32)], {}),
+    ("ConstantOfShape", [np.array([2, 3], np.int64)], {"value": numpy_helper.from_array(np.array([5], np.int64))}),
+    ("Mod", [np.array([-7, 7, 5], np.int64), np.array([3, -3, 2], np.int64)], {}),
+    ("Mod", [np.array([-7.5, 7.5], np.float32), np.array([2.0, -2.0], np.float32)], {"fmod": 1}),
+    ("Where", [np.array([True, False, True]), np.array([1, 2, 3], np.float32), np.array([9, 8, 7], np.float32)], {}),
+    ("Expand", [np.array([[1], [2]], np.float32), np.array([2, 3], np.int64)], {}),
+    ("Range", [np.int64(1), np.int64(10), np.int64(3)], {}),
+    ("Equal", [np.array([1, 2, 3], np.int64), np.array([1, 0, 3], np.int64)], {}),
+    ("Tile", [np.array([[1, 2]], np.float32), np.array([2, 2], np.int64)], {}),
+]
+
+
+@pytest.mark.parametrize("op,inputs,attrs", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_op_matches_onnx_reference(op, inputs, attrs):
+    model = _single(op, inputs, attrs, out_type=TensorProto.UNDEFINED)
+    expected = ReferenceEvaluator(model).run(None, {})[0]
+    got = dal.npu.run(model, {})[0]
+    assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
+@pytest.mark.slow
+def test_quantized_swin_export_runs_on_the_npu_reference(tmp_path):
+    """swin_t end to end on dal.npu vs onnxruntime (optimizations off), in LSB of the output scale.
+
+    Not bit exact, and the test says why instead of pretending: between the quantized matmuls,
+    swin's softmax, layer norms and GELU run in float; the NPU reference sums them in float64 and
+    rounds once, onnxruntime sums in float32 in its own order. A last-bit difference that lands
+    next to a rounding tie flips one code, and random weights amplify that through 12 blocks
+    (the exporter tests see the same drift between torch and onnxruntime). Per quantized layer
+    the kernels are bit exact (test_fast_paths, test_torchvision)."""
+    import onnxruntime as ort
+    import torch
+    import torchvision
+
+    import dal
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 64, 64)
+    q = dal.prepare_qat(torchvision.models.swin_t(weights=None).eval(), recipe="int8_balanced", hardware="a2000",
+                        example_inputs=(x,))
+    dal.calibrate(q, [torch.randn(1, 3, 64, 64)], progress=False)
+    dal.set_quantizer_state(q, "frozen")
+    path = tmp_path / "swin.onnx"
+    dal.export_onnx(q, (x,), path)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})[0]
+    out = dal.npu.run(str(path), {"input": x.numpy()})[0]
+    lsb = float(q.head.output_quant.scale)
+    steps = np.abs(out.astype(np.float64) - ref) / lsb
+    print(f"swin_t NPU vs onnxruntime: identical {int((steps < 0.5).sum())}/{steps.size}, "
+          f"within 1 LSB {int((steps <= 1.5).sum())}, max {steps.max():.1f} LSB")
+    # Measured here: 313 identical, 767 within 1 LSB, max 4 LSB; the first divergence (dal.verify) is one
+    # code of 24576 at features.2.reduction.input_quant, growing block by block from there.
+    assert steps.max() <= 4.5 and (steps <= 1.5).mean() >= 0.7
