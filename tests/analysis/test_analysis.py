@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 import onnx
 import pytest
 import torch
-from analysis_helpers import W4A8, accuracy, prepared
+from mnist_helpers import W4A8, accuracy, prepared
 
 import dal
 from dal.analysis import auto_fallback, layerwise, sensitivity

@@ -1,7 +1,7 @@
 """Session fixture: the briefly trained MNIST CNN of calib_helpers.py."""
 import pytest
 
-from calib_helpers import trained_mnist
+from mnist_helpers import trained_mnist
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Helpers: a briefly trained MNIST CNN (5k images, 1 epoch), shared by the analysis tests."""
+"""Helpers: a briefly trained MNIST CNN (5k images, 1 epoch), shared by the calibration and analysis tests."""
 import copy
 
 import torch
