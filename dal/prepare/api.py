@@ -258,6 +258,10 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     resolve = _Resolver(rec, hw)
     report = PrepareReport(recipe=getattr(rec, "name", str(recipe)), hardware=getattr(hw, "name", str(hw_name)))
     model = _replace_operators(model, rec, hw, example_inputs, report)
+    if hw is not None and report.replacements is not None:
+        # Replacement brings new layers (attention matmuls, table activations): check them too.
+        # A refusal here leaves the replaced operators in place (they compute the float function).
+        check_against_hardware(rec, hw, _candidates(model))
     for path, mod in list(model.named_modules()):
         if needs_tracing(mod) and (path == "" or _still_attached(model, path, mod)):
             new = _rewrite_module(model, path, mod, resolve, report)
