@@ -101,47 +101,11 @@ def lsb_diff(a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
 
 
 def teacher_forced_max_lsb(model: nn.Module, proto: onnx.ModelProto, x: torch.Tensor, run) -> dict:
-    """{activation quantizer: max |torch - runtime| in LSB} judged layer by layer.
+    """{activation quantizer: max |torch - runtime| in LSB} judged layer by layer: the exporter
+    tests' teacher-forced comparison (tests/export_common.py), reduced to one figure per layer."""
+    from export_common import teacher_forced_stats
 
-    Every activation quantizer's output in torch is compared with the runtime's value of the
-    DequantizeLinear the exporter named after it (``<quantizer path>/DequantizeLinear``), then
-    replaced by it, so a 1-LSB float-order flip upstream cannot cascade (random-weight ResNets
-    amplify such flips to a few LSB end to end; export/SPEC.md, tests/export)."""
-    inits = initializers(proto)
-    quantized = {n.output[0] for n in proto.graph.node if n.op_type == "QuantizeLinear"}
-    points, seen = {}, {}
-    for n in proto.graph.node:
-        if n.op_type == "DequantizeLinear" and n.input[0] in quantized:
-            q = n.name.rsplit("/", 1)[0]
-            seen[q] = seen.get(q, 0) + 1
-            if inits[n.input[1]].size == 1:
-                points[q] = (n.output[0], float(inits[n.input[1]].reshape(())))
-    points = {q: v for q, v in points.items() if seen[q] == 1}
-    probe = onnx.ModelProto()
-    probe.CopyFrom(proto)
-    have = {o.name for o in probe.graph.output}
-    for tensor, _ in points.values():
-        if tensor not in have:
-            probe.graph.output.append(onnx.helper.make_value_info(tensor, onnx.TypeProto()))
-    names = [o.name for o in probe.graph.output]
-    values = dict(zip(names, run(probe, {probe.graph.input[0].name: x.numpy()})))
-    found, hooks = {}, []
-    modules = dict(model.named_modules())
-    for q, (tensor, scale) in points.items():
-        if q not in modules:
-            continue
-
-        def hook(mod, inputs, out, q=q, tensor=tensor, scale=scale):
-            found[q] = int(lsb_diff(values[tensor], out.detach().numpy(), scale).max())
-            return torch.from_numpy(np.array(values[tensor]))
-        hooks.append(modules[q].register_forward_hook(hook))
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return found
+    return {q: s.max_lsb for q, s in teacher_forced_stats(model, proto, x, run).items()}
 
 
 def npu_sparse_kernel_weights(sess) -> "tuple[set, set]":
