@@ -21,13 +21,24 @@ class LayerParity:
 class ParityReport:
     """``outputs[name] = {"npu_vs_torch": Agreement, "npu_vs_ort": Agreement}``; ``layers`` lists
     every intermediate integer tensor compared between the NPU reference and onnxruntime, in graph
-    order; ``first_divergence`` names the first node whose output differs (None when all agree)."""
+    order, each engine running on its own upstream values; ``first_divergence`` names the first
+    node whose output differs (None when all agree). ``layers_forced`` / ``first_forced_divergence``
+    are the same comparison with onnxruntime's integer tensors substituted for the NPU's own as it
+    runs, so each row is one layer's agreement from the same quantized inputs (a near-tie
+    upstream cannot cascade into it)."""
 
     model: str
     requantizer: str
     outputs: dict = field(default_factory=dict)
     layers: list = field(default_factory=list)
     first_divergence: Optional[str] = None
+    layers_forced: list = field(default_factory=list)
+    first_forced_divergence: Optional[str] = None
+
+    @property
+    def max_layer_lsb_forced(self) -> float:
+        """Largest code difference of any layer run from onnxruntime's quantized inputs (0 when all agree)."""
+        return max((row.max_abs for row in self.layers_forced), default=0.0)
 
     @property
     def bit_exact_vs_ort(self) -> bool:
@@ -46,10 +57,22 @@ class ParityReport:
                      f"{len(differing)} differ")
         if self.first_divergence:
             lines.append(f"first divergence: {self.first_divergence}")
-        for row in differing[:10]:
-            lines.append(f"  {row.tensor} ({row.op_type} {row.node}): {row.differ}/{row.elements} differ, "
-                         f"max abs {row.max_abs:.3g}")
+        lines += _layer_lines(differing)
+        if self.layers_forced:
+            forced = [row for row in self.layers_forced if row.differ]
+            n_diff = sum(row.differ for row in forced)
+            n_all = sum(row.elements for row in self.layers_forced)
+            lines.append(f"layer by layer (from onnxruntime's quantized inputs): {len(self.layers_forced)} tensors, "
+                         f"{len(forced)} differ, {n_diff}/{n_all} codes, max {self.max_layer_lsb_forced:.3g} LSB")
+            if self.first_forced_divergence:
+                lines.append(f"first divergence layer by layer: {self.first_forced_divergence}")
+            lines += _layer_lines(forced)
         return "\n".join(lines)
+
+
+def _layer_lines(rows: list, limit: int = 10) -> list[str]:
+    return [f"  {row.tensor} ({row.op_type} {row.node}): {row.differ}/{row.elements} differ, max abs {row.max_abs:.3g}"
+            for row in rows[:limit]]
 
 
 def _row(name: str, pair: str, a: Agreement) -> str:

@@ -31,8 +31,12 @@ def test_verify_reports_parity_in_lsb(tmp_path, hardware, requantizer):
     assert vs_torch.off_by_more == 0 and vs_ort.off_by_more == 0
     assert vs_torch.within_one_lsb_fraction == 1.0
     assert report.layers, "no quantized intermediate tensor was compared"
+    # layer by layer (from onnxruntime's quantized inputs): the same tensors, and on this
+    # shallow model no near-tie either way
+    assert [r.tensor for r in report.layers_forced] == [r.tensor for r in report.layers]
+    assert report.max_layer_lsb_forced <= 1
     text = str(report)
-    assert "npu_vs_torch" in text and requantizer in text
+    assert "npu_vs_torch" in text and requantizer in text and "layer by layer" in text
 
 
 def test_verify_names_the_input_count_mismatch(tmp_path):
