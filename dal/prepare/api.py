@@ -143,9 +143,25 @@ def _rewrite_module(root, path, mod, resolve, report) -> nn.Module:
     return gm
 
 
+def _report_ready_made(report, name: str, mod: nn.Module) -> None:
+    """A row for a module that arrived already quantized (built by operator replacement, such as
+    the FP16 softmax and layer norm, or by the user): its quantizers' formats, as they are."""
+    quantizers = mod.quantizers() if callable(getattr(mod, "quantizers", None)) else {}
+    if not quantizers:
+        return
+    formats = {role: q.fmt.name for role, q in quantizers.items()}
+    status = "fp16" if set(formats.values()) == {"fp16"} else "quantized"
+    op_class = op_class_of(mod)
+    report.add(name, type(mod).__name__, op_class, status,
+               "ready-made: " + " ".join(f"{role}={fmt}" for role, fmt in formats.items()))
+
+
 def _swap_leaves(model: nn.Module, resolve, report, strict: bool) -> None:
     unknown = []
+    reported = {r.name for r in report.rows}
     for name, mod in list(model.named_modules()):
+        if hasattr(mod, "qat_name") and name and name not in reported:
+            _report_ready_made(report, name, mod)
         if hasattr(mod, "qat_name") or hasattr(mod, "observer") or not name:
             continue
         cls = QAT_MODULES.get(type(mod))
@@ -298,15 +314,29 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
 
 
 def _replace_operators(model, rec, hw, example_inputs, report):
-    """Operator auto-replacement (the recipe's ``replace:`` list) before fusing and swapping, so
-    the hardware's own operators are what gets quantized and trained."""
-    rules = list(getattr(rec, "replace", ()) or ())
-    if not rules:
+    """Operator auto-replacement before fusing and swapping, so the hardware's own operators are
+    what gets quantized and trained: the recipe's top-level ``replace:`` list over the whole
+    model, then each rule name that only recipe rules list (``rules[i].replace``), offered only
+    the modules whose first matching recipe rule lists it (first match decides, as for specs)."""
+    everywhere = list(getattr(rec, "replace", ()) or ())
+    owners: dict[str, set] = {}
+    for i, recipe_rule in enumerate(getattr(rec, "rules", ())):
+        for name in recipe_rule.replace:
+            if name not in everywhere:
+                owners.setdefault(name, set()).add(i)
+    if not everywhere and not owners:
         return model
     from ..replace import auto_replace
 
+    def scoped(indices):
+        def where(path, mod):
+            op_class = op_class_of(mod)  # "custom" (a container, an attention block): type and path only
+            return rec.match(path, float_type_name(mod), None if op_class == "custom" else op_class) in indices
+        return where
+
     ex = example_inputs if example_inputs is None or isinstance(example_inputs, tuple) else (example_inputs,)
-    result = auto_replace(model, rules=rules, hardware=hw, example_inputs=ex)
+    result = auto_replace(model, rules=everywhere + list(owners), hardware=hw, example_inputs=ex,
+                          scope={name: scoped(frozenset(idx)) for name, idx in owners.items()})
     report.replacements = result
     report.notes.append(f"operator replacement: {result.summary()}")
     return getattr(result, "model", model)

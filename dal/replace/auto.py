@@ -105,7 +105,7 @@ def _drift(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> tuple[Option
 
 
 def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=None,
-                 strict: bool = False) -> ReplaceReport:
+                 strict: bool = False, scope: Optional[dict] = None) -> ReplaceReport:
     """Replace operators of ``model`` (in place) by the hardware's own versions; return a report.
 
     Args:
@@ -118,6 +118,9 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
         example_inputs: a tuple of inputs; with it each replacement reports the cosine and max
             abs difference of its module's output before and after (forward hooks, eval mode).
         strict: raise instead of reporting when a rule fails.
+        scope: ``{rule name: predicate(path, module) -> bool}``; a rule named here is only offered
+            the modules its predicate accepts (prepare uses it for recipe rules' own ``replace:``
+            lists, which apply to the layers those recipe rules match). Other rules see every module.
 
     Contract:
         * each rule's ``match(module, path)`` is asked top-down; a module replaced by one rule
@@ -147,8 +150,9 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
     plans, claimed = [], []
     for rname, r in pairs:
         found = 0
+        where = (scope or {}).get(rname)
         for path, mod in model.named_modules():
-            if _inside(path, claimed):
+            if _inside(path, claimed) or (where is not None and not where(path, mod)):
                 continue
             try:
                 hit = bool(r.match(mod, path, hw) if _takes_hardware(r.match) else r.match(mod, path))
@@ -162,7 +166,8 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
                     claimed.append(path)
         if not found and not any(f.rule == rname for f in report.failed):
             why = getattr(r, "why_nothing", None)
-            report.unmatched[rname] = (why(hw) if callable(why) else None) or "no module matched"
+            reason = (why(hw) if callable(why) else None) or "no module matched"
+            report.unmatched[rname] = reason if where is None else f"{reason} (among the modules its scope allows)"
 
     # 2. build every replacement before touching the model
     built = []

@@ -20,6 +20,8 @@ class Fp16LayerNorm(nn.Module):
     """``q_out(layer_norm(q_in(x), q_w(weight), q_b(bias)))`` with FP16 cast round trips;
     shares the original LayerNorm's Parameters."""
 
+    op_class = "layernorm"
+
     def __init__(self, ln: nn.LayerNorm, name: str = ""):
         super().__init__()
         self.normalized_shape, self.eps = tuple(ln.normalized_shape), ln.eps

@@ -1,11 +1,18 @@
 """prepare_qat with replacement rules -> calibrate -> freeze -> export -> onnxruntime / dal.npu.
 
-Parity is in LSBs of the model's uint8 output. Random weights amplify float summation-order
-differences (torch's and onnxruntime's MatMul sum in different orders and a near-tie at a
-requantizer flips a code, which the following layers carry along), so ViT / Swin figures are
-printed, not asserted; the small transformer is asserted at >= 99.99% within 1 LSB.
+Parity is in LSBs of the model's uint8 output (the exporter's criterion: >= 99.99% of elements
+within 1 LSB, none beyond 2). The small transformer meets it end to end. ViT-B/16 and Swin-T do
+not, and the test says why: torch, onnxruntime and dal.npu sum floats in different orders, so a
+requantizer near a tie flips one code now and then (~3e-6 of codes per layer), and with random
+weights (none ship with this machine) every later layer carries and multiplies that flip; after
+12 attention blocks with quantized Q@K^T and P@V the outputs drift by up to ~12 LSB (measured:
+ORT vs torch 34% within 1 LSB). So for these two the criterion is asserted *layer by layer*,
+every quantized tensor judged from the same quantized inputs (teacher forced: torch against
+onnxruntime via tests/export_common.teacher_forced_stats, dal.npu against onnxruntime via
+dal.verify's layer-by-layer view), and the end-to-end figures are printed.
 """
 import numpy as np
+import onnx
 import pytest
 import torch
 from torch import nn
@@ -14,6 +21,7 @@ import dal
 from dal import npu as dal_npu
 from dal.prepare.state import set_quantizer_state
 
+from export_common import assert_lsb_parity, merge, teacher_forced_stats
 from replace_common import lsb_figures, ort_run, rel_err, small_transformer
 
 RULES = ["npu_attention", "lut_activation", "layernorm_fp16"]
@@ -32,7 +40,7 @@ def _output_scale(model) -> float:
     return float(last[-1].output_quant.scale)
 
 
-def _run_flow(model, x, calib, path, recipe, hardware="a2000", npu_optional=False):
+def _run_flow(model, x, calib, path, recipe, hardware="a2000"):
     q = dal.prepare_qat(model, recipe, hardware=hardware, example_inputs=(x,))
     dal.calibrate(q, calib, progress=False)
     set_quantizer_state(q, "frozen")
@@ -41,13 +49,7 @@ def _run_flow(model, x, calib, path, recipe, hardware="a2000", npu_optional=Fals
         t = q(x).numpy()
     dal.export_onnx(q, (x,), path)
     o = ort_run(path, {"input": x.numpy()})[0]
-    try:
-        n = np.asarray(dal_npu.run(path, {"input": x.numpy()})[0])
-    except dal_npu.errors.UnsupportedNode as err:  # shape arithmetic the reference lacks (Mod, ConstantOfShape)
-        if not npu_optional:
-            raise
-        print(f"dal.npu cannot run it: {str(err).splitlines()[0]}")
-        n = None
+    n = np.asarray(dal_npu.run(path, {"input": x.numpy()})[0])
     s = _output_scale(q)
     return q, t, o, n, s
 
@@ -66,6 +68,9 @@ def test_small_transformer_parity(tmp_path):
     # the trained / exported graph uses the hardware operators
     kinds = {type(mod).__name__ for mod in q.modules()}
     assert {"QLutActivation", "Fp16LayerNorm", "NpuSoftmax", "QMatMul"} <= kinds
+    # the prepare report lists the ready-made FP16 operators too
+    status = {(r.type_name, r.status) for r in q.dal_report.rows}
+    assert {("NpuSoftmax", "fp16"), ("Fp16LayerNorm", "fp16"), ("QLutActivation", "quantized")} <= status
     # every LUT's quantized output is one of its table values
     for mod in q.modules():
         if type(mod).__name__ == "QLutActivation":
@@ -105,10 +110,23 @@ def test_torchvision_float_equal_and_quantized_parity(name, tmp_path):
     assert len(rep.by_rule("npu_attention")) == 12
     with torch.no_grad():
         assert rel_err(m(x), ref) < 1e-5
-    q, t, o, n, s = _run_flow(m, x, [(torch.randn(1, 3, 224, 224),)], str(tmp_path / f"{name}.onnx"),
-                              _recipe(name, ["npu_attention", "layernorm_fp16"]), npu_optional=True)
+    path = str(tmp_path / f"{name}.onnx")
+    q, t, o, n, s = _run_flow(m, x, [(torch.randn(1, 3, 224, 224),)], path,
+                              _recipe(name, ["npu_attention", "layernorm_fp16"]))
     within, worst = lsb_figures(t, o, s)
-    print(f"{name}: ORT within 1 LSB {within:.6f} (max {worst:.3g} LSB), {t.size} outputs")
-    if n is not None:
-        within_npu, worst_npu = lsb_figures(t, n, s)
-        print(f"{name}: NPU within 1 LSB {within_npu:.6f} (max {worst_npu:.3g} LSB)")
+    within_npu, worst_npu = lsb_figures(t, n, s)
+    print(f"\n{name}: end to end, ORT within 1 LSB {within:.6f} (max {worst:.3g} LSB), "
+          f"NPU within 1 LSB {within_npu:.6f} (max {worst_npu:.3g} LSB), {t.size} outputs")
+    # torch vs onnxruntime, each quantizer from the same inputs
+    forced = teacher_forced_stats(q, onnx.load(path), x)
+    assert len(forced) > 100, f"only {len(forced)} activation quantizers compared"
+    for qname, st in forced.items():
+        assert_lsb_parity(st, f"{name} {qname} (teacher forced)")
+    print(f"{name}: torch vs ORT teacher forced, {len(forced)} quantizers: {merge(forced)}")
+    # dal.npu vs onnxruntime, each layer from onnxruntime's quantized inputs
+    report = dal.verify(path, q, (x,))
+    rows = report.layers_forced
+    differ, codes = sum(r.differ for r in rows), sum(r.elements for r in rows)
+    print(f"{name}: NPU vs ORT layer by layer, {len(rows)} tensors: {differ}/{codes} codes differ, "
+          f"max {report.max_layer_lsb_forced:g} LSB")
+    assert len(rows) > 100 and report.max_layer_lsb_forced <= 1 and differ <= 1e-4 * codes
