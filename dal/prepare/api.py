@@ -390,7 +390,7 @@ def _attach_sparsity(model, rec, hw, report) -> None:
                              + "; ".join(f"{p} on {', '.join(ns)}" for p, ns in by.items())
                              + ": make every sparsity rule of the recipe use the same pattern")
         prepare_sparse(model, pattern=patterns[0], layers=lambda name, mod: name in asked,
-                       schedule=getattr(rec, "sparsity_schedule", None), hardware=hw)
+                       schedule=_recipe_schedule(rec), hardware=hw)
         ctl = controller_of(model)
         for name in list(ctl.skipped):
             if name not in asked:  # the recipe never asked: say so, not "filtered out"
@@ -414,6 +414,17 @@ def _attach_sparsity(model, rec, hw, report) -> None:
         report.notes.append("sparsity: call dal.sparsity.controller_of(model).step() after each "
                             "optimizer.step() (a one-shot mask never changes; pruned weights stay "
                             "0 either way); per-layer table: dal.sparsity.report(model)")
+
+
+def _recipe_schedule(rec):
+    """The recipe's ``sparsity_schedule`` as a schedule object; a bad one names file and line."""
+    from ..sparsity.schedule import resolve_schedule
+
+    try:
+        return resolve_schedule(rec.schedule_data())
+    except ValueError as err:
+        where = rec.sparsity_schedule_at or rec.source or f"<recipe {rec.name}>"
+        raise ValueError(f"{where}: sparsity_schedule: {err}") from None
 
 
 def _spec_of(rec, name, mod):

@@ -15,7 +15,7 @@ from dal.recipe.recipe import CALIBRATION_METHODS, Calibration, Recipe
 from dal.recipe.rule import Rule
 from dal.recipe.spec import OBSERVERS, TensorSpec, role_defaults
 
-TOP_KEYS = ("name", "description", "hardware", "calibration", "replace", "rules")
+TOP_KEYS = ("name", "description", "hardware", "calibration", "replace", "sparsity_schedule", "rules")
 CALIBRATION_KEYS = ("method", "num_batches", "args")
 RULE_KEYS = ("match", "type", "weight", "input", "output", "fallback", "skip", "sparsity", "replace")
 SPEC_KEYS = ("format", "granularity", "axis", "group_size", "symmetric", "narrow_range", "observer",
@@ -36,6 +36,9 @@ def parse_recipe(doc: YamlDoc) -> Recipe:
         kw["calibration"] = _calibration(c, data["calibration"])
     if data.get("replace") is not None:
         kw["replace"] = c.strings(data["replace"], ("replace",))
+    if data.get("sparsity_schedule") is not None:
+        kw["sparsity_schedule"] = _schedule(c, data["sparsity_schedule"])
+        kw["sparsity_schedule_at"] = doc.where(("sparsity_schedule",))
     kw["rules"] = _rules(c, data.get("rules"), doc)
     c.raise_if_any(RecipeError, doc)
     c.build((), Recipe, source=doc.source, **kw)
@@ -66,6 +69,22 @@ def _calibration(c: Checker, raw):
     if "args" in raw:
         kw["args"] = c.scalar_args(raw["args"], path + ("args",))
     return None if len(c.problems) > before else c.build(path, Calibration, **kw)
+
+
+def _schedule(c: Checker, raw):
+    """``"one_shot"`` or a mapping with ``kind`` and scalar fields; stored as plain data (the
+    recipe layer does not import dal.sparsity, which checks kinds and fields at prepare time)."""
+    path = ("sparsity_schedule",)
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, dict):
+        if not isinstance(raw.get("kind"), str):
+            c.add(path, "a mapping schedule needs kind: one_shot, gradual or recompute_then_freeze")
+            return None
+        return c.scalar_args(raw, path)
+    c.add(path, f"expected a schedule name or a mapping with kind (e.g. {{kind: gradual, steps: 2000, "
+                f"every: 100}}), got {raw!r}")
+    return None
 
 
 def _rules(c: Checker, raw, doc: YamlDoc) -> tuple:

@@ -49,6 +49,9 @@ class Recipe:
         hardware: default target (bundled name or path), or None.
         calibration: a ``Calibration``.
         replace: replacement rules applied to the whole model.
+        sparsity_schedule: when the 2:4 masks of the sparsity rules are (re)computed: a kind name
+            (``"one_shot"``) or ``(("kind", "gradual"), ("steps", 2000), ...)`` pairs (YAML: a
+            mapping); None = one shot. Resolved by ``dal.sparsity.resolve_schedule`` in prepare.
         rules: ``Rule`` objects; the first that matches a layer decides for it.
         source: file it was loaded from (not compared: a saved and reloaded recipe is equal).
     """
@@ -58,12 +61,16 @@ class Recipe:
     hardware: str | None = None
     calibration: Calibration = field(default_factory=Calibration)
     replace: tuple[str, ...] = ()
+    sparsity_schedule: str | tuple | None = None
     rules: tuple[Rule, ...] = ()
     source: str | None = field(default=None, compare=False, repr=False)
+    sparsity_schedule_at: str | None = field(default=None, compare=False, repr=False)  # "file:line"
 
     def __post_init__(self):
         object.__setattr__(self, "replace", tuple(self.replace))
         object.__setattr__(self, "rules", tuple(self.rules))
+        if isinstance(self.sparsity_schedule, dict):  # hashable, order-free, as the parser stores it
+            object.__setattr__(self, "sparsity_schedule", tuple(sorted(self.sparsity_schedule.items())))
         problems = []
         if not isinstance(self.name, str) or not self.name:
             problems.append(Problem(f"name must be a non-empty string, got {self.name!r}", ("name",)))
@@ -170,8 +177,15 @@ class Recipe:
         out["calibration"] = self.calibration.to_dict()
         if self.replace:
             out["replace"] = list(self.replace)
+        if self.sparsity_schedule is not None:
+            out["sparsity_schedule"] = self.schedule_data()
         out["rules"] = [r.to_dict() for r in self.rules]
         return out
+
+    def schedule_data(self):
+        """``sparsity_schedule`` as a user writes it: a name, a dict with ``kind``, or None."""
+        sched = self.sparsity_schedule
+        return dict(sched) if isinstance(sched, tuple) else sched
 
     def to_yaml(self, path=None) -> str:
         """The recipe as YAML text (written to ``path`` too when given)."""

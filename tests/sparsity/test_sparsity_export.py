@@ -15,7 +15,7 @@ import dal
 import dal.sparsity as sp
 from dal.zoo import MnistCNN
 from sparsity_qat_helpers import (calibrated_frozen, initializers, lsb_diff, max_nonzeros_per_group,
-                                  mnist_batches, npu_sparse_kernel_weights, output_scale, run_npu,
+                                  mnist_batches, npu_sparse_kernel_weights, output_scale,
                                   run_ort, teacher_forced_max_lsb, weight_codes)
 
 

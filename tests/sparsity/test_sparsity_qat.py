@@ -191,3 +191,38 @@ def test_qat_modules_get_masked_gradients_without_a_hook():
         mod = model.get_submodule(name)
         assert mod.weight.grad[mod.weight_mask].abs().sum() > 0, name
         assert not mod.weight.grad[~mod.weight_mask].any(), name
+
+
+def test_recipe_sparsity_schedule_reaches_the_controller(tmp_path):
+    rec = dal.load_recipe("int8_sparse24").to_dict()
+    rec["sparsity_schedule"] = {"kind": "gradual", "steps": 40, "every": 10}
+    path = tmp_path / "gradual.yaml"
+    path.write_text(dal.load_recipe(rec).to_yaml())
+    loaded = dal.load_recipe(str(path))
+    assert loaded.schedule_data() == {"kind": "gradual", "steps": 40, "every": 10}
+    torch.manual_seed(0)
+    model = dal.prepare_qat(MnistCNN(), recipe=loaded, hardware="a2000", example_inputs=(X[:1],))
+    ctl = sp.controller_of(model)
+    assert ctl.schedule == sp.Gradual(steps=40, every=10)
+    assert "schedule Gradual" in "\n".join(model.dal_report.notes)
+
+
+def test_bad_recipe_sparsity_schedule_names_file_line_and_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    text = dal.load_recipe("int8_sparse24").to_yaml()
+    text = text.replace("rules:\n", "sparsity_schedule: {kind: gradual, step: 3}\nrules:\n", 1)
+    path.write_text(text)
+    line = text.splitlines().index("sparsity_schedule: {kind: gradual, step: 3}") + 1
+    with pytest.raises(ValueError) as err:
+        dal.prepare_qat(MnistCNN(), recipe=str(path), hardware="a2000", example_inputs=(X[:1],))
+    msg = str(err.value)
+    assert f"bad.yaml:{line}" in msg and "sparsity_schedule" in msg and "'step'" in msg
+
+
+def test_recipe_sparsity_schedule_of_the_wrong_type_is_a_recipe_error(tmp_path):
+    from dal.recipe import RecipeError
+
+    rec = dal.load_recipe("int8_sparse24").to_dict()
+    rec["sparsity_schedule"] = 3
+    with pytest.raises(RecipeError, match="sparsity_schedule"):
+        dal.load_recipe(rec)
