@@ -75,7 +75,8 @@ def check_against_hardware(recipe, hardware=None, layers: list[tuple[str, str, s
     needed = [r for r in hw.replace_rules_needed if r not in recipe.replace]
     if needed:
         ctx.notes.append(f"hardware {hw.name!r} needs the replacement rules {', '.join(needed)}, which the "
-                         f"recipe's replace: does not list (prepare adds the ones the model needs)")
+                         f"recipe's replace: does not list; without them the operators those rules "
+                         f"match are trained as plain PyTorch operators, not as this chip runs them")
     if ctx.problems:
         raise RecipeError(ctx.problems, what=f"recipe {recipe.name!r} for hardware {hw.name!r}")
     return CheckReport(recipe.name, hw.name, tuple(ctx.left_dense), tuple(ctx.left_float), tuple(ctx.notes))
