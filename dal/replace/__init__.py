@@ -23,6 +23,7 @@ _LAZY = {
     "ReplaceReport": ("report", "ReplaceReport"), "Replacement": ("report", "Replacement"),
     "RuleFailure": ("report", "RuleFailure"),
     "NpuAttentionCore": ("core", "NpuAttentionCore"), "NpuSoftmax": ("softmax", "NpuSoftmax"),
+    "softmax_mode": ("softmax", "softmax_mode"),
     "NpuMultiheadAttention": ("mha", "NpuMultiheadAttention"),
     "NpuShiftedWindowAttention": ("swin", "NpuShiftedWindowAttention"), "NpuSDPA": ("sdpa", "NpuSDPA"),
     "LutActivation": ("lut", "LutActivation"), "QLutActivation": ("lut", "QLutActivation"),

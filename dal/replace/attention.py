@@ -1,4 +1,4 @@
-"""Rule ``npu_attention``: attention as the NPU runs it (int8/fp8 matmuls, FP16 softmax).
+"""Rule ``npu_attention``: attention as the NPU runs it (int8/fp8 matmuls, FP16 or table softmax).
 
 Matches, top-down (a matched module's submodules are not offered again):
 
@@ -9,16 +9,24 @@ Matches, top-down (a matched module's submodules are not offered again):
 * any other module whose own forward calls ``F.scaled_dot_product_attention`` with constant
   options -> the same module with the call rewritten to an :class:`~dal.replace.sdpa.NpuSDPA`.
 
-Softmax runs in FP16 when the hardware lists ``softmax`` in ``fp16_ops`` (or no hardware is
-given), else in float32 (integer-softmax hardware: the next matmul's quantized input stands
-for its output). Exported: MatMul between Q/DQ pairs, Softmax between FP16 casts.
+The softmax mode (:func:`~dal.replace.softmax.softmax_mode`, :class:`~dal.replace.softmax.NpuSoftmax`):
+
+* ``"fp16"`` when the hardware lists ``softmax`` in ``fp16_ops`` (or no hardware is given);
+* ``"lut"`` when it lists ``exp`` in ``lut_ops`` and its ``softmax`` op takes int8 inputs
+  (e.g. the a1000): int8 input quantizer, ``exp(-s * (c_max - c))`` from a table, normalised;
+  the next matmul's uint8 input quantizer quantizes the probabilities;
+* ``"float"`` otherwise (float32; the next matmul's quantized input stands for its output).
+
+Exported: MatMul between Q/DQ pairs; Softmax between FP16 casts ("fp16"), after a
+QuantizeLinear -> DequantizeLinear pair ("lut"; with masks or biases the DQ output also gets
+``Clip(x + 1e30, max=0)``, which zeroes masked entries), or plain ("float").
 """
 from __future__ import annotations
 
 from torch import nn
 
 from .registry import rule
-from .softmax import softmax_in_fp16
+from .softmax import softmax_mode
 
 _SWIN_TYPES = ("ShiftedWindowAttention", "ShiftedWindowAttentionV2")
 
@@ -41,18 +49,18 @@ class NpuAttentionRule:
         return sdpa_graph(module) is not None
 
     def build(self, module: nn.Module, hardware) -> nn.Module:
-        fp16 = softmax_in_fp16(hardware)
+        mode = softmax_mode(hardware)
         if type(module) is nn.MultiheadAttention:
             from .mha import NpuMultiheadAttention
 
-            return NpuMultiheadAttention(module, fp16)
+            return NpuMultiheadAttention(module, mode)
         if _is_swin(module):
             from .swin import NpuShiftedWindowAttention
 
-            return NpuShiftedWindowAttention(module, fp16)
+            return NpuShiftedWindowAttention(module, mode)
         from .sdpa import replace_sdpa
 
-        return replace_sdpa(module, fp16)
+        return replace_sdpa(module, mode)
 
     def describe(self, module: nn.Module, name: str) -> str:
         kind = ("MultiheadAttention" if type(module) is nn.MultiheadAttention else

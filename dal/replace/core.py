@@ -3,20 +3,20 @@ the hardware's softmax.
 
 ``prepare_qat`` traces this module's own forward with torch.fx and rewrites each
 ``torch.matmul`` into a ``QMatMul`` (Q K^T and P V with quantized inputs, as the matrix engine
-runs them); the softmax is an :class:`~dal.replace.softmax.NpuSoftmax` (FP16 on hardware whose
-vector engine runs it in FP16). Everything here works on head-split tensors ``[B, heads, L, d]``.
+runs them); the softmax is an :class:`~dal.replace.softmax.NpuSoftmax` in the hardware's mode
+(FP16 on an FP16 vector engine, an int8 exp lookup table on integer-softmax hardware). Everything here works on head-split tensors ``[B, heads, L, d]``.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from .softmax import NpuSoftmax
+from .softmax import NpuSoftmax, as_mode
 
 
 def _times_logit_scale(scores: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
@@ -35,7 +35,8 @@ class NpuAttentionCore(nn.Module):
     Args:
         scale: multiplies ``q`` before ``q @ k^T`` (``head_dim ** -0.5``); ignored when cosine.
         dropout: attention-probability dropout (training only).
-        fp16_softmax: softmax input/output rounded to FP16 (see NpuSoftmax).
+        softmax_mode: "fp16", "lut" or "float" (see NpuSoftmax; a bool is the older flag,
+            True = "fp16", False = "float").
         logit_scale: Swin V2 cosine attention: the shared per-head log temperature Parameter.
         name: module path, for quantizer names.
 
@@ -43,14 +44,14 @@ class NpuAttentionCore(nn.Module):
     ``bias`` and ``mask`` are additive and broadcast to ``[B, h, Lq, Lk]`` (added in that order).
     """
 
-    def __init__(self, scale: Optional[float] = None, dropout: float = 0.0, fp16_softmax: bool = True,
+    def __init__(self, scale: Optional[float] = None, dropout: float = 0.0, softmax_mode: Union[str, bool] = "fp16",
                  logit_scale: Optional[nn.Parameter] = None, name: str = ""):
         super().__init__()
         self.scale = scale
         self.cosine = logit_scale is not None
         if logit_scale is not None:
             self.logit_scale = logit_scale  # the original module's Parameter object
-        self.softmax = NpuSoftmax(-1, fp16_softmax, name=f"{name}.softmax" if name else "softmax")
+        self.softmax = NpuSoftmax(-1, name=f"{name}.softmax" if name else "softmax", mode=as_mode(softmax_mode))
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, q, k, v, bias=None, mask=None):

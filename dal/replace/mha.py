@@ -2,7 +2,7 @@
 
 Projections are ``nn.Linear`` modules (prepare swaps them to QLinear), the two products are
 explicit matmuls in :class:`~dal.replace.core.NpuAttentionCore` (QMatMul after prepare) and the
-softmax is the hardware's. The forward takes and returns what nn.MultiheadAttention does
+softmax is the hardware's (``softmax_mode``: "fp16", "lut" or "float"; see NpuSoftmax). The forward takes and returns what nn.MultiheadAttention does
 (batched 3-D inputs), so parents such as nn.TransformerEncoderLayer and torchvision's ViT
 blocks call it unchanged.
 
@@ -13,7 +13,7 @@ usual order), and note the state_dict keys become ``q_proj.weight`` etc.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.fx
@@ -88,7 +88,7 @@ class NpuMultiheadAttention(nn.Module):
     bias_k = bias_v = None
     add_zero_attn = False
 
-    def __init__(self, mha: nn.MultiheadAttention, fp16_softmax: bool = True):
+    def __init__(self, mha: nn.MultiheadAttention, softmax_mode: Union[str, bool] = "fp16"):
         super().__init__()
         e = mha.embed_dim
         self.embed_dim, self.num_heads, self.head_dim = e, mha.num_heads, mha.head_dim
@@ -104,7 +104,7 @@ class NpuMultiheadAttention(nn.Module):
             self.k_proj = _linear(mha.k_proj_weight, _view_param(bias, e, 2 * e))
             self.v_proj = _linear(mha.v_proj_weight, _view_param(bias, 2 * e, 3 * e))
         self.out_proj = _linear(mha.out_proj.weight, mha.out_proj.bias)
-        self.core = NpuAttentionCore(self.head_dim ** -0.5, mha.dropout, fp16_softmax, name="core")
+        self.core = NpuAttentionCore(self.head_dim ** -0.5, mha.dropout, softmax_mode, name="core")
         self.train(mha.training)
 
     def _heads(self, x):

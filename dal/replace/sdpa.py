@@ -10,7 +10,7 @@ Not feasible (left alone): forwards that do not trace, SDPA arguments computed a
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.fx as fx
@@ -55,10 +55,10 @@ class NpuSDPA(nn.Module):
     """
 
     def __init__(self, dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
-                 fp16_softmax: bool = True):
+                 softmax_mode: Union[str, bool] = "fp16"):
         super().__init__()
         self.is_causal = bool(is_causal)
-        self.core = NpuAttentionCore(scale, float(dropout_p), fp16_softmax, name="core")
+        self.core = NpuAttentionCore(scale, float(dropout_p), softmax_mode, name="core")
 
     def forward(self, q, k, v, attn_mask=None):
         out, _ = self.core(q, k, v, None, _sdpa_mask(q, k, attn_mask, self.is_causal))
@@ -93,7 +93,7 @@ def sdpa_graph(mod: nn.Module) -> Optional[fx.Graph]:
     return graph if any(_sdpa_call(n) for n in graph.nodes) else None
 
 
-def replace_sdpa(mod: nn.Module, fp16_softmax: bool) -> nn.Module:
+def replace_sdpa(mod: nn.Module, softmax_mode: Union[str, bool] = "fp16") -> nn.Module:
     """A copy of ``mod`` (same Parameters, buffers, submodules, attributes) whose forward calls
     an NpuSDPA child for every feasible SDPA call."""
     graph = sdpa_graph(mod)
@@ -105,7 +105,7 @@ def replace_sdpa(mod: nn.Module, fp16_softmax: bool) -> nn.Module:
         name = "npu_sdpa" if i == 0 else f"npu_sdpa_{i}"
         while hasattr(mod, name) or name in added:
             name += "_"
-        added[name] = NpuSDPA(a.get("dropout_p", 0.0) or 0.0, a.get("is_causal", False), a.get("scale"), fp16_softmax)
+        added[name] = NpuSDPA(a.get("dropout_p", 0.0) or 0.0, a.get("is_causal", False), a.get("scale"), softmax_mode)
         with graph.inserting_after(node):
             new = graph.call_module(name, (a["query"], a["key"], a["value"], a.get("attn_mask")))
         node.replace_all_uses_with(new)

@@ -9,6 +9,8 @@ input's shape; they are fx leaf functions, so prepare's trace of this forward su
 """
 from __future__ import annotations
 
+from typing import Union
+
 import torch
 import torch.fx
 import torch.nn.functional as F
@@ -38,7 +40,11 @@ def _swin_partition(x: torch.Tensor, window_size: list, shift_size: list):
 
 
 def _swin_mask(windows: torch.Tensor, geo, window_size: list):
-    """The shifted-window additive mask ``[B*nW, 1, N, N]`` (0 / -100), or None without shift."""
+    """The shifted-window additive mask ``[B*nW, 1, N, N]`` (0 / -inf), or None without shift.
+
+    torchvision writes -100 (exp(-100) ~ 4e-44: the same probabilities to float32 precision);
+    -inf says "masked" outright, so a table softmax gives those entries exactly 0 and its int8
+    input range is not stretched by 100 to cover the mask (dal.replace.softmax_lut)."""
     b, _, _, ph, pw, shift, nw = geo
     if sum(shift) == 0:
         return None
@@ -53,7 +59,7 @@ def _swin_mask(windows: torch.Tensor, geo, window_size: list):
     m = m.view(ph // window_size[0], window_size[0], pw // window_size[1], window_size[1])
     m = m.permute(0, 2, 1, 3).reshape(nw, window_size[0] * window_size[1])
     m = m.unsqueeze(1) - m.unsqueeze(2)
-    m = m.masked_fill(m != 0, float(-100.0)).masked_fill(m == 0, float(0.0))
+    m = m.masked_fill(m != 0, float("-inf")).masked_fill(m == 0, float(0.0))
     # window index of row r of the batch of windows is r % nW (torchvision's view(B, nW, ...))
     return m.unsqueeze(1).repeat(b, 1, 1, 1)
 
@@ -86,7 +92,7 @@ class NpuShiftedWindowAttention(nn.Module):
     the swap it is zeroed in place and its gradient masked, so ``self.qkv`` can run as a module.
     """
 
-    def __init__(self, swin: nn.Module, fp16_softmax: bool = True):
+    def __init__(self, swin: nn.Module, softmax_mode: Union[str, bool] = "fp16"):
         super().__init__()
         self.v2 = hasattr(swin, "logit_scale")
         self.window_size, self.shift_size = list(swin.window_size), list(swin.shift_size)
@@ -99,7 +105,7 @@ class NpuShiftedWindowAttention(nn.Module):
         else:
             self.relative_position_bias_table = swin.relative_position_bias_table
         head_dim = swin.qkv.in_features // swin.num_heads
-        self.core = NpuAttentionCore(head_dim ** -0.5, swin.attention_dropout, fp16_softmax,
+        self.core = NpuAttentionCore(head_dim ** -0.5, swin.attention_dropout, softmax_mode,
                                      logit_scale=swin.logit_scale if self.v2 else None, name="core")
         self.out_dropout = nn.Dropout(swin.dropout)
         self.train(swin.training)
