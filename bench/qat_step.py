@@ -7,6 +7,7 @@ ResNet-18 (fused Conv+BN+ReLU), the reference QAT flow of PyTorch.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -62,6 +63,10 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"ResNet-18 train step, batch {args.batch}, {args.size}x{args.size}, {torch.get_num_threads()} threads, "
           f"median of {args.reps} interleaved reps")
+    from dal.formats import native
+    # Fresh large tensors cost page faults: say which allocator setting the numbers were taken with.
+    print(f"fused fake-quant kernel: {native.status()}; "
+          f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}")
     for name, t in med.items():
         print(f"  {name:<14} {t * 1000:8.1f} ms   {t / med['float']:.2f}x float")
     print(f"dal / float = {med['dal int8 QAT'] / med['float']:.2f} (target <= 1.2); "

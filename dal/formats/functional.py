@@ -17,7 +17,7 @@ from .autograd import FakeQuantizeFunction, fp_cast_fake_quantize
 from .checks import check_scale, check_tensor, check_zero_point
 from .fused import FusedFakeQuantizeFunction, eligible
 from .granularity import PER_TENSOR, Granularity
-from .qformat import QFormat, get_format
+from .qformat import get_format
 from .qparams import code_range
 
 

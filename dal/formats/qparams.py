@@ -20,7 +20,7 @@ def code_range(fmt: QFormat, narrow_range: bool = False) -> tuple[float, float]:
 
 
 def choose_qparams(min_val: torch.Tensor, max_val: torch.Tensor, fmt, symmetric: bool = True,
-                   narrow_range: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   narrow_range: bool = False, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero point that map ``[min_val, max_val]`` (elementwise tensors) onto ``fmt``.
 
     The range is first widened to contain 0 (so 0.0 is exactly representable, as padding and
@@ -34,6 +34,9 @@ def choose_qparams(min_val: torch.Tensor, max_val: torch.Tensor, fmt, symmetric:
 
     An all-zero range gets scale 1.0 (any positive scale represents it exactly) and never a
     division by zero. Returns float32 scale and int32 zero point tensors of the input's shape.
+    ``check=False`` skips the validation of the range (finite, ``min <= max``) for callers that
+    already guarantee it: each check synchronises and costs a few small tensor ops, which
+    add up when every quantizer of a network calls this at every QAT step.
 
     >>> s, z = choose_qparams(torch.tensor(-1.0), torch.tensor(2.0), "uint8", symmetric=False)
     >>> float(s), int(z)
@@ -44,9 +47,9 @@ def choose_qparams(min_val: torch.Tensor, max_val: torch.Tensor, fmt, symmetric:
         raise ValueError(f"format {fmt.name!r} is a plain cast and has no scale or zero point")
     min_val = torch.as_tensor(min_val, dtype=torch.float32)
     max_val = torch.as_tensor(max_val, dtype=torch.float32)
-    if not (torch.isfinite(min_val).all() and torch.isfinite(max_val).all()):
+    if check and not (torch.isfinite(min_val).all() and torch.isfinite(max_val).all()):
         raise ValueError(f"choose_qparams got a non-finite range: min={min_val}, max={max_val}")
-    if (min_val > max_val).any():
+    if check and (min_val > max_val).any():
         raise ValueError(f"choose_qparams got min_val > max_val: min={min_val}, max={max_val}")
     lo = torch.clamp(min_val, max=0.0).double()
     hi = torch.clamp(max_val, min=0.0).double()

@@ -6,6 +6,15 @@ Training (BN not frozen), as production QAT does it (Krishnamoorthi 2018; torch.
     y     = conv(x, fq_w(W * f)) / f (+ conv bias)          quantized *folded* weights
     y     = BN(y)                                           batch statistics; running stats update
 
+A convolution is linear in each output channel's weights, so ``conv(x, V) / f`` equals
+``conv(x, V / f)`` in real arithmetic (in float32 the two differ by rounding only). Each
+step takes the cheaper of the two: the division, and its backward (the gradients w.r.t. its
+input and w.r.t. f), costs passes over the conv output (``N * H_out * W_out`` values per
+channel) or over the weight (``C_in / groups * kh * kw`` values per channel) — early layers
+of a CNN have large activations and small weights, late layers the opposite. ``BN`` stays
+torch's module with its own running-statistics semantics (momentum, ``momentum=None``,
+``num_batches_tracked``).
+
 Eval, or after ``freeze_bn()``: exactly the folded layer the hardware runs,
 
     y = conv(x, fq_w(W * f), fq_b(beta + (b - running_mean) * f))
@@ -20,6 +29,9 @@ from torch import nn
 
 from .adopt import adopt, release
 from .base import QATMixin
+
+
+_IN_PLACE = {"relu": F.relu_, "relu6": lambda y: F.hardtanh_(y, 0.0, 6.0)}
 
 
 class QConvBn2d(QATMixin, nn.Conv2d):
@@ -61,16 +73,36 @@ class QConvBn2d(QATMixin, nn.Conv2d):
         beta = self.bn.bias if self.bn.affine else torch.zeros_like(f)
         return w, beta + (b - self.bn.running_mean) * f
 
+    def _divide_output(self, x: torch.Tensor) -> bool:
+        """Whether the 1/f of training is cheaper on the conv output than on the weight (module doc).
+
+        Output positions are estimated as ``N * H * W / (stride_h * stride_w)`` (padding ignored):
+        the choice only moves float rounding, never the formula.
+        """
+        positions = x.numel() // x.shape[-3] // (self.stride[0] * self.stride[1])
+        return positions < self.weight[0].numel()
+
     def forward(self, x):
         if self.input_quant is not None:
             x = self.input_quant(x)
         if self.training and not bool(self.bn_frozen):
-            f = self._fold_factor()
-            w = self.quantized_weight(self.weight * f.reshape(-1, 1, 1, 1))
-            y = self._conv_forward(x, w, None) / f.reshape(1, -1, 1, 1)
-            if self.bias is not None:
-                y = y + self.bias.reshape(1, -1, 1, 1)
+            f = self._fold_factor().reshape(-1, 1, 1, 1)
+            # The weight quantizer must see the folded weight W * f (the grid the hardware uses);
+            # the 1/f that undoes the folding goes where it costs less (module doc).
+            w = self.quantized_weight(self.weight * f)
+            if self._divide_output(x):
+                y = self._conv_forward(x, w, None) / f.reshape(1, -1, 1, 1)
+                if self.bias is not None:
+                    y = y + self.bias.reshape(1, -1, 1, 1)
+            else:
+                y = self._conv_forward(x, w / f, self.bias)
             y = self.bn(y)
+            if self.activation in _IN_PLACE:
+                # BN's output is fresh and no autograd node saved it (BN keeps its input): the
+                # activation may overwrite it, as nn.ReLU(inplace=True) does in the float model,
+                # instead of allocating another full-size tensor. Same values and gradient.
+                y = _IN_PLACE[self.activation](y)
+                return self.output_quant(y) if self.output_quant is not None else y
         else:
             w, b = self.folded_weight_and_bias()
             y = self._conv_forward(x, self.quantized_weight(w), self.quantized_bias(b))

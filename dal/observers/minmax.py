@@ -13,15 +13,19 @@ class MinMaxObserver(Observer):
     _lazy_names = ("min_val", "max_val")
 
     def _batch_range(self, x):
+        """(lo, hi, finite): the batch's extremes (all-reduced across ranks) and whether they are
+        all finite; a slice with no finite value has lo = +inf, hi = -inf."""
         lo, hi, bad = block_minmax(x, self.granularity)
         all_reduce_(lo, "min")
         all_reduce_(hi, "max")
         if bad:
             self.nonfinite_count += bad
-        return lo, hi
+        # No non-finite value here: every slice has a finite extreme, and min / max with another
+        # rank's (finite or +-inf) extremes keep it finite.
+        return lo, hi, not bad
 
     def _observe(self, x: torch.Tensor) -> None:
-        lo, hi = self._batch_range(x)
+        lo, hi, _ = self._batch_range(x)
         if "min_val" not in self._buffers:
             self._lazy_buffer("min_val", lo.clone())
             self._lazy_buffer("max_val", hi.clone())
@@ -47,15 +51,16 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
         self.averaging_constant = averaging_constant
 
     def _observe(self, x: torch.Tensor) -> None:
-        lo, hi = self._batch_range(x)
+        lo, hi, finite = self._batch_range(x)
         if "min_val" not in self._buffers:
             self._lazy_buffer("min_val", lo.clone())
             self._lazy_buffer("max_val", hi.clone())
             return
         c = self.averaging_constant
-        # A batch whose slice was entirely non-finite keeps the old value for that slice.
-        lo = torch.where(torch.isfinite(lo), lo, self.min_val)
-        hi = torch.where(torch.isfinite(hi), hi, self.max_val)
+        if not finite:
+            # A batch whose slice was entirely non-finite keeps the old value for that slice.
+            lo = torch.where(torch.isfinite(lo), lo, self.min_val)
+            hi = torch.where(torch.isfinite(hi), hi, self.max_val)
         first = ~torch.isfinite(self.min_val)
         self.min_val.copy_(torch.where(first, lo, self.min_val + c * (lo - self.min_val)))
         self.max_val.copy_(torch.where(first, hi, self.max_val + c * (hi - self.max_val)))
