@@ -10,8 +10,8 @@ from torch import nn
 
 from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
 from ..nn.registry import OP_CLASSES, QAT_MODULES, float_type_name, op_class_of
-from .own_forward import (cat_dim, find_conv_bn, functional_kind, needs_tracing, rebuild,
-                          replace_module_in_parent, trace_own_forward)
+from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
+from .own_forward import cat_dim, functional_kind, rebuild, replace_module_in_parent
 from .report import PrepareReport
 
 _FUNCTIONAL = {"add": QAdd, "mul": QMul, "matmul": QMatMul, "cat": QCat}

@@ -1,4 +1,4 @@
-"""Trace one module's *own* forward (every submodule call a leaf) and rewrite it.
+"""Rewrite one module's *own* forward (traced by ``dal.nn.own_forward``, submodule calls as leaves).
 
 Tracing module by module, instead of the whole model at once, is what lets prepare_qat work
 on models that do not trace as a whole (torchvision's detection heads with data-dependent
@@ -8,39 +8,14 @@ gets fused and swapped, and the failure is listed in the report.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
 
-
-class _OwnForwardTracer(fx.Tracer):
-    """Every submodule call is a leaf: only the module's own forward is traced."""
-
-    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:  # noqa: D401
-        return True
-
-
-def trace_own_forward(mod: nn.Module) -> fx.Graph:
-    """The fx graph of ``mod.forward`` with submodule calls as ``call_module`` leaves."""
-    return _OwnForwardTracer().trace(mod)
-
-
-def needs_tracing(mod: nn.Module) -> bool:
-    """Containers and user modules have forwards worth reading; torch.nn leaves do not."""
-    from ..nn.registry import QAT_MODULES
-
-    if isinstance(mod, (nn.ModuleList, nn.ModuleDict)) or hasattr(mod, "qat_name") or isinstance(mod, fx.GraphModule):
-        return False
-    if type(mod) in QAT_MODULES:
-        return False  # a registered type is swapped whole by its QAT class
-    if isinstance(mod, nn.Sequential):
-        return True
-    module = type(mod).__module__
-    return not module.startswith(("torch.nn.modules", "dal.nn", "dal.quantizer", "dal.observers"))
+# Tracing a module's own forward and finding its Conv+BN(+ReLU) chains live in dal.nn.own_forward
+# (dal.replace's conv_bn_relu rule reads the same chains); this module rewrites what they find.
 
 
 # ---- functional ops ------------------------------------------------------------------------
@@ -48,7 +23,6 @@ ADD_TARGETS = {operator.add, operator.iadd, torch.add}
 MUL_TARGETS = {operator.mul, operator.imul, torch.mul}
 MATMUL_TARGETS = {operator.matmul, torch.matmul, torch.bmm}
 CAT_TARGETS = {torch.cat, torch.concat}
-RELU_FUNCTIONS = {F.relu, torch.relu}
 _METHOD_OPS = {"add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "matmul": "matmul", "bmm": "matmul"}
 _NON_TENSOR_METHODS = {"size", "dim", "numel", "__len__", "item", "tolist", "stride"}
 _NON_TENSOR_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda"}
@@ -105,49 +79,6 @@ def cat_dim(node: fx.Node) -> int:
     if len(node.args) > 1:
         return int(node.args[1])
     return int(node.kwargs.get("dim", 0))
-
-
-# ---- conv + bn (+ relu) patterns -----------------------------------------------------------
-@dataclass
-class ConvBnPattern:
-    conv: str          # attribute path of the conv inside the traced module
-    bn: str
-    relu_node: Optional[fx.Node]
-    nodes: tuple = field(default=())
-
-
-def _is_relu(node: fx.Node, modules: dict) -> bool:
-    if node.op == "call_module":
-        return type(modules.get(node.target)) is nn.ReLU
-    if node.op == "call_function":
-        return node.target in RELU_FUNCTIONS
-    return node.op == "call_method" and node.target in ("relu", "relu_")
-
-
-def find_conv_bn(graph: fx.Graph, mod: nn.Module) -> list[ConvBnPattern]:
-    """Conv2d -> BatchNorm2d (-> ReLU) chains where each link has a single user and each
-    module is called exactly once in this forward."""
-    modules = dict(mod.named_modules())
-    calls: dict[str, int] = {}
-    for n in graph.nodes:
-        if n.op == "call_module":
-            calls[n.target] = calls.get(n.target, 0) + 1
-    found = []
-    for n in graph.nodes:
-        if n.op != "call_module" or type(modules.get(n.target)) is not nn.Conv2d or len(n.users) != 1:
-            continue
-        user = next(iter(n.users))
-        if user.op != "call_module" or not isinstance(modules.get(user.target), nn.BatchNorm2d):
-            continue
-        if user.args[0] is not n or calls[n.target] != 1 or calls[user.target] != 1:
-            continue
-        relu = None
-        if len(user.users) == 1:
-            nxt = next(iter(user.users))
-            if _is_relu(nxt, modules) and nxt.args[0] is user:
-                relu = nxt
-        found.append(ConvBnPattern(n.target, user.target, relu, (n, user)))
-    return found
 
 
 def replace_module_in_parent(root: nn.Module, path: str, new: nn.Module) -> None:

@@ -7,43 +7,26 @@ would *not* fuse (a BN used twice, a conv output consumed elsewhere) shows up be
 """
 from __future__ import annotations
 
-import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
 
+from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
 from .registry import rule
 
 
-class _LeafTracer(fx.Tracer):
-    def is_leaf_module(self, m, qualname):
-        return True
-
-
 def conv_bn_chains(module: nn.Module) -> list[str]:
-    """``["conv+bn(+relu)", ...]`` in ``module``'s own forward (each link with a single user)."""
-    if isinstance(module, (nn.ModuleList, nn.ModuleDict)) or hasattr(module, "qat_name"):
-        return []
-    if type(module).__module__.startswith("torch.nn.modules") and not isinstance(module, nn.Sequential):
+    """``["conv+bn(+relu)", ...]``: the chains ``prepare_qat`` will fuse in ``module``'s own
+    forward (the same finder, :func:`dal.nn.own_forward.find_conv_bn`)."""
+    if not needs_tracing(module):
         return []
     try:
-        graph = _LeafTracer().trace(module)
+        graph = trace_own_forward(module)
     except Exception:  # noqa: BLE001 - not traceable: prepare will say so in its own report
         return []
-    mods = dict(module.named_modules())
     found = []
-    for n in graph.nodes:
-        if n.op != "call_module" or type(mods.get(n.target)) is not nn.Conv2d or len(n.users) != 1:
-            continue
-        bn = next(iter(n.users))
-        if bn.op != "call_module" or not isinstance(mods.get(bn.target), nn.BatchNorm2d):
-            continue
-        text = f"{n.target}+{bn.target}"
-        if len(bn.users) == 1:
-            r = next(iter(bn.users))
-            if (r.op == "call_module" and type(mods.get(r.target)) is nn.ReLU) or \
-                    (r.op == "call_function" and r.target is F.relu):
-                text += f"+{r.target if r.op == 'call_module' else 'relu'}"
-        found.append(text)
+    for p in find_conv_bn(graph, module):
+        relu = p.relu_node
+        tail = "" if relu is None else f"+{relu.target if relu.op == 'call_module' else 'relu'}"
+        found.append(f"{p.conv}+{p.bn}{tail}")
     return found
 
 

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dal
-from dal.prepare.own_forward import trace_own_forward
+from dal.nn.own_forward import trace_own_forward
 from dal.replace import auto_replace
 from dal.replace.mha import NpuMultiheadAttention
 

@@ -65,3 +65,28 @@ def test_conv_bn_relu_reports_fusable_chains_and_changes_nothing():
     rows = {r.path: r for r in rep.by_rule("conv_bn_relu")}
     assert "conv1+bn1+relu" in rows[""].detail and rows["layer1.0"].noted_only
     assert "noted" in rep.summary()
+
+
+class _SharedConv(nn.Module):
+    """conv_a feeds BN once (fusable); conv_b is called twice (prepare must not fuse it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv_a, self.bn_a = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.conv_b, self.bn_b = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn_a(self.conv_a(x)))
+        return self.bn_b(self.conv_b(y)) + self.conv_b(y)
+
+
+def test_conv_bn_relu_lists_exactly_what_prepare_fuses():
+    import dal
+
+    m = _SharedConv()
+    rep = auto_replace(m, ["conv_bn_relu"])
+    (row,) = rep.by_rule("conv_bn_relu")
+    assert row.detail.endswith("conv_a+bn_a+relu")  # not conv_b: called twice
+    q = dal.prepare_qat(_SharedConv(), "int8_balanced", hardware="a2000", example_inputs=(torch.randn(1, 3, 8, 8),))
+    kinds = {name: type(mod).__name__ for name, mod in q.named_modules()}
+    assert kinds["conv_a"] == "QConvBnReLU2d" and kinds["conv_b"] == "QConv2d"

@@ -1,0 +1,85 @@
+"""Reading a module's *own* forward with torch.fx, and the Conv2d -> BatchNorm2d (-> ReLU)
+chains in it that fold into one QConvBn2d / QConvBnReLU2d.
+
+Shared by ``dal.prepare`` (which fuses the chains) and ``dal.replace``'s report-only
+``conv_bn_relu`` rule (which lists them before training), so both see the same chains.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+RELU_FUNCTIONS = {F.relu, torch.relu}
+
+
+class _OwnForwardTracer(fx.Tracer):
+    """Every submodule call is a leaf: only the module's own forward is traced."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:  # noqa: D401
+        return True
+
+
+def trace_own_forward(mod: nn.Module) -> fx.Graph:
+    """The fx graph of ``mod.forward`` with submodule calls as ``call_module`` leaves."""
+    return _OwnForwardTracer().trace(mod)
+
+
+def needs_tracing(mod: nn.Module) -> bool:
+    """Containers and user modules have forwards worth reading; torch.nn leaves do not."""
+    from ..nn.registry import QAT_MODULES
+
+    if isinstance(mod, (nn.ModuleList, nn.ModuleDict)) or hasattr(mod, "qat_name") or isinstance(mod, fx.GraphModule):
+        return False
+    if type(mod) in QAT_MODULES:
+        return False  # a registered type is swapped whole by its QAT class
+    if isinstance(mod, nn.Sequential):
+        return True
+    module = type(mod).__module__
+    return not module.startswith(("torch.nn.modules", "dal.nn", "dal.quantizer", "dal.observers"))
+
+
+@dataclass
+class ConvBnPattern:
+    conv: str          # attribute path of the conv inside the traced module
+    bn: str
+    relu_node: Optional[fx.Node]
+    nodes: tuple = field(default=())
+
+
+def _is_relu(node: fx.Node, modules: dict) -> bool:
+    if node.op == "call_module":
+        return type(modules.get(node.target)) is nn.ReLU
+    if node.op == "call_function":
+        return node.target in RELU_FUNCTIONS
+    return node.op == "call_method" and node.target in ("relu", "relu_")
+
+
+def find_conv_bn(graph: fx.Graph, mod: nn.Module) -> list[ConvBnPattern]:
+    """Conv2d -> BatchNorm2d (-> ReLU) chains where each link has a single user and each
+    module is called exactly once in this forward."""
+    modules = dict(mod.named_modules())
+    calls: dict[str, int] = {}
+    for n in graph.nodes:
+        if n.op == "call_module":
+            calls[n.target] = calls.get(n.target, 0) + 1
+    found = []
+    for n in graph.nodes:
+        if n.op != "call_module" or type(modules.get(n.target)) is not nn.Conv2d or len(n.users) != 1:
+            continue
+        user = next(iter(n.users))
+        if user.op != "call_module" or not isinstance(modules.get(user.target), nn.BatchNorm2d):
+            continue
+        if user.args[0] is not n or calls[n.target] != 1 or calls[user.target] != 1:
+            continue
+        relu = None
+        if len(user.users) == 1:
+            nxt = next(iter(user.users))
+            if _is_relu(nxt, modules) and nxt.args[0] is user:
+                relu = nxt
+        found.append(ConvBnPattern(n.target, user.target, relu, (n, user)))
+    return found
