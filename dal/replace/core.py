@@ -4,7 +4,8 @@ the hardware's softmax.
 ``prepare_qat`` traces this module's own forward with torch.fx and rewrites each
 ``torch.matmul`` into a ``QMatMul`` (Q K^T and P V with quantized inputs, as the matrix engine
 runs them); the softmax is an :class:`~dal.replace.softmax.NpuSoftmax` in the hardware's mode
-(FP16 on an FP16 vector engine, an int8 exp lookup table on integer-softmax hardware). Everything here works on head-split tensors ``[B, heads, L, d]``.
+(FP16 on an FP16 vector engine, an int8 exp lookup table on integer-softmax hardware).
+Everything here works on head-split tensors ``[B, heads, L, d]``.
 """
 from __future__ import annotations
 

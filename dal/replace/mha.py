@@ -2,9 +2,9 @@
 
 Projections are ``nn.Linear`` modules (prepare swaps them to QLinear), the two products are
 explicit matmuls in :class:`~dal.replace.core.NpuAttentionCore` (QMatMul after prepare) and the
-softmax is the hardware's (``softmax_mode``: "fp16", "lut" or "float"; see NpuSoftmax). The forward takes and returns what nn.MultiheadAttention does
-(batched 3-D inputs), so parents such as nn.TransformerEncoderLayer and torchvision's ViT
-blocks call it unchanged.
+softmax is the hardware's (``softmax_mode``: "fp16", "lut" or "float"; see NpuSoftmax). The
+forward takes and returns what nn.MultiheadAttention does (batched 3-D inputs), so parents
+such as nn.TransformerEncoderLayer and torchvision's ViT blocks call it unchanged.
 
 Weight sharing: separate q/k/v weights and ``out_proj`` are the original Parameter objects.
 A packed ``in_proj_weight`` [3E, E] is split into three Parameters that are *views of its

@@ -15,9 +15,10 @@ Masks. QuantizeLinear saturates ``-inf`` to ``qmin``, which would give a masked 
 non-zero weight ``exp(-s * (c_max - qmin))``. Entries below ``-MASKED_BELOW`` (``-inf``, or
 ``torch.finfo(float32).min`` as some libraries write masks) are masks instead: their weight is
 exactly 0, and the input quantizer's observer never sees them (observers skip non-finite
-values; they are set to ``-inf`` first). Finite large negatives above the threshold (``-1e9``,
-torchvision Swin's -100, which NpuShiftedWindowAttention writes as ``-inf``) are ordinary inputs: the observer sees them (they widen the int8 range) and they
-saturate like the hardware would saturate them. A row with every entry masked gives NaN, as
+values; they are set to ``-inf`` first). Finite large negatives above the threshold (``-1e9``;
+torchvision Swin's -100, which NpuShiftedWindowAttention writes as ``-inf`` for this reason)
+are ordinary inputs: the observer sees them (they widen the int8 range) and they saturate like
+the hardware would saturate them. A row with every entry masked gives NaN, as
 ``F.softmax`` does.
 
 Export writes ``QuantizeLinear -> DequantizeLinear -> Softmax`` (a deployment compiler maps a
