@@ -202,7 +202,6 @@ class Session:
             out.update(self._exec(step, ins, True))
         return out
 
-
     def run_teacher_forced(self, inputs, reference: dict) -> dict:
         """Run the graph, replacing each step's outputs that ``reference`` holds (e.g. an
         oracle's integer tensors) by the reference values before later steps read them; return

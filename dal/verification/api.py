@@ -44,7 +44,7 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
     differ by one LSB of the output quantizer's scale and by more. Why both layer views: two
     engines that sum floats in different orders disagree on a near-tie now and then (one code,
     one LSB), and in a deep network such a flip feeds every later layer, so end to end a
-    correct export can drift by a few LSB; the layer-by-layer view isolates each node's own
+    correct export can drift by a few LSB; the layer-by-layer view isolates each layer's own
     disagreement, which should be at most one LSB on a few near-ties. Requantizer settings come
     from the model's ``dal.requantizer`` metadata and are named in the report.
     """
