@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .formats import PER_TENSOR, Granularity, code_range, fake_quantize, get_format
+from .formats.qparams import MIN_SCALE
 from .observers import make_observer
 
 STATES = ("observe", "quantize", "frozen", "off")
@@ -118,6 +119,26 @@ class FakeQuantizer(nn.Module):
                 self.scale.copy_(scale)
                 self.zero_point.copy_(zero_point)
 
+    @torch.no_grad()
+    def project_learned_qparams_(self) -> bool:
+        """Put a learnable scale / zero point an optimizer step pushed out of range back in it:
+        ``scale >= MIN_SCALE`` (a scale <= 0 divides by zero or flips signs) and, for an affine
+        format, ``qmin <= zero_point <= qmax`` (the ONNX zero point is of the format's own type).
+        In place, and only when something is out of range: the forward calls it every time, so
+        a quantizer called twice in one forward does not bump the Parameters' version counter
+        between the calls (autograd saved them). Returns whether anything changed."""
+        if not (self.learnable and self.initialized and self.fmt.is_scaled):
+            return False
+        changed = False
+        if bool((self.scale < MIN_SCALE).any()):
+            self.scale.clamp_(min=MIN_SCALE)
+            changed = True
+        zp = self.zero_point
+        if zp.requires_grad and zp.numel() and bool(((zp < self.qmin) | (zp > self.qmax)).any()):
+            zp.clamp_(self.qmin, self.qmax)
+            changed = True
+        return changed
+
     # ---- forward -----------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         code = int(self.state_code)
@@ -136,6 +157,7 @@ class FakeQuantizer(nn.Module):
             raise RuntimeError(f"quantizer {self.name or '<unnamed>'} has no scale: calibrate first")
         grad_scale = 1.0
         if self.learnable:
+            self.project_learned_qparams_()
             # LSQ: g = 1 / sqrt(N_per_scale * qmax) keeps the scale's step size comparable to the weights'.
             per_scale = max(x.numel() // max(self.scale.numel(), 1), 1)
             grad_scale = 1.0 / math.sqrt(per_scale * max(abs(self.qmax), 1.0))

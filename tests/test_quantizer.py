@@ -105,3 +105,52 @@ def test_learnable_scale_trains():
         losses.append(float(loss.detach()))
     assert losses[-1] < 0.5 * losses[0]
     assert fq.scale.grad is not None and float(fq.scale.detach()) > 0
+
+
+def test_learned_scale_and_zero_point_pushed_out_of_range_are_projected_back():
+    """An optimizer step can leave a learnable scale <= 0 or an LSQ+ zero point outside the
+    format's codes; the next forward (and the exporter) project them back into range."""
+    torch.manual_seed(3)
+    x = torch.rand(512) * 4 - 1
+    fq = FakeQuantizer("uint8", symmetric=False, learnable=True)
+    fq(x)
+    fq.set_state("quantize")
+    with torch.no_grad():
+        fq.scale.fill_(-0.5)
+        fq.zero_point.fill_(300.0)
+    y = fq(x)
+    assert float(fq.scale.detach()) > 0 and float(fq.zero_point.detach()) == 255.0
+    # the output is what a uint8 quantizer with those (projected) parameters computes
+    expected = (torch.clamp(torch.round(x / fq.scale.detach()) + 255, 0, 255) - 255) * fq.scale.detach()
+    assert torch.equal(y, expected)
+    assert not fq.project_learned_qparams_()  # in range now: nothing to change
+
+
+def test_learnable_quantizer_called_twice_in_one_forward_still_backpropagates():
+    fq = FakeQuantizer("int8", learnable=True)
+    x = torch.randn(64, requires_grad=True)
+    fq(x.detach())
+    fq.set_state("quantize")
+    (fq(x) + fq(2 * x)).sum().backward()  # the projection must not invalidate saved tensors
+    assert fq.scale.grad is not None and x.grad is not None
+
+
+def test_export_projects_a_learned_scale_left_out_of_range(tmp_path):
+    import onnx
+    from torch import nn
+
+    import dal
+    from dal.nn import QLinear, SimpleLayerSpec, SimpleTensorSpec
+
+    spec = SimpleLayerSpec(weight=SimpleTensorSpec("int8", "per_channel", learnable=True),
+                           input=SimpleTensorSpec("int8", learnable=True))
+    layer = QLinear.from_float(nn.Linear(8, 4), spec, "fc")
+    x = torch.randn(16, 8)
+    layer(x)
+    for q in (layer.input_quant, layer.weight_quant):
+        q.set_state("frozen")
+    with torch.no_grad():
+        layer.input_quant.scale.fill_(-1.0)  # as a last optimizer step might leave it
+    proto = dal.export_onnx(layer.eval(), (x,), str(tmp_path / "fc.onnx"))
+    scales = [onnx.numpy_helper.to_array(i) for i in proto.graph.initializer if i.name.endswith("input_quant.scale")]
+    assert scales and all((s > 0).all() for s in scales)

@@ -85,7 +85,10 @@ def rewrite_biases(graph: Graph, infos: dict[str, DQInfo]) -> None:
         scale = scale.astype(np.float32)
         b = bias.reshape(-1)
         codes = np.rint(b / scale)  # float32 division, ties to even: the fake quantizer's formula
-        codes = np.clip(codes, _INT32_MIN, _INT32_MAX)
+        # Clip in float64: float32 rounds INT32_MAX up to 2**31, which the int32 cast would wrap to
+        # -2**31 (a saturated bias would flip sign). torch's float32 clamp gives 2**31 too; both
+        # dequantize to the same float32, since float32(2**31 - 1) == 2**31.
+        codes = np.clip(codes.astype(np.float64), _INT32_MIN, _INT32_MAX)
         on_grid = np.array_equal((codes.astype(np.float32) * scale).astype(np.float32), b)
         if not on_grid:
             if mode == "int32":

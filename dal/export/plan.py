@@ -119,6 +119,8 @@ def make_plan(model: nn.Module) -> ExportPlan:
             f"they have no trained scale to export:\n{names}\n"
             "run dal.calibrate(model, data) (or quantizer.set_state('frozen')) before dal.export_onnx")
     unset = [e for e in entries if e.active and e.quantizer.fmt.is_scaled and not e.quantizer.initialized]
+    for e in entries:  # what the next forward would do after the last optimizer step
+        e.quantizer.project_learned_qparams_()
     unplaced = [e for e in entries if e.active and e.owner is not model and not _is_qat_module(e.owner)]
     if unplaced or unset:
         lines = [f"  {e.name}: held by {type(e.owner).__name__} '{e.owner_name}', which is not a QAT module; "

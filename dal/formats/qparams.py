@@ -6,7 +6,8 @@ import torch
 from .qformat import QFormat, get_format
 
 # The smallest scale we hand out: keeps x / scale finite for any float32 x of normal size.
-_MIN_SCALE = 2.0 ** -100
+MIN_SCALE = 2.0 ** -100
+_MIN_SCALE = MIN_SCALE
 
 
 def code_range(fmt: QFormat, narrow_range: bool = False) -> tuple[float, float]:

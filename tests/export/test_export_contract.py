@@ -163,3 +163,28 @@ def test_sparse_24_metadata_names_2to4_weights():
     with torch.no_grad():
         ref = model(x).numpy()
     assert_lsb_parity(lsb_stats(run_ort(proto, {"input": x.numpy()})[0], ref, output_scale(proto)), "sparse")
+
+
+def test_a_bias_saturating_int32_keeps_its_sign(tmp_path):
+    """A bias far beyond INT32_MAX * s_in * s_w saturates; the stored int32 code must be
+    INT32_MAX (float32 rounds the clamp bound to 2**31, which an int32 cast would wrap to
+    -2**31), and onnxruntime must match torch."""
+    from dal.nn import QLinear, SimpleLayerSpec, SimpleTensorSpec
+
+    from export_common import run_ort
+
+    spec = SimpleLayerSpec(weight=SimpleTensorSpec("int8", "per_tensor"), input=SimpleTensorSpec("int8"))
+    layer = QLinear.from_float(nn.Linear(4, 2), spec, "fc")
+    with torch.no_grad():
+        layer.bias.copy_(torch.tensor([1e9, -1e9]))
+    x = torch.randn(8, 4) * 1e-3
+    layer(x)
+    layer.input_quant.set_state("frozen")
+    layer.weight_quant.set_state("frozen")
+    layer.eval()
+    proto = dal.export_onnx(layer, (x,))
+    codes = [onnx.numpy_helper.to_array(i) for i in proto.graph.initializer if i.name.endswith("bias.codes")]
+    assert codes and codes[0].tolist() == [2 ** 31 - 1, -2 ** 31]
+    with torch.no_grad():
+        ref = layer(x).numpy()
+    np.testing.assert_array_equal(run_ort(proto, {"input": x.numpy()})[0], ref)
