@@ -5,7 +5,9 @@ States (``quantizer.state``):
 * ``observe``  — calibration: the observer sees the tensor, the output is the input unchanged;
 * ``quantize`` — QAT: fake quantization with the current (scale, zero_point); a cheap observer
   (min-max) keeps updating them each step, a learnable scale is trained instead;
-* ``frozen``   — fake quantization with fixed parameters, observer off (late QAT, export);
+* ``frozen``   — fake quantization with fixed parameters, observer off (late QAT, export); a
+  learnable scale is a Parameter and the optimizer keeps training it in this state too (DDP
+  expects a gradient for every Parameter it wrapped): to fix it, leave it out of the optimizer;
 * ``off``      — identity; the float model.
 
 The state is a buffer, so ``state_dict`` round-trips it together with scale and zero point.
@@ -155,13 +157,13 @@ class FakeQuantizer(nn.Module):
             self.update_qparams()
         if not self.initialized:
             raise RuntimeError(f"quantizer {self.name or '<unnamed>'} has no scale: calibrate first")
-        grad_scale = 1.0
+        scale, zero_point, grad_scale = self.scale, self.zero_point, 1.0
         if self.learnable:
             self.project_learned_qparams_()
             # LSQ: g = 1 / sqrt(N_per_scale * qmax) keeps the scale's step size comparable to the weights'.
             per_scale = max(x.numel() // max(self.scale.numel(), 1), 1)
             grad_scale = 1.0 / math.sqrt(per_scale * max(abs(self.qmax), 1.0))
-        return fake_quantize(x, self.fmt, self.scale, self.zero_point, self.granularity, self.narrow_range,
+        return fake_quantize(x, self.fmt, scale, zero_point, self.granularity, self.narrow_range,
                              learnable=self.learnable, grad_scale=grad_scale, check=False)
 
     # ---- persistence -------------------------------------------------------------------

@@ -131,6 +131,7 @@ class QATCallback(Callback):
             prepared = prepare_qat(net, recipe=self.recipe, hardware=self.hardware,
                                    example_inputs=self.example_inputs)
             set_target(pl_module, self._attr, prepared)
+            _refuse_learnable_under_ddp(trainer, prepared)
             # Float until calibrated: the sanity check validates the float model and no observer
             # sees validation data. A restored checkpoint overwrites these states right after.
             set_quantizer_state(prepared, "off")
@@ -233,3 +234,21 @@ class QATCallback(Callback):
             if metrics:
                 logger.log_metrics(metrics, step=trainer.global_step)
             logger.save()
+
+
+def _refuse_learnable_under_ddp(trainer, net) -> None:
+    """Learnable (LSQ) scales get their shape at calibration, and this callback calibrates in
+    ``on_train_start``, after the strategy wrapped the model in DDP, which fixed every
+    Parameter's size (0) when it wrapped: backward would fail with an opaque shape error."""
+    from ..prepare.state import quantizers
+
+    if getattr(trainer, "world_size", 1) <= 1:
+        return
+    learnable = [name for name, q in quantizers(net) if q.learnable]
+    if learnable:
+        shown = ", ".join(learnable[:5]) + (f" (+{len(learnable) - 5} more)" if len(learnable) > 5 else "")
+        raise RuntimeError(
+            f"QATCallback: the recipe makes {len(learnable)} quantizer(s) learnable ({shown}), which get "
+            f"their shape at calibration, after Lightning wrapped the model for {trainer.world_size} "
+            "processes; calibrate first without the callback (dal.prepare_qat + dal.calibrate, then fit "
+            "the prepared model under DDP), or use a recipe without learnable: true")

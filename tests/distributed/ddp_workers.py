@@ -32,11 +32,27 @@ def plain_ddp_worker(rank: int, world: int, port: int, out: str) -> None:
             sub = os.path.join(out, "wrap-then-calibrate" if wrap_first else "calibrate-then-wrap")
             os.makedirs(sub, exist_ok=True)
             _scenario(rank, world, sub, wrap_first)
+        sub = os.path.join(out, "lsq")
+        os.makedirs(sub, exist_ok=True)
+        _scenario(rank, world, sub, False, recipe=_lsq_recipe())
     finally:
         dist.destroy_process_group()
 
 
-def _scenario(rank: int, world: int, out: str, wrap_before_calibration: bool) -> None:
+def _lsq_recipe() -> dict:
+    """int8_balanced with learnable (LSQ / LSQ+) scales on every conv / linear weight and input."""
+    import dal
+
+    rec = dal.load_recipe("int8_balanced").to_dict()
+    rec["name"] = "int8_lsq"
+    for rule in rec["rules"]:
+        for role in ("weight", "input"):
+            if isinstance(rule.get(role), dict) and set(rule.get("type", ())) & {"conv", "linear"}:
+                rule[role]["learnable"] = True
+    return rec
+
+
+def _scenario(rank: int, world: int, out: str, wrap_before_calibration: bool, recipe="int8_balanced") -> None:
     """prepare -> calibrate (own shard) -> DDP -> QAT steps (moving-average qparams update each
     step) -> frozen steps; state_dicts written at each stage, per rank."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -47,7 +63,7 @@ def _scenario(rank: int, world: int, out: str, wrap_before_calibration: bool) ->
 
     torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts them)
     x, y = mnist_shard(rank, world)
-    model = dal.prepare_qat(MnistCNN(width=8), "int8_balanced", "a2000", example_inputs=(x[:2],))
+    model = dal.prepare_qat(MnistCNN(width=8), recipe, "a2000", example_inputs=(x[:2],))
     batches = [(x[i:i + 32], y[i:i + 32]) for i in range(0, len(x), 32)]
     ddp = DDP(model) if wrap_before_calibration else None
     dal.calibrate(model, batches[:3], progress=False)

@@ -43,6 +43,22 @@ def test_ranks_agree_during_qat_and_frozen(out, order):
     assert all(torch.equal(frozen0[k], train0[k]) for k in train0 if k.endswith(".scale"))  # frozen: no drift
 
 
+def test_learnable_scales_train_identically_on_every_rank(out):
+    """LSQ under DDP (calibrate, then wrap: learnable scales get their shape at calibration, and
+    DDP registers parameters when it wraps): scales are Parameters, DDP averages their gradients,
+    so every rank holds the same trained scales, and they did train."""
+    calib0 = _load(out, "lsq", "calib_rank0.pt")
+    train0, train1 = _load(out, "lsq", "train_rank0.pt"), _load(out, "lsq", "train_rank1.pt")
+    assert differing(calib0, _load(out, "lsq", "calib_rank1.pt")) == []
+    assert differing(train0, train1, skip=is_bn_running_stat) == []
+    learned = [k for k in train0 if k.endswith(("weight_quant.scale", "input_quant.scale")) and train0[k].numel()]
+    assert learned and any(not torch.equal(train0[k], calib0[k]) for k in learned), "no learnable scale moved"
+    frozen0, frozen1 = _load(out, "lsq", "frozen_rank0.pt"), _load(out, "lsq", "frozen_rank1.pt")
+    assert differing(frozen0, frozen1, skip=is_bn_running_stat) == []
+    # (this plain-SGD loop gives the scales the weights' learning rate, and a step pushes some
+    # per-channel weight scales to <= 0: the next forward projects them back, tests/test_quantizer.py)
+
+
 def test_rank0_checkpoint_loads_anywhere(out):
     """A state_dict saved on rank 0 rebuilds the same model in another process: prepare_qat, then load."""
     import dal

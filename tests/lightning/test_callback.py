@@ -130,3 +130,20 @@ def test_import_dal_does_not_import_lightning():
     code = "import sys, dal, dal.distill; print('pytorch_lightning' in sys.modules or 'lightning' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_learnable_recipe_under_ddp_is_refused_before_training():
+    """A 2-process DDP Trainer (constructed, not launched) with a learnable recipe: setup says why
+    instead of letting backward fail on a DDP-registered 0-size scale."""
+    rec = dal.load_recipe("int8_balanced").to_dict()
+    rec["name"] = "lsq"
+    for rule in rec["rules"]:
+        if isinstance(rule.get("weight"), dict):
+            rule["weight"]["learnable"] = True
+    ddp = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False)
+    assert ddp.world_size == 2
+    cb = _callback(recipe=rec)
+    with pytest.raises(RuntimeError, match=r"learnable.*2 processes.*dal.calibrate"):
+        cb.setup(ddp, LitMnist(), "fit")
+    single = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    _callback(recipe=rec).setup(single, LitMnist(), "fit")  # one process: fine
