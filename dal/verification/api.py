@@ -10,6 +10,7 @@ import torch
 from .metrics import agreement
 from .onnx_tools import ort_run_all, output_lsb, producers
 from .report import LayerParity, ParityReport
+from .torch_layers import torch_layers_vs_file
 
 
 def _as_tuple(inputs):
@@ -39,6 +40,11 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
             intermediate integer tensor with the NPU reference twice: end to end (``layers``,
             each engine on its own upstream values) and layer by layer (``layers_forced``: every
             layer run from onnxruntime's integer inputs, so drift cannot cascade).
+
+    With ``torch_model`` the report also holds ``torch_layers``: every activation quantizer of the
+    torch model against the NPU reference's codes at the same point, torch teacher-forced to the
+    NPU's values as it runs (dal.verification.torch_layers): the trained model and the chip,
+    layer by layer.
 
     Per output the report gives cosine, MSE, PSNR, max abs error and the count of elements that
     differ by one LSB of the output quantizer's scale and by more. Why both layer views: two
@@ -80,6 +86,8 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
         codes = {k: v for k, v in ort_values.items() if np.asarray(v).dtype.kind in "iu"}
         forced = sess.run_teacher_forced(feed, codes)
         report.layers_forced, report.first_forced_divergence = _compare_integer_tensors(forced, ort_values, made_by)
+    if torch_model is not None:
+        report.torch_layers = torch_layers_vs_file(torch_model, model, inputs, npu_values)
     return report
 
 

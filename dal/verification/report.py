@@ -25,7 +25,8 @@ class ParityReport:
     node whose output differs (None when all agree). ``layers_forced`` / ``first_forced_divergence``
     are the same comparison with onnxruntime's integer tensors substituted for the NPU's own as it
     runs, so each row is one layer's agreement from the same quantized inputs (a near-tie
-    upstream cannot cascade into it)."""
+    upstream cannot cascade into it). ``torch_layers``: each activation quantizer of the torch
+    model against the NPU reference's codes, torch teacher-forced to the NPU's values."""
 
     model: str
     requantizer: str
@@ -34,6 +35,12 @@ class ParityReport:
     first_divergence: Optional[str] = None
     layers_forced: list = field(default_factory=list)
     first_forced_divergence: Optional[str] = None
+    torch_layers: list = field(default_factory=list)
+
+    @property
+    def max_torch_layer_lsb(self) -> float:
+        """Largest code difference between a torch quantizer and the NPU reference, layer by layer."""
+        return max((row.max_abs for row in self.torch_layers), default=0.0)
 
     @property
     def max_layer_lsb_forced(self) -> float:
@@ -67,6 +74,14 @@ class ParityReport:
             if self.first_forced_divergence:
                 lines.append(f"first divergence layer by layer: {self.first_forced_divergence}")
             lines += _layer_lines(forced)
+        if self.torch_layers:
+            differ = [row for row in self.torch_layers if row.differ]
+            n_diff = sum(row.differ for row in differ)
+            n_all = sum(row.elements for row in self.torch_layers)
+            lines.append(f"torch vs NPU layer by layer (torch fed the NPU's quantized values): "
+                         f"{len(self.torch_layers)} quantizers, {len(differ)} differ, {n_diff}/{n_all} codes, "
+                         f"max {self.max_torch_layer_lsb:.3g} LSB")
+            lines += _layer_lines(differ)
         return "\n".join(lines)
 
 

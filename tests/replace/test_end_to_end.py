@@ -130,3 +130,9 @@ def test_torchvision_float_equal_and_quantized_parity(name, tmp_path):
     print(f"{name}: NPU vs ORT layer by layer, {len(rows)} tensors: {differ}/{codes} codes differ, "
           f"max {report.max_layer_lsb_forced:g} LSB")
     assert len(rows) > 100 and report.max_layer_lsb_forced <= 1 and differ <= 1e-4 * codes
+    # and the torch model against dal.npu, each quantizer from the NPU's inputs
+    tl = report.torch_layers
+    t_differ, t_codes = sum(r.differ for r in tl), sum(r.elements for r in tl)
+    print(f"{name}: torch vs NPU layer by layer, {len(tl)} quantizers: {t_differ}/{t_codes} codes differ, "
+          f"max {report.max_torch_layer_lsb:g} LSB")
+    assert len(tl) > 100 and report.max_torch_layer_lsb <= 1 and t_differ <= 1e-4 * t_codes

@@ -39,6 +39,23 @@ def test_verify_reports_parity_in_lsb(tmp_path, hardware, requantizer):
     assert "npu_vs_torch" in text and requantizer in text and "layer by layer" in text
 
 
+def test_torch_layer_by_layer_view_isolates_the_layer_that_differs(tmp_path):
+    path, q, x = _exported(tmp_path, "a2000")
+    report = dal.verify(path, q, (x,))
+    rows = {r.tensor.split(" ")[0]: r for r in report.torch_layers}
+    assert len(rows) >= 8 and report.max_torch_layer_lsb <= 1  # near-ties only (exact int32 vs float32)
+    assert sum(r.differ for r in rows.values()) <= 1e-4 * sum(r.elements for r in rows.values())
+    # Change one layer of the torch model after export: only the quantizer that reads its output
+    # disagrees; every later layer is fed the NPU's values, so the change does not cascade.
+    with torch.no_grad():
+        q.get_submodule("conv").weight.mul_(1.5)
+    changed = {r.tensor.split(" ")[0]: r for r in dal.verify(path, q, (x,), onnxruntime=False).torch_layers}
+    assert changed["add.input_quants.1"].differ > 0.5 * changed["add.input_quants.1"].elements
+    for name in ("down2.0.input_quant", "head.input_quant", "head.output_quant"):
+        assert changed[name].differ == rows[name].differ, name
+    assert "torch vs NPU layer by layer" in str(report)
+
+
 def test_verify_names_the_input_count_mismatch(tmp_path):
     path, q, x = _exported(tmp_path, "a2000")
     with pytest.raises(ValueError, match="takes 1 input"):
