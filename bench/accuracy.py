@@ -18,7 +18,6 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import dal

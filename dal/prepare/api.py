@@ -5,7 +5,6 @@ import copy
 from typing import Optional
 
 import torch
-import torch.fx as fx
 from torch import nn
 
 from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul

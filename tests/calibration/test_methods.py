@@ -3,7 +3,7 @@ import math
 
 import pytest
 import torch
-from mnist_helpers import W4A8, accuracy, prepared
+from mnist_helpers import accuracy, prepared
 
 import dal
 from dal.observers import MinMaxObserver

@@ -3,7 +3,6 @@ forward and backward; its FP8 rounding against ml_dtypes; fallback and laziness.
 import subprocess
 import sys
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch

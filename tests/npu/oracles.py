@@ -2,7 +2,6 @@
 each returning every named tensor of the graph."""
 from __future__ import annotations
 
-import numpy as np
 import onnx
 
 

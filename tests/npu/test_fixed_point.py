@@ -43,7 +43,6 @@ def _round_shift(p: int, n: int, mode: str) -> int:
 @pytest.mark.parametrize("bits", [31, 15, 8])
 def test_conv_fixed_point(mode, bits, npu_lib):
     import dal.npu as npu
-    from dal.npu import quant
     m = graphs.conv_model(seed=5, act="s8", wtype="s8", per_channel=True, relu=False, bias=True)
     m.metadata_props.append(onnx.StringStringEntryProto(key="dal.requantizer", value=json.dumps(
         {"kind": "fixed_point", "multiplier_bits": bits, "rounding": mode})))

@@ -1,7 +1,6 @@
 """Shape-arithmetic and data-movement ops that transformer exports carry (vit, swin), against
 onnx.reference, and a whole quantized swin_t export against onnxruntime."""
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator

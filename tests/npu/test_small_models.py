@@ -2,7 +2,6 @@
 (ORT_DISABLE_ALL) on every QuantizeLinear output, end to end, in both semantics."""
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
