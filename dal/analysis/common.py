@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..calibration.methods import set_state_code
+from ..nn.modes import eval_mode
 from ..prepare.state import quantizers
 from ..quantizer import FakeQuantizer
 
@@ -37,17 +38,16 @@ def active_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def evaluating(*models: nn.Module) -> Iterator[None]:
     """Eval mode, no grad, and every quantizer's state put back afterwards (without recomputing
     scales), whatever the analysis switched on or off meanwhile."""
-    saved = [(m, m.training, [(q, q.state) for _, q in quantizers(m)]) for m in models if m is not None]
+    saved = [(m, [(q, q.state) for _, q in quantizers(m)]) for m in models if m is not None]
     try:
-        for m, _, _ in saved:
-            m.eval()
-        with torch.no_grad():
+        with contextlib.ExitStack() as stack, torch.no_grad():
+            for m, _ in saved:
+                stack.enter_context(eval_mode(m))
             yield
     finally:
-        for m, training, states in saved:
+        for m, states in saved:
             for q, s in states:
                 set_state_code(q, s)
-            m.train(training)
 
 
 def switch(qs, state: str) -> None:

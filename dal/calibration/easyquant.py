@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
+from ..nn.modes import eval_mode
 from ..observers import MinMaxObserver
 from ..prepare.state import quantizers
 from .batches import iter_inputs, run_model
@@ -177,12 +178,8 @@ def easyquant(model: nn.Module, data: Iterable, *, num_batches: Optional[int] = 
     tee = _Tee(data, search_batches)
     calibrate(model, tee, num_batches, input_fn=input_fn, progress=progress)
     xs_model = list(iter_inputs(tee.kept, None, input_fn=input_fn, desc="easyquant"))
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         _search_all(model, xs_model, alphas, rounds, progress)
-    finally:
-        model.train(was_training)
     return model
 
 

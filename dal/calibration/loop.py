@@ -7,6 +7,7 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
+from ..nn.modes import eval_mode
 from ..prepare.state import quantizers
 
 
@@ -62,13 +63,11 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
     qs = list(quantizers(model))
     if not qs:
         raise ValueError("calibrate: the model has no FakeQuantizer; call dal.prepare_qat first")
-    was_training = model.training
     for _, q in qs:
         if q.state != "frozen":
             q.set_state("observe")
-    model.eval()
     seen = 0
-    try:
+    with eval_mode(model):
         from tqdm.auto import tqdm
 
         it = tqdm(data, total=num_batches, desc="dal.calibrate", disable=not progress, leave=False)
@@ -85,8 +84,6 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
                     raise ValueError(f"calibration batch {i} (input shapes {shapes}) failed in the model: "
                                      f"{type(err).__name__}: {err}") from err
                 seen += 1
-    finally:
-        model.train(was_training)
     if seen == 0:
         raise ValueError("calibrate: data yielded no batch; pass a non-empty DataLoader or list of batches")
     unseen = []

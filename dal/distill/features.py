@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn.modes import eval_mode
+
 
 class FeatureCapture:
     """Forward hooks that keep the latest output of named submodules of ``model``.
@@ -86,12 +88,8 @@ class FeatureLoss(nn.Module):
                 raise ValueError("FeatureLoss(projection=True) needs example_inputs to size the projections")
             args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
             with torch.no_grad():
-                was = student.training
-                student.eval()
-                try:
+                with eval_mode(student):
                     student(*args)
-                finally:
-                    student.train(was)
                 teacher(*args)
             for s_name, t_name in self.pairs.items():
                 p = _projection(self.student_capture.outputs[s_name].shape,

@@ -22,6 +22,7 @@ import onnx
 import torch
 from torch import nn
 
+from ..nn.modes import eval_mode
 from ..quantizer import FakeQuantizer
 from .errors import ExportError
 from .plan import TRACE_MAX_OPSET, ExportPlan, QuantizerEntry
@@ -102,18 +103,6 @@ class _Root(nn.Module):
         return self.model(*args)
 
 
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module):
-    """Eval mode for the trace, each module's own training flag restored afterwards."""
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-
-
 def trace(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, input_names: list[str],
           output_names: Optional[list[str]], dynamic_batch: bool) -> tuple[onnx.ModelProto, dict[int, Site]]:
     """``torch.onnx.export`` (TorchScript, constant folding, eval mode) with placeholders.
@@ -127,7 +116,7 @@ def trace(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, input_nam
     if dynamic_batch:
         dynamic_axes = {n: {0: "batch"} for n in input_names + list(output_names or [])}
     buf = io.BytesIO()
-    with _eval_mode(model), _placeholders(plan, sites), torch.enable_grad(), warnings.catch_warnings():
+    with eval_mode(model), _placeholders(plan, sites), torch.enable_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
         warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export.*")

@@ -115,13 +115,3 @@ class QATMixin:
     def qat_extra_repr(self) -> str:
         act = f", activation={self.activation}" if self.activation else ""
         return f"bias_mode={self.bias_mode}{act}"
-
-
-def copy_module_state(dst: nn.Module, src: nn.Module) -> None:
-    """Make ``dst`` share ``src``'s Parameter and buffer objects (no copies: optimizers that
-    already hold the float model's parameters keep training the QAT model) and its mode."""
-    for name, p in src.named_parameters(recurse=False):
-        setattr(dst, name, p)
-    for name, b in src.named_buffers(recurse=False):
-        dst.register_buffer(name, b)
-    dst.train(src.training)

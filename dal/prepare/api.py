@@ -9,6 +9,7 @@ from torch import nn
 
 from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
 from ..nn.registry import OP_CLASSES, QAT_MODULES, float_type_name, op_class_of
+from ..nn.modes import eval_mode
 from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
 from .own_forward import cat_dim, functional_kind, rebuild, replace_module_in_parent
 from .report import PrepareReport
@@ -286,8 +287,6 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     if example_inputs is not None:
         if not isinstance(example_inputs, tuple):
             example_inputs = (example_inputs,)
-        was_training = model.training
-        model.eval()
         # The example forwards only look at the graph: with quantizers off, no observer counts
         # the example (often zeros) as a calibration batch, and nothing all-reduces under DDP.
         from ..quantizer import STATES
@@ -297,12 +296,12 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
         for q, _ in states:
             q.state_code.fill_(3)  # "off", without set_state's leave-observe side effects
         try:
-            _revert_uncalled(model, example_inputs, report)
-            outs = _quantize_model_outputs(model, example_inputs, resolve)
+            with eval_mode(model):
+                _revert_uncalled(model, example_inputs, report)
+                outs = _quantize_model_outputs(model, example_inputs, resolve)
         finally:
             for q, state in states:
                 q.state_code.fill_(STATES.index(state))
-        model.train(was_training)
         if outs:
             report.notes.append(f"output quantizer added to {outs} (model outputs)")
     _attach_sparsity(model, rec, hw, report)

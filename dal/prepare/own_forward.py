@@ -91,7 +91,9 @@ def rebuild(mod: nn.Module, graph: fx.Graph) -> fx.GraphModule:
     """A GraphModule running ``graph`` over ``mod``'s submodules (same objects, same names)."""
     graph.lint()
     gm = fx.GraphModule(mod, graph, class_name=type(mod).__name__)
-    gm.train(mod.training)
+    # The root's own flag only: gm.train() would also reset every child, undoing a user's
+    # frozen BN or dropout inside a training model.
+    gm.training = mod.training
     return gm
 
 

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..nn.modes import eval_mode
 from .registry import get_rules
 from .report import Replacement, ReplaceReport, RuleFailure
 
@@ -82,16 +83,12 @@ def _capture(model: nn.Module, modules: dict[str, nn.Module], example_inputs: tu
             if t is not None:
                 seen[path].append(t.detach().float().flatten())
         hooks.append(mod.register_forward_hook(hook))
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
     try:
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             model(*example_inputs)
     finally:
         for h in hooks:
             h.remove()
-        for m, mode in modes:
-            m.training = mode
     return {p: torch.cat(v) for p, v in seen.items() if v}
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import torch
 
+from ..nn.modes import eval_mode
 from .metrics import agreement
 from .onnx_tools import ort_run_all, output_lsb, producers
 from .report import LayerParity, ParityReport
@@ -18,13 +19,8 @@ def _as_tuple(inputs):
 
 
 def _torch_outputs(model, inputs) -> list[np.ndarray]:
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model(*inputs)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        out = model(*inputs)
     outs = [out] if torch.is_tensor(out) else list(out)
     return [o.detach().float().numpy() for o in outs]
 

@@ -17,6 +17,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from ..nn.modes import eval_mode
 from .report import LayerParity
 
 
@@ -71,13 +72,10 @@ def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, i
             forced = ((theirs - zp).astype(np.float32) * np.float32(scale)).astype(np.float32)
             return torch.from_numpy(forced).to(device=out.device, dtype=out.dtype)
         hooks.append(mod.register_forward_hook(hook))
-    was_training = torch_model.training
-    torch_model.eval()
     try:
-        with torch.no_grad():
+        with eval_mode(torch_model), torch.no_grad():
             torch_model(*inputs)
     finally:
-        torch_model.train(was_training)
         for h in hooks:
             h.remove()
     return rows
