@@ -13,13 +13,12 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+import torch
 
+from ..formats import INT32, PER_TENSOR, dequantize, per_channel, quantize
 from .errors import ExportError
 from .graph import Graph
 from .qdq import DQInfo
-
-_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
-
 
 def _attr(node, name, default):
     for a in node.attribute:
@@ -84,27 +83,28 @@ def rewrite_biases(graph: Graph, infos: dict[str, DQInfo]) -> None:
         scale = np.float32(a.qparams.scale.reshape(())) * w.qparams.scale.reshape(-1).astype(np.float32)
         scale = scale.astype(np.float32)
         b = bias.reshape(-1)
-        codes = np.rint(b / scale)  # float32 division, ties to even: the fake quantizer's formula
-        # Clip in float64: float32 rounds INT32_MAX up to 2**31, which the int32 cast would wrap to
-        # -2**31 (a saturated bias would flip sign). torch's float32 clamp gives 2**31 too; both
-        # dequantize to the same float32, since float32(2**31 - 1) == 2**31.
-        codes = np.clip(codes.astype(np.float64), _INT32_MIN, _INT32_MAX)
-        on_grid = np.array_equal((codes.astype(np.float32) * scale).astype(np.float32), b)
+        # dal.formats' int32 quantizer: the formula the QAT module's fake quantizer trained with
+        gran = per_channel(0) if scale.size > 1 else PER_TENSOR
+        s_t = torch.from_numpy(scale if scale.size > 1 else scale.reshape(()))
+        q_t = quantize(torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32)), INT32, s_t, granularity=gran)
+        back = dequantize(q_t, INT32, s_t, granularity=gran).numpy()
+        codes = q_t.numpy()
+        on_grid = np.array_equal(back, b)
         if not on_grid:
             if mode == "int32":
-                bad = int(np.sum((codes.astype(np.float32) * scale).astype(np.float32) != b))
+                bad = int(np.sum(back != b))
                 raise ExportError(
                     f"{w.site.entry.owner_name}: bias_mode='int32' but {bad} of {b.size} bias values are not "
                     "multiples of s_in * s_w, so the model did not train with the int32 bias the file would "
                     "hold; set bias_mode='float' or re-run the model's forward with its quantizers frozen")
             continue
         base = f"{w.site.entry.owner_name or 'bias'}.bias"
-        q = graph.add_init(f"{base}.codes", codes.astype(np.int32))
-        per_channel = scale.size > 1
-        s = graph.add_init(f"{base}.scale", scale if per_channel else scale.reshape(()))
-        zp = graph.add_init(f"{base}.zero_point", np.zeros(scale.shape if per_channel else (), np.int32))
+        q = graph.add_init(f"{base}.codes", codes.astype(np.int32, copy=False))
+        channelwise = scale.size > 1
+        s = graph.add_init(f"{base}.scale", scale if channelwise else scale.reshape(()))
+        zp = graph.add_init(f"{base}.zero_point", np.zeros(scale.shape if channelwise else (), np.int32))
         out = graph.fresh(f"{base}.dequantized")
-        attrs = {"axis": 0} if per_channel else {}
+        attrs = {"axis": 0} if channelwise else {}
         dq = graph.make_node("DequantizeLinear", [q, s, zp], [out], f"{base}/DequantizeLinear", **attrs)
         if bias.ndim != 1:
             # the bias broadcast as [..., 1, n]: reshape the dequantized vector back

@@ -58,7 +58,10 @@ def quantize(x: torch.Tensor, fmt, scale, zero_point=None, granularity: Optional
     # NaN has no integer code and ONNX leaves it undefined (onnxruntime happens to give qmin).
     # dal maps it to the zero point's code, which dequantizes to 0.0; +-inf saturate like any
     # out-of-range value (the spec's rule, which onnxruntime follows).
-    v = torch.nan_to_num_(torch.round(v), nan=0.0).add_(gran.expand(zp.to(torch.float32), x.shape))
+    # Saturate in float64 for formats wider than float32's 24-bit integers: in float32 the int32
+    # bound 2**31 - 1 rounds up to 2**31, and the cast would wrap that to -2**31.
+    work = torch.float64 if fmt.bits > 24 else torch.float32
+    v = torch.nan_to_num_(torch.round(v), nan=0.0).to(work).add_(gran.expand(zp.to(work), x.shape))
     v = v.clamp_(qmin, qmax)
     return v.to(fmt.torch_dtype())
 

@@ -5,7 +5,6 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..formats import INT32, fake_quantize
 from ..quantizer import FakeQuantizer
