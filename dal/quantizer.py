@@ -132,11 +132,17 @@ class FakeQuantizer(nn.Module):
         if not (self.learnable and self.initialized and self.fmt.is_scaled):
             return False
         changed = False
-        if bool((self.scale < MIN_SCALE).any()):
+        if bool((~(self.scale >= MIN_SCALE)).any()):  # also true for NaN
+            if not bool(torch.isfinite(self.scale).all()):
+                raise ValueError(f"quantizer {self.name or '<unnamed>'}: the learned scale is not finite "
+                                 f"({self.scale.detach().flatten()[:4].tolist()}...): the training diverged; "
+                                 "lower the learning rate of the scales or restore a checkpoint")
             self.scale.clamp_(min=MIN_SCALE)
             changed = True
         zp = self.zero_point
-        if zp.requires_grad and zp.numel() and bool(((zp < self.qmin) | (zp > self.qmax)).any()):
+        if zp.requires_grad and zp.numel() and bool((~((zp >= self.qmin) & (zp <= self.qmax))).any()):
+            if not bool(torch.isfinite(zp).all()):
+                raise ValueError(f"quantizer {self.name or '<unnamed>'}: the learned zero point is not finite")
             zp.clamp_(self.qmin, self.qmax)
             changed = True
         return changed

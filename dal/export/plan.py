@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
 from torch import nn
 
 from ..quantizer import FakeQuantizer
@@ -99,12 +100,42 @@ def _is_qat_module(mod: nn.Module) -> bool:
     return is_qat_module(mod)
 
 
+def _invalid_qparams(q: FakeQuantizer) -> Optional[str]:
+    """Why ``q``'s scale / zero point cannot be written to an ONNX file, or None.
+
+    ONNX needs a finite, positive scale and a zero point of the format's own element type; a
+    value outside the format's codes would wrap in the file and compute something else than
+    the torch model did.
+    """
+    scale = q.scale.detach().float()
+    if not bool(torch.isfinite(scale).all()) or not bool((scale > 0).all()):
+        return f"scale {scale.flatten()[:4].tolist()} is not finite and positive"
+    if q.fmt.is_float8:
+        return None
+    zp = torch.round(q.zero_point.detach().float())
+    if not bool(torch.isfinite(zp).all()) or bool(((zp < q.qmin) | (zp > q.qmax)).any()):
+        return (f"zero point {zp.flatten()[:4].tolist()} is outside {q.fmt.name}'s codes "
+                f"[{q.qmin:g}, {q.qmax:g}]")
+    return None
+
+
+def _invalid_weight(e: QuantizerEntry) -> Optional[str]:
+    """A weight quantizer whose weight holds NaN / inf: torch computes NaN, the file would not."""
+    weight = getattr(e.owner, "weight", None)
+    if not e.name.endswith("weight_quant") or not isinstance(weight, torch.Tensor):
+        return None
+    bad = int((~torch.isfinite(weight.detach())).sum())
+    return f"{bad} weight value(s) of {e.owner_name} are NaN or infinite" if bad else None
+
+
 def make_plan(model: nn.Module) -> ExportPlan:
     """Collect the model's quantizers; refuse uncalibrated ones and quantizers the exporter cannot place.
 
     Raises ExportError listing (all at once): quantizers still observing (not calibrated),
-    quantizers switched on without a scale, and quantizers held by modules that are not QAT
-    modules (the exporter knows the roles - input, weight, output - only of QAT modules).
+    quantizers switched on without a scale, quantizers held by modules that are not QAT
+    modules (the exporter knows the roles - input, weight, output - only of QAT modules),
+    scales that are not finite and positive, zero points outside the format's codes, and
+    weights holding NaN or inf.
     """
     entries = []
     for name, mod in model.named_modules():
@@ -122,10 +153,14 @@ def make_plan(model: nn.Module) -> ExportPlan:
     for e in entries:  # what the next forward would do after the last optimizer step
         e.quantizer.project_learned_qparams_()
     unplaced = [e for e in entries if e.active and e.owner is not model and not _is_qat_module(e.owner)]
-    if unplaced or unset:
+    invalid = [(e, why) for e in entries if e.active and e.quantizer.fmt.is_scaled and e.quantizer.initialized
+               and (why := _invalid_qparams(e.quantizer))]
+    invalid += [(e, why) for e in entries if e.active and (why := _invalid_weight(e))]
+    if unplaced or unset or invalid:
         lines = [f"  {e.name}: held by {type(e.owner).__name__} '{e.owner_name}', which is not a QAT module; "
                  "wrap it with a class registered by dal.register_qat_module or set the quantizer 'off'"
                  for e in unplaced]
         lines += [f"  {e.name}: state '{e.quantizer.state}' but no scale; calibrate it first" for e in unset]
+        lines += [f"  {e.name}: {why}" for e, why in invalid]
         raise ExportError(f"the exporter cannot place {len(lines)} quantizer(s):\n" + "\n".join(lines))
     return ExportPlan(entries)
