@@ -16,7 +16,9 @@ from torch import nn
 def save_checkpoint(model: nn.Module, path: Union[str, os.PathLike], **extra) -> None:
     """Write ``{"state_dict", "recipe", "hardware", "dal_version", **extra}`` with ``torch.save``.
 
-    The recipe is stored as a plain dict (``Recipe.to_dict()``), the hardware by name.
+    The recipe and the hardware model are stored as plain dicts (``to_dict()``): a custom or
+    edited hardware model (its requantizer, say) comes back as it was, not as the bundled model
+    of the same name.
     """
     import dal
 
@@ -25,7 +27,7 @@ def save_checkpoint(model: nn.Module, path: Union[str, os.PathLike], **extra) ->
     if recipe is None:
         raise ValueError("save_checkpoint: the model was not prepared with dal.prepare_qat (no recipe attached)")
     torch.save({"state_dict": model.state_dict(), "recipe": recipe.to_dict(),
-                "hardware": getattr(hardware, "name", None), "dal_version": dal.__version__, **extra}, str(path))
+                "hardware": hardware.to_dict() if hardware is not None else None, "dal_version": dal.__version__, **extra}, str(path))
 
 
 def resolve_factory(spec: Union[str, Callable[[], nn.Module]]) -> Callable[[], nn.Module]:
