@@ -176,7 +176,7 @@ def easyquant(model: nn.Module, data: Iterable, *, num_batches: Optional[int] = 
     lo, hi, points = grid
     alphas = sorted(set(torch.linspace(float(lo), float(hi), int(points)).tolist()) | {1.0})
     tee = _Tee(data, search_batches)
-    calibrate(model, tee, num_batches, input_fn=input_fn, progress=progress)
+    calibrate(model, tee, num_batches, input_fn=input_fn, progress=progress, method="minmax")
     xs_model = list(iter_inputs(tee.kept, None, input_fn=input_fn, desc="easyquant"))
     with eval_mode(model):
         _search_all(model, xs_model, alphas, rounds, progress)

@@ -49,12 +49,24 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
             dicts of keyword inputs, or a list of tensors).
         num_batches: stop after this many batches (default: all).
         input_fn: ``batch -> (args, kwargs)`` for batches of another shape.
-        method: None (the recipe's observers), or "minmax", "percentile", "kl", "mse",
-            "easyquant" (see ``dal.calibration.methods``); ``method_args`` go to that method.
+        method: None = what the model's recipe says in its ``calibration:`` section (method,
+            ``num_batches`` when not given here, ``args``); or one of "minmax" (each tensor's
+            own observer from the recipe rules: min-max or moving-average min-max),
+            "percentile", "kl", "mse", "easyquant" (see ``dal.calibration.methods``), which
+            take ``method_args``.
 
     The model runs in eval mode under ``torch.no_grad()`` and gets its mode back afterwards. A
     batch with NaN/Inf inputs raises before it reaches an observer; an empty ``data`` raises.
     """
+    if method is None:
+        recipe_cal = getattr(getattr(model, "_dal_recipe", None), "calibration", None)
+        if recipe_cal is not None:
+            method = recipe_cal.method
+            num_batches = recipe_cal.num_batches if num_batches is None else num_batches
+            method_args = {**dict(recipe_cal.args), **method_args}
+    if method in (None, "recipe", "minmax") and method_args:
+        raise TypeError(f"calibrate(method={method!r}) takes no method arguments, got {sorted(method_args)}: "
+                        "they belong to percentile / kl / mse / easyquant")
     if method not in (None, "recipe", "minmax"):
         from .methods import calibrate_with_method
 

@@ -1,7 +1,8 @@
 """Calibration methods beyond the recipe's own observers: percentile, KL, MSE, EasyQuant.
 
-``dal.calibrate(model, data, method=...)`` lands here for every method other than None /
-"recipe" / "minmax" (which run the recipe's observers in ``loop.calibrate``).
+``dal.calibrate(model, data, method=...)`` lands here for every method other than "minmax"
+(which runs the recipe's observers in ``loop.calibrate``); ``method=None`` means the method
+the model's recipe names in its ``calibration:`` section.
 
 * ``percentile``, ``kl``, ``mse`` (level 0): for the duration of the calibration each
   per-tensor quantizer (activations) gets the method's histogram observer; per-channel weight
@@ -54,7 +55,7 @@ def calibrate_with_method(model: nn.Module, data: Iterable, method: str, *, num_
         >>> dal.calibrate(model, loader, num_batches=16, method="kl")   # doctest: +SKIP
     """
     if method in (None, "recipe", "minmax"):
-        return calibrate(model, data, num_batches, input_fn=input_fn, progress=progress)
+        return calibrate(model, data, num_batches, input_fn=input_fn, progress=progress, method="minmax")
     if method == "easyquant":
         from .easyquant import easyquant
 
@@ -65,7 +66,7 @@ def calibrate_with_method(model: nn.Module, data: Iterable, method: str, *, num_
         raise ValueError(f"calibration method={method!r} is not known; known methods: {', '.join(METHODS)}")
     with preserved_on_error(model):
         swapped = _swap_observers(model, method, method_args)
-        calibrate(model, data, num_batches, input_fn=input_fn, progress=progress)
+        calibrate(model, data, num_batches, input_fn=input_fn, progress=progress, method="minmax")
         for q, original in swapped:
             _hand_back(q, original, method)
     return model
