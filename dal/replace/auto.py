@@ -92,6 +92,40 @@ def _capture(model: nn.Module, modules: dict[str, nn.Module], example_inputs: tu
     return {p: torch.cat(v) for p, v in seen.items() if v}
 
 
+def _swap_back(model: nn.Module, swaps: list) -> nn.Module:
+    """Put every original module back (deepest paths first); returns the root."""
+    for _, _, path, mod, _ in sorted(swaps, key=lambda b: -(b[2].count(".") + bool(b[2]))):
+        if path == "":
+            model = mod
+        else:
+            _set_module(model, path, mod)
+    return model
+
+
+def _culprit(model: nn.Module, swaps: list, example_inputs: tuple) -> tuple[str, str]:
+    """(rule, path) of the innermost replaced module running when the forward raised."""
+    running: list[tuple[str, str]] = []
+
+    def finished(module, args, out) -> None:  # returns None: the module's output stays as it is
+        running.pop()
+
+    hooks = []
+    for rname, _, path, _, new in swaps:
+        hooks.append(new.register_forward_pre_hook(lambda m, i, tag=(rname, path): running.append(tag)))
+        hooks.append(new.register_forward_hook(finished))
+    try:
+        with eval_mode(model), torch.no_grad():
+            model(*example_inputs)
+    except Exception:  # noqa: BLE001 - the same failure again; now we know where
+        pass
+    finally:
+        for h in hooks:
+            h.remove()
+    if running:
+        return running[-1]
+    return ", ".join(sorted({r for r, *_ in swaps})), "<model forward>"
+
+
 def _drift(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> tuple[Optional[float], Optional[float]]:
     if a is None or b is None or a.shape != b.shape:
         return None, None
@@ -124,6 +158,10 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
           is not offered (nor its submodules) to later rules;
         * all replacements are built first, then swapped: if any ``build`` (or ``match``)
           raises, nothing is swapped and the report lists the rule, path and error;
+        * with ``example_inputs``, a replacement whose forward raises there, or whose output
+          is not finite where the original's was, is reported by rule and path and every
+          swap is undone (``report.applied`` is False; the model is as it was, except what
+          a rule's ``after_swap`` changed, such as a TransformerEncoder's fast-path flag);
         * unknown rule names raise ``ValueError`` listing the known rules;
         * a rule that matches nothing is listed by name in ``report.unmatched``, with a reason.
 
@@ -185,7 +223,12 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
         return report
 
     swaps = [b for b in built if b[4] is not b[3]]
-    before = _capture(model, {p: m for _, _, p, m, _ in swaps}, example_inputs) if example_inputs and swaps else {}
+    try:
+        before = _capture(model, {p: m for _, _, p, m, _ in swaps}, example_inputs) if example_inputs and swaps else {}
+    except Exception as err:
+        shapes = [tuple(t.shape) for t in example_inputs if torch.is_tensor(t)]
+        raise ValueError(f"auto_replace: the model fails on example_inputs (shapes {shapes}) before any "
+                         f"replacement: {_first_error_line(err)}") from err
 
     # 3. swap, shallow paths first (a rebuilt parent keeps the same child objects)
     for rname, r, path, mod, new in sorted(built, key=lambda b: b[2].count(".") + bool(b[2])):
@@ -203,7 +246,24 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
             report.notes.extend(hook(model, path, new) or [])
     report.model = model
 
-    after = _capture(model, {p: n for _, _, p, _, n in swaps}, example_inputs) if before else {}
+    try:
+        after = _capture(model, {p: n for _, _, p, _, n in swaps}, example_inputs) if before else {}
+        broken = [(rname, path, "its output on the example inputs is not finite (the original's is)")
+                  for rname, _, path, _, _ in swaps
+                  if path in after and bool(torch.isfinite(before.get(path, after[path])).all())
+                  and not bool(torch.isfinite(after[path]).all())]
+    except Exception as err:  # noqa: BLE001 - a replacement that breaks the forward is reported, then undone
+        rname, path = _culprit(model, swaps, example_inputs)
+        broken = [(rname, path, f"forward on the example inputs raised {_first_error_line(err)}")]
+    if broken:
+        for rname, path, why in broken:
+            report.failed.append(RuleFailure(rname, path, why))
+        report.model = model = _swap_back(model, swaps)
+        report.applied = False
+        if strict:
+            raise RuntimeError("auto_replace: " + "; ".join(f"{f.rule} at {f.path or '<root>'}: {f.error}"
+                                                            for f in report.failed))
+        return report
     for rname, r, path, mod, new in built:
         describe = getattr(r, "describe", None)
         detail = describe(mod, path) if callable(describe) else ""
