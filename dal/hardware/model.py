@@ -217,9 +217,10 @@ class Requantizer:
             problems.append(Problem(f"{self.rounding!r} is not allowed (allowed: {', '.join(ROUNDINGS)})", ("rounding",)))
         if self.kind == "fixed_point":
             mb = self.multiplier_bits
-            if isinstance(mb, bool) or not isinstance(mb, int) or not 8 <= mb <= 32:
+            # at most 31: the multiplier is a positive signed 32-bit integer (the NPU reference's limit too)
+            if isinstance(mb, bool) or not isinstance(mb, int) or not 8 <= mb <= 31:
                 problems.append(Problem(f"a fixed_point requantizer needs multiplier_bits, an integer "
-                                        f"from 8 to 32; got {mb!r}", ("multiplier_bits",)))
+                                        f"from 8 to 31; got {mb!r}", ("multiplier_bits",)))
         elif self.kind == "float":
             if self.multiplier_bits is not None:
                 problems.append(Problem("multiplier_bits is only for kind: fixed_point; remove it", ("multiplier_bits",)))

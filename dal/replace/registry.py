@@ -37,6 +37,7 @@ def rule(name: str) -> Callable:
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"rule name must be an identifier such as 'my_rule', got {name!r}")
+    load_builtins()  # first, so a user rule that overrides a built-in is not overwritten later
 
     def wrap(obj):
         inst = obj() if isinstance(obj, type) else obj

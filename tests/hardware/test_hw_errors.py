@@ -129,3 +129,10 @@ def test_dict_input_reports_keys_without_lines():
         load_hardware({"name": "d", "engines": {}, "ops": {}, "requantiser": {}})
     (p,) = err.value.problems
     assert p.source == "<dict>" and p.line is None and "did you mean 'requantizer'" in p.message
+
+
+def test_multiplier_bits_beyond_what_a_signed_int32_multiplier_holds_is_refused():
+    """32 would be accepted here and refused only by dal.npu at verify time ([2, 31] there)."""
+    Requantizer(kind="fixed_point", multiplier_bits=31)
+    with pytest.raises(HardwareModelError, match="from 8 to 31; got 32"):
+        Requantizer(kind="fixed_point", multiplier_bits=32)

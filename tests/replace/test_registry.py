@@ -112,3 +112,20 @@ def test_prepare_report_carries_replacements():
     rep = q.dal_report.replacements
     assert rep.by_rule("lut_activation")[0].path == "1" and "npu_attention" in rep.unmatched
     assert any("operator replacement" in n for n in q.dal_report.notes)
+
+
+def test_overriding_a_builtin_before_first_use_sticks():
+    """Registering a built-in's name replaces it even when no built-in was loaded yet (a fresh
+    process): the built-ins load first, then the user's rule."""
+    import subprocess
+    import sys
+
+    code = ("import dal.replace as r\n"
+            "@r.rule('lut_activation')\n"
+            "class Mine:\n"
+            "    def match(self, m, n): return False\n"
+            "    def build(self, m, h): return m\n"
+            "from dal.replace.registry import RULES\n"
+            "print(type(RULES['lut_activation']).__name__, 'npu_attention' in r.known_rules())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["Mine", "True"]
