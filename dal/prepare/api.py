@@ -269,6 +269,10 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     hw = load_hardware(hw_name) if hw_name is not None else None
     if not inplace:
         model = copy.deepcopy(model)
+    if example_inputs is not None:
+        example_inputs = tuple(example_inputs) if isinstance(example_inputs, list) else example_inputs
+        example_inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        _check_example_inputs(model, example_inputs)
     if hw is not None:
         check_against_hardware(rec, hw, _candidates(model))
     resolve = _Resolver(rec, hw)
@@ -285,8 +289,6 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
                 model = new
     _swap_leaves(model, resolve, report, strict)
     if example_inputs is not None:
-        if not isinstance(example_inputs, tuple):
-            example_inputs = (example_inputs,)
         # The example forwards only look at the graph: with quantizers off, no observer counts
         # the example (often zeros) as a calibration batch, and nothing all-reduces under DDP.
         from ..quantizer import STATES
@@ -294,7 +296,7 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
 
         states = [(q, q.state) for _, q in quantizers(model)]
         for q, _ in states:
-            q.state_code.fill_(3)  # "off", without set_state's leave-observe side effects
+            q.state_code.fill_(STATES.index("off"))  # without set_state's leave-observe side effects
         try:
             with eval_mode(model):
                 _revert_uncalled(model, example_inputs, report)
@@ -309,6 +311,18 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     model._dal_recipe = rec
     model._dal_hardware = hw
     return model
+
+
+def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
+    """One float forward before anything changes: example inputs the model cannot take are named
+    here, not as an error deep inside a half-prepared model."""
+    try:
+        with eval_mode(model), torch.no_grad():
+            model(*example_inputs)
+    except Exception as err:
+        shapes = [tuple(t.shape) if torch.is_tensor(t) else type(t).__name__ for t in example_inputs]
+        raise ValueError(f"prepare_qat: the float model fails on example_inputs {shapes} (nothing was changed): "
+                         f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
 
 
 def _replace_operators(model, rec, hw, example_inputs, report):
