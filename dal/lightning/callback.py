@@ -28,7 +28,10 @@ Multi-process (DDP): observers all-reduce their per-batch statistics, so scales 
 are identical on every rank at every step, in calibration and during QAT (moving-average
 observers). DDP's default buffer broadcast (rank 0's buffers at each forward) is compatible:
 quantizer buffers are equal already, and broadcasting BN running statistics keeps the folded
-weights — hence the weight quantizers' inputs — equal across ranks too.
+weights — hence the weight quantizers' inputs — equal across ranks too. Recipes with learnable
+(LSQ) scales are refused under multi-process fits: their scales get a shape at calibration,
+which this callback runs after Lightning wrapped the model (calibrate with ``dal.calibrate``
+first, then fit under DDP).
 """
 from __future__ import annotations
 
@@ -131,7 +134,8 @@ class QATCallback(Callback):
             prepared = prepare_qat(net, recipe=self.recipe, hardware=self.hardware,
                                    example_inputs=self.example_inputs)
             set_target(pl_module, self._attr, prepared)
-            _refuse_learnable_under_ddp(trainer, prepared)
+            if stage == "fit":  # only a fit calibrates (and trains) under the wrapper
+                _refuse_learnable_under_ddp(trainer, prepared)
             # Float until calibrated: the sanity check validates the float model and no observer
             # sees validation data. A restored checkpoint overwrites these states right after.
             set_quantizer_state(prepared, "off")
