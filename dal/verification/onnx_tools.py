@@ -12,20 +12,23 @@ _NUMPY_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.UINT8, onnx.TensorProto
                 onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.FLOAT16, onnx.TensorProto.BOOL}
 
 
+def constants(model: onnx.ModelProto) -> dict:
+    """``{name: numpy array}`` of the initializers and of ``Constant`` nodes with a ``value`` tensor."""
+    found = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                found[node.output[0]] = numpy_helper.to_array(value)
+    return found
+
+
 def output_lsb(model: onnx.ModelProto, output_name: str) -> Optional[float]:
     """The per-tensor scale of the DequantizeLinear that produces ``output_name``, if any."""
-    inits = {i.name: i for i in model.graph.initializer}
-    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
     for node in model.graph.node:
         if output_name in node.output and node.op_type == "DequantizeLinear":
-            scale = node.input[1]
-            if scale in inits:
-                arr = numpy_helper.to_array(inits[scale])
-            elif scale in consts:
-                arr = numpy_helper.to_array(consts[scale].attribute[0].t)
-            else:
-                return None
-            return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+            arr = constants(model).get(node.input[1])
+            return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 else None
     return None
 
 

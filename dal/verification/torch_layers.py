@@ -15,25 +15,16 @@ from typing import Optional
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
-
 from ..nn.modes import eval_mode
+from .onnx_tools import constants
 from .report import LayerParity
-
-
-def _constants(model: onnx.ModelProto) -> dict:
-    found = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute:
-            found[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-    return found
 
 
 def activation_points(model: onnx.ModelProto) -> dict[str, tuple[str, float, int]]:
     """``{quantizer path: (QuantizeLinear output, scale, zero point)}`` for the per-tensor integer
     activation quantizers the file calls exactly once (a quantizer called twice has no single
     point to compare)."""
-    consts = _constants(model)
+    consts = constants(model)
     found: dict[str, Optional[tuple[str, float, int]]] = {}
     for node in model.graph.node:
         if node.op_type != "QuantizeLinear" or not node.name.endswith("/QuantizeLinear"):
