@@ -121,6 +121,14 @@ class FakeQuantizer(nn.Module):
                 self.scale.copy_(scale)
                 self.zero_point.copy_(zero_point)
 
+    def effective_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scale, zero_point)`` as the forward applies them, detached: a learnable (LSQ+)
+        float zero point rounded half to even, as an int32 tensor like a calibrated one."""
+        zp = self.zero_point.detach()
+        if zp.is_floating_point():
+            zp = torch.round(zp).to(torch.int32)
+        return self.scale.detach(), zp
+
     @torch.no_grad()
     def project_learned_qparams_(self) -> bool:
         """Put a learnable scale / zero point an optimizer step pushed out of range back in it:

@@ -33,10 +33,11 @@ def _cached(batch):
 
 def clip_range(q) -> tuple[torch.Tensor, torch.Tensor]:
     """(lo, hi) per scale element of a calibrated scaled quantizer (see the module docstring)."""
-    s = q.scale.detach().float()
+    s, z = q.effective_qparams()
+    s = s.float()
     if q.fmt.is_float8:
         return -s * q.fmt.max_value, s * q.fmt.max_value
-    z = q.zero_point.detach().float()
+    z = z.float()  # a learnable zero point rounded, as the forward rounds it
     return s * (q.qmin - z), s * (q.qmax - z)
 
 

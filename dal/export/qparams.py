@@ -55,8 +55,8 @@ def qparams_of(q: FakeQuantizer, shape: tuple[int, ...]) -> QParams:
         zp = np.zeros(scale_shape, dtype=q.fmt.numpy_dtype())
     else:
         # A learnable zero point is a float Parameter; the forward pass rounds it (LSQ+).
-        zp_t = q.zero_point.detach().float().cpu().reshape(scale_shape)
-        zp = torch.round(zp_t).numpy().astype(np.int64).astype(q.fmt.numpy_dtype())
+        zp_t = q.effective_qparams()[1].cpu().reshape(scale_shape)
+        zp = zp_t.numpy().astype(np.int64).astype(q.fmt.numpy_dtype())
     return QParams(q.fmt, scale, zp, axis, gran.block_size, q.narrow_range)
 
 
@@ -68,9 +68,7 @@ def quantize_constant(q: FakeQuantizer, value: np.ndarray) -> np.ndarray:
     here (a stored weight never holds the dropped code), unlike at activations.
     """
     t = torch.from_numpy(np.array(value, dtype=np.float32, copy=True))
-    zp = q.zero_point.detach()
-    if zp.is_floating_point():
-        zp = torch.round(zp).to(torch.int32)
+    zp = q.effective_qparams()[1]
     threads = torch.get_num_threads()
     # A handful of memory-bound elementwise passes per weight: on 2 shared cores, syncing two
     # intra-op threads costs more than it saves (measured 3-5x slower on ResNet-18's weights).

@@ -133,10 +133,8 @@ class QLutActivation(LutActivation):
                 and q.scale.numel() == 1 and q.qmax - q.qmin + 1 <= self.lut_size)
 
     def _in_params(self):
-        q = self.input_quant
-        zp = q.zero_point.detach()
-        zp = torch.round(zp).to(torch.int32) if q.learnable else zp
-        return q.scale.detach().reshape(()), zp.reshape(())
+        scale, zp = self.input_quant.effective_qparams()
+        return scale.reshape(()), zp.reshape(())
 
     def _out(self, y: torch.Tensor) -> torch.Tensor:
         """``Q_out`` applied to table values without touching its observer."""

@@ -85,10 +85,8 @@ class NpuSoftmax(nn.Module):
     def input_params(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The input quantizer's (scale, zero point) as scalars, detached (a learnable zero
         point rounded, as the quantizer rounds it)."""
-        q = self.input_quant
-        zp = q.zero_point.detach()
-        zp = torch.round(zp).to(torch.int32) if q.learnable else zp
-        return q.scale.detach().reshape(()), zp.reshape(())
+        scale, zp = self.input_quant.effective_qparams()
+        return scale.reshape(()), zp.reshape(())
 
     @torch.no_grad()
     def lookup_table(self) -> tuple[torch.Tensor, torch.Tensor]:
