@@ -37,6 +37,21 @@ class ParityReport:
     first_forced_divergence: Optional[str] = None
     torch_layers: list = field(default_factory=list)
 
+    def meets_criterion(self, within: float = 0.9999, max_lsb: float = 2.0, layer_lsb: float = 1.0) -> bool:
+        """The exporter's parity criterion: for every output and every pair compared (NPU vs
+        torch, NPU vs onnxruntime), at least ``within`` of the elements within 1 LSB of the
+        output format and none beyond ``max_lsb``; every layer-by-layer row (NPU from
+        onnxruntime's inputs, torch from the NPU's) within ``layer_lsb``. An output without a
+        per-tensor LSB (a float output) must match exactly."""
+        for pairs in self.outputs.values():
+            for a in pairs.values():
+                if a.lsb is None:
+                    if a.off_by_more:
+                        return False
+                elif a.within_one_lsb_fraction < within or (a.max_lsb or 0.0) > max_lsb + 1e-6:
+                    return False
+        return self.max_layer_lsb_forced <= layer_lsb and self.max_torch_layer_lsb <= layer_lsb
+
     @property
     def max_torch_layer_lsb(self) -> float:
         """Largest code difference between a torch quantizer and the NPU reference, layer by layer."""

@@ -3,8 +3,11 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+import onnx
 import pytest
 import torch
+from onnx import numpy_helper
 
 import dal
 from dal.checkpoint import load_checkpoint, save_checkpoint
@@ -48,6 +51,85 @@ def test_export_then_inspect_then_verify(checkpoint, tmp_path, capsys):
                  "--checkpoint", str(path)]) == 0
     out = capsys.readouterr().out
     assert "npu_vs_torch" in out and "npu_vs_ort" in out
+
+
+# ---- dal verify --strict ---------------------------------------------------------------------
+# --strict (dal/cli/main.py) exits 1 unless ParityReport.bit_exact_vs_ort: every output and every
+# intermediate integer tensor of the NPU reference equal to onnxruntime's (ORT_DISABLE_ALL).
+
+STRICT_SHAPE = (2, 1, 28, 28)
+
+
+@pytest.fixture(scope="module")
+def exported(checkpoint, tmp_path_factory):
+    path, _ = checkpoint
+    onnx_path = tmp_path_factory.mktemp("strict") / "m.onnx"
+    shape = ",".join(map(str, STRICT_SHAPE))
+    assert main(["export", "--model", "dal.zoo:MnistCNN", "--checkpoint", str(path), "--input-shape", shape,
+                 "-o", str(onnx_path)]) == 0
+    return onnx_path
+
+
+def _verify_strict(onnx_path, checkpoint_path):
+    return main(["verify", str(onnx_path), "--random-input", ",".join(map(str, STRICT_SHAPE)), "--seed", "0",
+                 "--model", "dal.zoo:MnistCNN", "--checkpoint", str(checkpoint_path), "--strict"])
+
+
+def _strict_input():
+    """The input `dal verify --random-input ... --seed 0` draws."""
+    return torch.randn(STRICT_SHAPE, generator=torch.Generator().manual_seed(0))
+
+
+def _rewritten(src, dst, edit):
+    proto = onnx.load(str(src))
+    edit(proto)
+    onnx.save(proto, str(dst))
+    return dst
+
+
+def _tamper_head_weight(proto, q):
+    """Change one int8 weight code of the head (Gemm): the one that meets the largest input."""
+    seen = {}
+    hook = q.get_submodule("head").register_forward_hook(lambda m, args, out: seen.setdefault("x", args[0]))
+    with torch.no_grad():
+        q.eval()(_strict_input())
+    hook.remove()
+    col = int(seen["x"].abs().sum(0).argmax())
+    gemm = next(n for n in proto.graph.node if n.op_type == "Gemm")
+    dq = next(n for n in proto.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == gemm.input[1])
+    init = next(t for t in proto.graph.initializer if t.name == dq.input[0])
+    w = numpy_helper.to_array(init).copy()
+    assert w.dtype == np.int8 and w.ndim == 2
+    w[0, col] = -127 if w[0, col] >= 0 else 127
+    init.CopyFrom(numpy_helper.from_array(w, init.name))
+
+
+def test_verify_strict_passes_a_good_export(checkpoint, exported, capsys):
+    path, _ = checkpoint
+    assert _verify_strict(exported, path) == 0
+    assert "npu_vs_ort" in capsys.readouterr().out
+
+
+def test_verify_strict_fails_when_the_npu_and_onnxruntime_disagree(checkpoint, exported, tmp_path):
+    # An 8-bit fixed-point requantizer in the metadata: the NPU reference applies it, onnxruntime
+    # (ONNX semantics) cannot, so their codes differ.
+    path, _ = checkpoint
+
+    def coarse(proto):
+        entry = next(e for e in proto.metadata_props if e.key == "dal.requantizer")
+        entry.value = json.dumps({"kind": "fixed_point", "multiplier_bits": 8, "rounding": "half_up"})
+    bad = _rewritten(exported, tmp_path / "coarse.onnx", coarse)
+    assert _verify_strict(bad, path) == 1
+
+
+def test_verify_strict_fails_on_a_tampered_weight(checkpoint, exported, tmp_path):
+    path, q = checkpoint
+    bad = _rewritten(exported, tmp_path / "tampered.onnx", lambda proto: _tamper_head_weight(proto, q))
+    # The tamper is real: the NPU reference and torch now disagree by more than one LSB.
+    report = dal.verify(bad, q, (_strict_input(),))
+    (pairs,) = report.outputs.values()
+    assert pairs["npu_vs_torch"].off_by_more > 0, report
+    assert _verify_strict(bad, path) != 0
 
 
 @pytest.mark.parametrize("argv,message", [
