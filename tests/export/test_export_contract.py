@@ -1,10 +1,12 @@
 """Refusals, metadata, 2:4 sparsity, and the promise that export leaves the model as it was."""
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 import torch
+import yaml
 from onnx import numpy_helper
 from torch import nn
 
@@ -13,6 +15,8 @@ from dal.export import ExportError, export_onnx
 from dal.nn import QLinear
 from export_common import (SmallCNN, assert_lsb_parity, calibrated_mixed, freeze_all, lsb_stats, output_scale,
                            prepared, run_ort, spec)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- refusals ------------------------------------------------------------------------------
@@ -118,13 +122,28 @@ def test_metadata_keys():
     assert meta["team"] == "npu" and json.loads(meta["run"]) == {"epochs": 3}
 
 
-def test_metadata_from_prepare_and_hardware():
+def _yaml_requantizer(hardware):
+    """The requantizer a bundled hardware model declares, read from its YAML (not through dal)."""
+    with open(ROOT / "hardware_models" / f"{hardware}.yaml") as f:
+        return yaml.safe_load(f).get("requantizer")
+
+
+@pytest.mark.parametrize("hardware", ["a2000", "a1000"])
+def test_metadata_from_prepare_and_hardware(hardware):
+    torch.manual_seed(0)
     x = torch.randn(2, 3, 16, 16)
-    model = prepared(SmallCNN(), x, "int8_balanced", hardware="a2000")
+    model = prepared(SmallCNN(), x, "int8_balanced", hardware=hardware)
     meta = _meta(export_onnx(model, (x,)))
-    assert meta["dal.recipe"] == "int8_balanced" and meta["dal.hardware"] == "a2000"
+    assert meta["dal.recipe"] == "int8_balanced" and meta["dal.hardware"] == hardware
     req = json.loads(meta["dal.requantizer"])
-    assert req["kind"] in ("float", "fixed_point")
+    declared = _yaml_requantizer(hardware)
+    if hardware == "a2000":
+        assert declared == {"kind": "float"}, declared
+        assert req == {"kind": "float"}  # ONNX's own semantics: no multiplier, no rounding keys
+    else:
+        assert declared["kind"] == "fixed_point", declared
+        assert req == {"kind": "fixed_point", "multiplier_bits": declared["multiplier_bits"],
+                       "rounding": declared["rounding"]}
 
 
 class _Sparse(nn.Module):

@@ -1,7 +1,10 @@
 """The fused C++ kernel (dal/formats/fused.py) against the eager autograd function: same bits
 forward and backward; its FP8 rounding against ml_dtypes; fallback and laziness."""
+import os
+import shutil
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -12,7 +15,19 @@ from dal.formats import fused, native
 from dal.formats.autograd import FakeQuantizeFunction
 from formats_common import FP8_FORMATS, INT_FORMATS
 
-pytestmark = pytest.mark.skipif(native.library() is None, reason=f"fused kernel unavailable: {native.status()}")
+# The compiler dal.formats.native builds with ($CXX, else c++, else g++). Without one the
+# kernel cannot exist and these tests skip; with one, a kernel that fails to build or load is
+# a failure (a compile error in csrc/fake_quant.cpp must not turn into skips).
+_CXX = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    if _CXX is None:
+        pytest.skip("no C++ compiler ($CXX, c++, g++): the fused kernel cannot be built here")
+    lib = native.library()
+    assert lib is not None, f"a C++ compiler exists ({_CXX}) but the fused kernel did not load: {native.status()}"
+    return lib
 
 
 def _special(n, gen):
@@ -38,8 +53,9 @@ CASES = [  # shape, granularity
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("shape,gran", CASES, ids=[f"{s}-{g}" for s, g in CASES])
 @pytest.mark.parametrize("fmt", INT_FORMATS + FP8_FORMATS, ids=lambda f: f.name)
-def test_fused_is_bit_identical_to_eager(fmt, shape, gran, threads):
-    gen = torch.Generator().manual_seed(hash((fmt.name, shape)) % 2 ** 31)
+def test_fused_is_bit_identical_to_eager(kernel, fmt, shape, gran, threads):
+    # crc32, not hash(): str hashes change per process (PYTHONHASHSEED)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{fmt.name}{shape}".encode()))
     n = int(np.prod(shape))
     x = _special(n, gen).reshape(shape).requires_grad_()
     sshape = gran.scale_shape(shape)
@@ -65,7 +81,7 @@ def test_fused_is_bit_identical_to_eager(fmt, shape, gran, threads):
 
 
 @pytest.mark.parametrize("fmt", FP8_FORMATS, ids=lambda f: f.name)
-def test_fused_fp8_rounding_matches_ml_dtypes(fmt):
+def test_fused_fp8_rounding_matches_ml_dtypes(kernel, fmt):
     """Every sign/exponent/high-mantissa pattern (all 2^16 upper halves, random lower halves),
     every FP8 value, every tie between neighbours and the floats next to them, 1M random
     patterns: the kernel's RNE + saturate equals clip-then-ml_dtypes-cast (ONNX saturate=1)."""
@@ -91,7 +107,7 @@ def test_fused_fp8_rounding_matches_ml_dtypes(fmt):
     assert bad.size == 0, f"{bad.size} mismatches, e.g. x={x[~nan][bad[:5]]} got {got[~nan][bad[:5]]} want {expected[~nan][bad[:5]]}"
 
 
-def test_fake_quantize_dispatch():
+def test_fake_quantize_dispatch(kernel):
     x = torch.randn(4, 8, requires_grad=True)
     s = torch.tensor(0.1)
     assert type(F.fake_quantize(x, "int8", s).grad_fn).__name__.startswith("FusedFakeQuantize")
@@ -102,7 +118,7 @@ def test_fake_quantize_dispatch():
         assert type(y.grad_fn).__name__.startswith("FakeQuantizeFunction")
 
 
-def test_fallback_without_kernel_gives_same_bits(monkeypatch):
+def test_fallback_without_kernel_gives_same_bits(kernel, monkeypatch):
     x = torch.randn(3, 5, 7) * 30
     want = F.fake_quantize(x, "int4", torch.ones(5) * 0.7, granularity=F.per_channel(1))
     monkeypatch.setattr(native, "library", lambda: None)
@@ -114,6 +130,6 @@ def test_fallback_without_kernel_gives_same_bits(monkeypatch):
 def test_import_builds_nothing():
     code = ("import dal, dal.formats, dal.quantizer, dal.observers; from dal.formats import native; "
             "assert native.library.cache_info().currsize == 0, 'built at import'; print(native.status())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "not built yet" in out.stdout

@@ -55,12 +55,57 @@ def test_mha_cross_attention_kdim_vdim_and_shared_storage():
     assert p.k_proj.weight.data_ptr() == packed.in_proj_weight[8:16].data_ptr()  # a view, not a copy
 
 
-def test_mha_gradients_reach_projections():
-    mha = nn.MultiheadAttention(8, 2, batch_first=True)
-    npu = NpuMultiheadAttention(mha)
-    x = torch.randn(2, 3, 8)
-    npu(x, x, x)[0].sum().backward()
-    assert all(p.grad is not None for p in npu.parameters())
+@pytest.mark.parametrize("packed", [True, False])
+def test_mha_gradients_equal_the_originals(packed):
+    """torch's autograd through the original nn.MultiheadAttention is the oracle: the replacement's
+    gradients w.r.t. the q/k/v/out projections (weights and biases) and the inputs agree within
+    float32 rounding, 1e-5 of the largest element (the two sum in different orders)."""
+    g = torch.Generator().manual_seed(4)
+    torch.manual_seed(4)
+    # packed: one in_proj_weight; kdim/vdim != embed_dim: separate q/k/v weights (cross attention)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True, **({} if packed else dict(kdim=6, vdim=5)))
+    with torch.no_grad():
+        for p in mha.parameters():  # non-zero biases (torch initialises them to 0)
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    npu = NpuMultiheadAttention(mha)  # train mode, dropout 0
+    q = torch.randn(2, 3, 8, generator=g)
+    k, v = (q, q) if packed else (torch.randn(2, 4, 6, generator=g), torch.randn(2, 4, 5, generator=g))
+    pad = torch.zeros(2, k.shape[1], dtype=torch.bool)
+    pad[0, -1] = True
+    dy = torch.randn(2, 3, 8, generator=g)  # a generic upstream gradient, not sum()'s ones
+
+    def grads(module, names):
+        inputs = [t.clone().requires_grad_() for t in ((q,) if packed else (q, k, v))]
+        qi, ki, vi = inputs * 3 if packed else inputs
+        out = module(qi, ki, vi, key_padding_mask=pad, need_weights=False)[0]
+        return torch.autograd.grad(out, [*inputs, *(module.get_parameter(n) for n in names)], dy)
+
+    inputs = ["x"] if packed else ["query", "key", "value"]
+    if packed:
+        gx, gw, gb, gow, gob = grads(mha, ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"])
+        ref = {"x": gx}
+        for i, n in enumerate("qkv"):
+            ref[f"{n}_proj.weight"] = gw[8 * i:8 * (i + 1)]
+    else:
+        *gi, gq, gk, gv, gb, gow, gob = grads(mha, ["q_proj_weight", "k_proj_weight", "v_proj_weight",
+                                                    "in_proj_bias", "out_proj.weight", "out_proj.bias"])
+        ref = dict(zip(inputs, gi))
+        ref.update({"q_proj.weight": gq, "k_proj.weight": gk, "v_proj.weight": gv})
+    for i, n in enumerate("qkv"):
+        ref[f"{n}_proj.bias"] = gb[8 * i:8 * (i + 1)]
+    ref.update({"out_proj.weight": gow, "out_proj.bias": gob})
+    names = [n for n in ref if n not in inputs]
+    got = dict(zip([*inputs, *names], grads(npu, names)))
+    assert set(got) == set(ref) and len(names) == 8
+    for n, want in ref.items():
+        if n == "k_proj.bias":
+            # Exactly 0 in real arithmetic (softmax is invariant to adding q.b_k to every score of a
+            # row): both must be float32 rounding noise next to the k weight's gradient.
+            scale = float(ref["k_proj.weight"].abs().max())
+            assert float(want.abs().max()) < 1e-5 * scale and float(got[n].abs().max()) < 1e-5 * scale
+            continue
+        assert want.abs().max() > 0, n
+        assert rel_err(got[n], want) < 1e-5, (n, rel_err(got[n], want))
 
 
 def test_transformer_encoder_float_equal_and_traceable():

@@ -101,9 +101,10 @@ def test_onnxruntime_computes_the_same_table(fn, fmt, tmp_path):
     from dal import npu as dal_npu
 
     npu = np.asarray(dal_npu.run(path, {"input": grid.numpy()})[0])
-    n_npu = int((np.abs(npu.astype(np.float64) - table.numpy()) / s > 1e-3).sum())
-    print(f"  NPU reference: {n_npu} of 256 codes differ from torch")
-    assert n_npu <= 2
+    d_npu = np.abs(npu.astype(np.float64) - table.numpy()) / s
+    n_npu = int((d_npu > 1e-3).sum())
+    print(f"  NPU reference: {n_npu} of 256 codes differ from torch (max {d_npu.max():.3g} LSB)")
+    assert d_npu.max() <= 1 + 1e-6 and n_npu <= 2
 
 
 def test_prepare_swaps_and_calibrates_lut():
