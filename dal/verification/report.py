@@ -81,23 +81,23 @@ class ParityReport:
             lines.append(f"first divergence: {self.first_divergence}")
         lines += _layer_lines(differing)
         if self.layers_forced:
-            forced = [row for row in self.layers_forced if row.differ]
-            n_diff = sum(row.differ for row in forced)
-            n_all = sum(row.elements for row in self.layers_forced)
-            lines.append(f"layer by layer (from onnxruntime's quantized inputs): {len(self.layers_forced)} tensors, "
-                         f"{len(forced)} differ, {n_diff}/{n_all} codes, max {self.max_layer_lsb_forced:.3g} LSB")
-            if self.first_forced_divergence:
-                lines.append(f"first divergence layer by layer: {self.first_forced_divergence}")
-            lines += _layer_lines(forced)
+            lines += _layer_view("layer by layer (from onnxruntime's quantized inputs)", "tensors",
+                                 self.layers_forced, self.first_forced_divergence)
         if self.torch_layers:
-            differ = [row for row in self.torch_layers if row.differ]
-            n_diff = sum(row.differ for row in differ)
-            n_all = sum(row.elements for row in self.torch_layers)
-            lines.append(f"torch vs NPU layer by layer (torch fed the NPU's quantized values): "
-                         f"{len(self.torch_layers)} quantizers, {len(differ)} differ, {n_diff}/{n_all} codes, "
-                         f"max {self.max_torch_layer_lsb:.3g} LSB")
-            lines += _layer_lines(differ)
+            lines += _layer_view("torch vs NPU layer by layer (torch fed the NPU's quantized values)", "quantizers",
+                                 self.torch_layers, None)
         return "\n".join(lines)
+
+
+def _layer_view(title: str, unit: str, rows: list, first) -> list[str]:
+    """A one-line summary of a layer-by-layer comparison, its first divergence, the rows that differ."""
+    differ = [row for row in rows if row.differ]
+    worst = max((row.max_abs for row in rows), default=0.0)
+    lines = [f"{title}: {len(rows)} {unit}, {len(differ)} differ, {sum(r.differ for r in differ)}/"
+             f"{sum(r.elements for r in rows)} codes, max {worst:.3g} LSB"]
+    if first:
+        lines.append(f"first divergence layer by layer: {first}")
+    return lines + _layer_lines(differ)
 
 
 def _layer_lines(rows: list, limit: int = 10) -> list[str]:
