@@ -5,10 +5,11 @@
     >>> [f.name for f in hw.allowed_formats("linear", "weight")][:2]
     ['int4', 'int8']
 """
-from dal.hardware.errors import ConfigError, HardwareModelError, Problem
+from dal.config.problems import ConfigError, Problem
+from dal.config.vocabulary import GRANULARITIES
+from dal.hardware.errors import HardwareModelError
 from dal.hardware.load import list_hardware, load_hardware
-from dal.hardware.model import (GRANULARITIES, ActivationRules, Engine, HardwareModel, OpSupport,
-                                Requantizer, WeightRules)
+from dal.hardware.model import ActivationRules, Engine, HardwareModel, OpSupport, Requantizer, WeightRules
 from dal.hardware.op_classes import OP_CLASS_ROLES, OP_CLASSES, op_class_of_type
 
 __all__ = [

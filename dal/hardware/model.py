@@ -12,18 +12,19 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field, fields
 
+from dal.config.fields import did_you_mean
+from dal.config.nm_pattern import canonical_nm_pattern, nm_pattern_problem
+from dal.config.problems import Problem
+from dal.config.vocabulary import GRANULARITIES
 from dal.formats.qformat import QFormat, get_format
-from dal.hardware.errors import HardwareModelError, Problem
-from dal.hardware.fields import did_you_mean
+from dal.hardware.errors import HardwareModelError
 from dal.hardware.op_classes import (ACTIVATION_FUNCTIONS, OP_CLASS_ROLES, OP_CLASSES, RESIZE_MODES,
                                      ROLES)
 
-GRANULARITIES = ("per_tensor", "per_channel", "per_group")
 NARROW_RANGE = ("required", "allowed", "forbidden")
 REQUANTIZER_KINDS = ("float", "fixed_point")
 ROUNDINGS = ("half_up", "half_even", "half_away")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-_PATTERN = re.compile(r"^(\d+):(\d+)$")
 
 
 def _raise(problems: list[Problem]) -> None:
@@ -313,10 +314,15 @@ class HardwareModel:
         if self.lut_ops and self.lut_size is None:
             problems.append(Problem("lut_ops needs lut_size (number of table entries, e.g. 256)", ("lut_size",)))
         self._check_names(problems, "sparse_ops", seen, "op classes listed under ops")
+        patterns = []
         for i, p in enumerate(self.sparsity_patterns):
-            m = _PATTERN.match(str(p))
-            if not m or not 0 < int(m.group(1)) < int(m.group(2)):
-                problems.append(Problem(f"{p!r} is not an N:M pattern such as '2:4'", ("sparsity_patterns", i)))
+            problem = nm_pattern_problem(p)
+            if problem is not None:
+                problems.append(Problem(problem, ("sparsity_patterns", i)))
+            else:
+                patterns.append(canonical_nm_pattern(p))
+        if len(patterns) == len(self.sparsity_patterns):  # stored canonical: patterns compare as text
+            object.__setattr__(self, "sparsity_patterns", tuple(patterns))
         self._check_names(problems, "fp16_ops", OP_CLASSES + ACTIVATION_FUNCTIONS, "op classes or activation functions")
         self._check_names(problems, "lut_ops", ACTIVATION_FUNCTIONS, "activation functions")
         self._check_names(problems, "resize_modes", RESIZE_MODES, "resize modes")
@@ -355,9 +361,15 @@ class HardwareModel:
         op = self.op(op_class)
         return op.formats(role) if op is not None and role in op.roles else ()
 
-    def supports_sparsity(self, op_class: str, pattern: str = "2:4") -> bool:
-        """True when ``op_class`` takes weights with the N:M ``pattern``; else they stay dense."""
-        return op_class in self.sparse_ops and pattern in self.sparsity_patterns
+    def supports_sparsity(self, op_class: str, pattern: "str | object" = "2:4") -> bool:
+        """True when ``op_class`` takes weights with the N:M ``pattern``; else they stay dense.
+
+        ``pattern`` is text (``"2:4"``, compared in canonical form) or a ``dal.config.NMPattern``;
+        one that is not a valid pattern is supported nowhere.
+        """
+        if nm_pattern_problem(pattern) is not None:
+            return False
+        return op_class in self.sparse_ops and canonical_nm_pattern(pattern) in self.sparsity_patterns
 
     def runs_in_fp16(self, name: str) -> bool:
         """True when the op class or activation function ``name`` runs natively in fp16."""

@@ -85,7 +85,7 @@ def op_class_of_type(type_name: str) -> str | None:
 def check_op_class(op_class: str) -> str:
     """Return ``op_class`` or raise ValueError listing the known op classes."""
     if op_class not in OP_CLASS_ROLES:
-        from dal.hardware.fields import did_you_mean
+        from dal.config.fields import did_you_mean
 
         raise ValueError(f"op_class={op_class!r} is not a known op class{did_you_mean(op_class, OP_CLASSES)} "
                          f"(known: {', '.join(OP_CLASSES)})")

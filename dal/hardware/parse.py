@@ -5,11 +5,11 @@ as one ``HardwareModelError``. The schema is documented in ``hardware_models/REA
 """
 from __future__ import annotations
 
+from dal.config.fields import Checker
+from dal.config.yaml_lines import YamlDoc
 from dal.hardware.errors import HardwareModelError
-from dal.hardware.fields import Checker
 from dal.hardware.model import (ActivationRules, Engine, HardwareModel, OpSupport, Requantizer,
                                 WeightRules)
-from dal.hardware.yaml_lines import YamlDoc
 
 TOP_KEYS = ("name", "description", "engines", "ops", "weight_rules", "activation_rules", "requantizer",
             "accumulator_bits", "channel_alignment", "lut_size", "sparse_ops", "sparsity_patterns",
@@ -37,10 +37,12 @@ def parse_hardware(doc: YamlDoc) -> HardwareModel:
             kw[key] = None  # explicit "no lookup table"
         elif key in data:
             kw[key] = c.integer(data[key], (key,), lo)
-    for key in ("sparse_ops", "sparsity_patterns", "fp16_ops", "lut_ops", "replace_rules_needed",
-                "resize_modes"):
+    for key in ("sparse_ops", "fp16_ops", "lut_ops", "replace_rules_needed", "resize_modes"):
         if key in data:
             kw[key] = () if data[key] is None else c.strings(data[key], (key,))
+    if "sparsity_patterns" in data:
+        raw = data["sparsity_patterns"]
+        kw["sparsity_patterns"] = () if raw is None else c.nm_patterns(raw, ("sparsity_patterns",))
     kw["engines"] = _engines(c, data.get("engines"))
     kw["ops"] = _ops(c, data.get("ops"))
     for key, cls, keys in (("weight_rules", WeightRules, WEIGHT_RULE_KEYS),

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dal.config.problems import Problem
 from dal.formats.qformat import FP16
-from dal.hardware.errors import Problem
 from dal.hardware.load import load_hardware
 from dal.hardware.model import HardwareModel
 from dal.hardware.op_classes import OP_CLASSES, SPARSIFIABLE

@@ -1,7 +1,7 @@
 """``RecipeError``: a recipe is malformed, or asks for what the hardware cannot do."""
 from __future__ import annotations
 
-from dal.hardware.errors import ConfigError
+from dal.config.problems import ConfigError
 
 
 class RecipeError(ConfigError):

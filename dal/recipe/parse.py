@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from dal.hardware.errors import format_path
-from dal.hardware.fields import Checker
-from dal.hardware.model import GRANULARITIES
-from dal.hardware.yaml_lines import YamlDoc, from_data
+from dal.config.fields import Checker
+from dal.config.problems import format_path
+from dal.config.vocabulary import GRANULARITIES
+from dal.config.yaml_lines import YamlDoc, from_data
 from dal.recipe.errors import RecipeError
 from dal.recipe.recipe import CALIBRATION_METHODS, Calibration, Recipe
 from dal.recipe.rule import Rule
@@ -122,7 +122,7 @@ def _rule(c: Checker, raw, path: tuple, doc: YamlDoc):
     if raw.get("skip") is not None:
         kw["skip"] = c.boolean(raw["skip"], path + ("skip",))
     if raw.get("sparsity") is not None:
-        kw["sparsity"] = c.string(raw["sparsity"], path + ("sparsity",))
+        kw["sparsity"] = c.nm_pattern(raw["sparsity"], path + ("sparsity",))
     if len(c.problems) > before:
         return None
     line = doc.line(path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from dal.hardware.errors import Problem
+from dal.config.problems import Problem
 from dal.hardware.op_classes import OP_CLASS_ROLES, SPARSIFIABLE, check_op_class
 from dal.recipe.errors import RecipeError
 from dal.recipe.rule import Rule

@@ -18,10 +18,10 @@ import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from dal.hardware.errors import Problem
+from dal.config.problems import Problem
 from dal.hardware.op_classes import OP_CLASSES, op_class_of_type
 from dal.recipe.errors import RecipeError
-from dal.recipe.spec import TensorSpec, check_sparsity
+from dal.recipe.spec import TensorSpec, canonical_sparsity
 
 _REPLACE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -87,8 +87,7 @@ class Rule:
         if not (specs or self.fallback_fp16 or self.skip or self.sparsity or self.replace):
             problems.append(Problem("the rule asks for nothing; give weight/input/output, fallback: fp16, "
                                     "skip: true, sparsity or replace"))
-        if self.sparsity is not None and check_sparsity(self.sparsity):
-            problems.append(Problem(check_sparsity(self.sparsity), ("sparsity",)))
+        canonical_sparsity(self, problems)
         for i, r in enumerate(self.replace):
             if not isinstance(r, str) or not _REPLACE_NAME.match(r):
                 problems.append(Problem(f"{r!r} is not a replacement rule name", ("replace", i)))

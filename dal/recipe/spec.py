@@ -5,25 +5,36 @@ the field, the value and what is allowed.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from dal.config.nm_pattern import canonical_nm_pattern, nm_pattern_problem
+from dal.config.problems import Problem
+from dal.config.vocabulary import GRANULARITIES
 from dal.formats.qformat import QFormat, get_format
-from dal.hardware.errors import Problem
-from dal.hardware.model import GRANULARITIES
 from dal.recipe.errors import RecipeError
 
 OBSERVERS = ("minmax", "moving_average", "percentile", "kl", "mse", "none")
-SPARSITY_PATTERN = re.compile(r"^(\d+):(\d+)$")
 
 
 def check_sparsity(pattern: Any) -> str | None:
-    """Problem text for an N:M pattern such as "2:4", or None when it is valid."""
-    m = SPARSITY_PATTERN.match(pattern) if isinstance(pattern, str) else None
-    if not m or not 0 < int(m.group(1)) < int(m.group(2)):
-        return f"sparsity {pattern!r} is not an N:M pattern with 0 < N < M, such as \"2:4\""
-    return None
+    """Problem text for an N:M pattern such as "2:4", or None when it is valid.
+
+    The one rule of ``dal.config.nm_pattern`` (``1 <= N < M <= 16``), which ``dal.sparsity``
+    applies too, so what a recipe accepts is what prepare can do.
+    """
+    return nm_pattern_problem(pattern)
+
+
+def canonical_sparsity(obj, problems: list[Problem]) -> None:
+    """Check ``obj.sparsity`` (None or a pattern); store its canonical text or record a problem."""
+    if obj.sparsity is None:
+        return
+    problem = check_sparsity(obj.sparsity)
+    if problem is not None:
+        problems.append(Problem(problem, ("sparsity",)))
+    else:
+        object.__setattr__(obj, "sparsity", canonical_nm_pattern(obj.sparsity))
 
 
 def role_defaults(fmt: QFormat, role: str) -> dict:
@@ -181,8 +192,7 @@ class LayerSpec:
                 problems.append(Problem(f"expected a TensorSpec or None, got {v!r}", (role,)))
         if self.fallback_fp16 and any(getattr(self, r) is not None for r in ("weight", "input", "output")):
             problems.append(Problem("a layer kept in FP16 has no weight/input/output specs", ("fallback_fp16",)))
-        if self.sparsity is not None and check_sparsity(self.sparsity):
-            problems.append(Problem(check_sparsity(self.sparsity), ("sparsity",)))
+        canonical_sparsity(self, problems)
         object.__setattr__(self, "replace", tuple(self.replace))
         if problems:
             raise RecipeError(problems)

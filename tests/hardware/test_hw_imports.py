@@ -1,12 +1,17 @@
-"""dal.hardware and dal.recipe deal in strings: no torch, and only the layers above them."""
+"""dal.config, dal.hardware and dal.recipe deal in strings: no torch, and only the layers above them.
+
+dal.config is the neutral plumbing both loaders use; it imports nothing from them (only
+dal.formats' format table), so recipe and hardware never import each other's internals for it.
+"""
 import ast
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "dal"
-ALLOWED = {"hardware": ("dal.formats", "dal.hardware"),
-           "recipe": ("dal.formats", "dal.hardware", "dal.recipe")}
+ALLOWED = {"config": ("dal.config", "dal.formats.qformat"),
+           "hardware": ("dal.config", "dal.formats", "dal.hardware"),
+           "recipe": ("dal.config", "dal.formats", "dal.hardware", "dal.recipe")}
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
@@ -22,3 +27,10 @@ def test_imports(package):
                 assert not name.startswith("torch"), f"{path.name} imports {name}"
                 if name.startswith("dal"):
                     assert name.startswith(ALLOWED[package]), f"{path.name} imports {name}"
+
+
+@pytest.mark.parametrize("module", ["yaml_lines", "bundled", "errors"])
+def test_recipe_does_not_reach_into_hardware_for_plumbing(module):
+    """The plumbing moved to dal.config; recipe code imports it from there."""
+    for path in sorted((ROOT / "recipe").glob("*.py")):
+        assert f"dal.hardware.{module}" not in path.read_text(), f"{path.name} imports dal.hardware.{module}"

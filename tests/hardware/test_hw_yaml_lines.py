@@ -1,8 +1,8 @@
 """Line-aware YAML loading: every key path keeps its line; syntax errors name file and line."""
 import pytest
 
-from dal.hardware.errors import ConfigError
-from dal.hardware.yaml_lines import from_data, load_yaml_file, load_yaml_text
+from dal.config.problems import ConfigError
+from dal.config.yaml_lines import from_data, load_yaml_file, load_yaml_text
 
 
 def test_lines_of_keys_and_items():

@@ -9,8 +9,9 @@ from __future__ import annotations
 import difflib
 from typing import Any, Iterable
 
+from dal.config.nm_pattern import canonical_nm_pattern, nm_pattern_problem
+from dal.config.problems import ConfigError, Problem
 from dal.formats.qformat import FORMATS, QFormat, get_format
-from dal.hardware.errors import ConfigError, Problem
 
 
 def closest(word: Any, choices: Iterable[str]) -> str | None:
@@ -22,11 +23,13 @@ def closest(word: Any, choices: Iterable[str]) -> str | None:
 
 
 def did_you_mean(word: Any, choices: Iterable[str]) -> str:
+    """``"; did you mean 'a2000'?"`` when a choice is close to ``word``, else ``""``."""
     near = closest(word, choices)
     return f"; did you mean {near!r}?" if near else ""
 
 
 def type_name(value: Any) -> str:
+    """The YAML word for the type of ``value`` (``integer``, ``string``, ``mapping``, ...)."""
     if value is None:
         return "null"
     return {bool: "boolean", int: "integer", float: "number", str: "string",
@@ -118,6 +121,22 @@ class Checker:
         if items is None:
             return None
         out = [self.string(v, tuple(path) + (i,), choices) for i, v in enumerate(items)]
+        return None if any(v is None for v in out) else tuple(out)
+
+    def nm_pattern(self, value: Any, path: tuple) -> str | None:
+        """An N:M sparsity pattern (``dal.config.nm_pattern``: ``1 <= N < M <= 16``), canonical text."""
+        problem = nm_pattern_problem(value)
+        if problem is not None:
+            self.add(path, problem)
+            return None
+        return canonical_nm_pattern(value)
+
+    def nm_patterns(self, value: Any, path: tuple) -> tuple[str, ...] | None:
+        """A list of N:M patterns (a single one counts as a one-item list)."""
+        items = self.listing(value, path)
+        if items is None:
+            return None
+        out = [self.nm_pattern(v, tuple(path) + (i,)) for i, v in enumerate(items)]
         return None if any(v is None for v in out) else tuple(out)
 
     def qformat(self, value: Any, path: tuple) -> QFormat | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dal.hardware.errors import ConfigError, Problem
+from dal.config.problems import ConfigError, Problem
 
 
 @dataclass(frozen=True)
