@@ -1,11 +1,14 @@
 """Lazy build and load of the fused fake-quant kernel (``csrc/fake_quant.cpp``) through ctypes.
 
-Nothing happens at import. :func:`library` compiles the kernel on first call and caches the
-shared object under ``$XDG_CACHE_HOME/dal`` (default ``~/.cache/dal``) with a name carrying a
-hash of the source, flags and compiler, so an unchanged kernel is never built twice and a
-changed one never loads a stale build. Concurrent builders (pytest-xdist workers, DDP ranks)
-each compile to a private temporary file and ``os.replace`` it into place: the rename is atomic,
-so a reader sees either no file or a complete one.
+Nothing happens at import. :func:`library` compiles the kernel on first call
+(:func:`compile_library`) and caches the shared object under ``$XDG_CACHE_HOME/dal/kernels``
+(default ``~/.cache/dal/kernels``) with a name carrying :func:`cache_key`, a hash of the source,
+flags, compiler (path and ``--version``) and platform, so an unchanged kernel is never built
+twice and a changed one (or another compiler, or a CPU without AVX2) never loads a stale build.
+Concurrent builders (pytest-xdist workers, DDP ranks, other checkouts and venvs) each compile to
+a private temporary file and ``os.replace`` it into place: the rename is atomic, so a reader
+sees either no file or a complete one, and the leftovers of a build killed midway are removed
+by the next one. The compile takes about a second, so it is silent and takes no lock.
 
 Why ctypes and not ``torch.utils.cpp_extension``: the kernel has a plain C ABI over raw float
 pointers and includes no torch header, so it compiles in about a second instead of a minute,
@@ -15,11 +18,14 @@ eager path (which computes the same bits).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -67,19 +73,77 @@ def _cache_dir() -> str:
     return os.path.join(root, "dal", "kernels")
 
 
-def _build(cxx: str) -> str:
-    flags = _compile_flags(cxx)
-    with open(_SOURCE, "rb") as f:
-        source = f.read()
-    h = hashlib.sha256(source + " ".join([cxx, *flags, sys.platform]).encode()).hexdigest()[:16]
-    target = os.path.join(_cache_dir(), f"dal_fake_quant_{h}.so")
+@functools.lru_cache(maxsize=None)
+def _compiler_version(cxx: str) -> str:
+    r = subprocess.run([cxx, "--version"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"`{cxx} --version` exited {r.returncode}: {r.stderr.strip()[-500:]}")
+    return r.stdout.strip()
+
+
+def cache_key(source: bytes, cxx: str, flags: list[str]) -> str:
+    """16 hex digits naming the shared object: a hash of everything that changes it.
+
+    That is the source text, the flags (CPU-dependent ones included), the compiler (resolved
+    path and ``--version``), the platform and the C ABI version this module expects. Python and
+    torch are not in it: the library includes neither.
+    """
+    cxx = shutil.which(cxx) or cxx
+    parts = [source.hex(), *flags, os.path.realpath(cxx), _compiler_version(cxx), sys.platform,
+             platform.machine(), str(_ABI_VERSION)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _host() -> str:
+    return "".join(c if c.isalnum() or c == "." else "_" for c in socket.gethostname()) or "host"
+
+
+def _remove_abandoned(cache: str) -> None:
+    """Delete temporary files of builds on this host whose process is gone (killed midway)."""
+    for entry in os.listdir(cache):
+        if not entry.startswith(".tmp-"):
+            continue
+        pid_s, _, rest = entry[len(".tmp-"):].partition("-")
+        if not pid_s.isdigit() or rest.rpartition("-")[0] != _host() or int(pid_s) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_s), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(cache, entry))
+        except PermissionError:  # alive, another user's
+            pass
+
+
+def compile_library(source: str, cache_dir: str | None = None, cxx: str | None = None,
+                    flags: list[str] | None = None) -> str:
+    """Path of the shared object built from the C++ file ``source``, compiling only when missing.
+
+    It is ``<cache_dir>/dal_<stem>_<cache_key>.so`` (default cache ``$XDG_CACHE_HOME/dal/kernels``,
+    i.e. ``~/.cache/dal/kernels``). ``cxx`` defaults to ``$CXX``, else c++, else g++; ``flags``
+    to this module's (-O3, AVX2/FMA when the CPU has them, OpenMP when the compiler links it).
+    Each build compiles to a private ``.tmp-<pid>-<host>-*`` file and ``os.replace`` s it into
+    place, so concurrent builders never see a partial file (the last rename wins; all are
+    equivalent), and the files of a build killed midway are removed by the next build.
+    Raises RuntimeError with the compiler's output when the compile fails.
+    """
+    cxx = cxx or _find_compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (looked for $CXX, c++, g++)")
+    flags = _compile_flags(cxx) if flags is None else list(flags)
+    with open(source, "rb") as f:
+        text = f.read()
+    cache = os.path.abspath(cache_dir or _cache_dir())
+    stem = os.path.splitext(os.path.basename(source))[0]
+    target = os.path.join(cache, f"dal_{stem}_{cache_key(text, cxx, flags)}.so")
     if os.path.exists(target):
         return target
-    os.makedirs(_cache_dir(), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=_cache_dir())
+    os.makedirs(cache, exist_ok=True)
+    _remove_abandoned(cache)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-{_host()}-", suffix=".so", dir=cache)
     os.close(fd)
     try:
-        r = subprocess.run([cxx, *flags, _SOURCE, "-o", tmp], capture_output=True, text=True)
+        r = subprocess.run([cxx, *flags, source, "-o", tmp], capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"{cxx} failed:\n{r.stderr[-2000:]}")
         os.replace(tmp, target)
@@ -89,6 +153,10 @@ def _build(cxx: str) -> str:
     return target
 
 
+def _find_compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
 @functools.lru_cache(maxsize=1)
 def library():
     """The loaded kernel (a ``ctypes.CDLL``) or None when it cannot be built; see :func:`status`."""
@@ -96,12 +164,12 @@ def library():
     if not os.path.exists(_SOURCE):
         _status = f"kernel source {_SOURCE} is missing from this installation"
         return None
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    cxx = _find_compiler()
     if cxx is None:
         _status = "no C++ compiler found (looked for $CXX, c++, g++): install one, e.g. apt-get install g++"
         return None
     try:
-        lib = ctypes.CDLL(_build(cxx))
+        lib = ctypes.CDLL(compile_library(_SOURCE, cxx=cxx))
     except Exception as e:  # compile error, unwritable cache, bad .so: the eager path still works
         _status = f"building the fused fake-quant kernel failed: {e}"
         return None
