@@ -22,8 +22,10 @@ def save_checkpoint(model: nn.Module, path: Union[str, os.PathLike], **extra) ->
     """
     import dal
 
-    recipe = getattr(model, "_dal_recipe", None)
-    hardware = getattr(model, "_dal_hardware", None)
+    from .prepare.handle import find_prepared
+
+    handle = find_prepared(model)
+    recipe, hardware = (handle.recipe, handle.hardware) if handle is not None else (None, None)
     if recipe is None:
         raise ValueError("save_checkpoint: the model was not prepared with dal.prepare_qat (no recipe attached)")
     torch.save({"state_dict": model.state_dict(), "recipe": recipe.to_dict(),

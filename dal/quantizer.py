@@ -1,21 +1,31 @@
 """FakeQuantizer: one tensor's format, observer and quantization parameters, as an nn.Module.
 
-States (``quantizer.state``):
+States (``quantizer.state``, a :class:`QState`, equal to its name: ``q.state == "frozen"``):
 
 * ``observe``  — calibration: the observer sees the tensor, the output is the input unchanged;
 * ``quantize`` — QAT: fake quantization with the current (scale, zero_point); a cheap observer
-  (min-max) keeps updating them each step, a learnable scale is trained instead;
+  (min-max) keeps updating them each training step, a learnable scale is trained instead;
 * ``frozen``   — fake quantization with fixed parameters, observer off (late QAT, export); a
   learnable scale is a Parameter and the optimizer keeps training it in this state too (DDP
   expects a gradient for every Parameter it wrapped): to fix it, leave it out of the optimizer;
 * ``off``      — identity; the float model.
 
-The state is a buffer, so ``state_dict`` round-trips it together with scale and zero point.
+Everything that changes a quantizer's state or parameters is a method of this file:
+``set_state`` only sets the state; ``compute_qparams`` takes (scale, zero_point) from the
+observer; ``end_observation`` is the calibration transition (compute, then set);
+``set_qparams`` / ``clear_qparams`` / ``snapshot`` / ``restore`` serve the searches that try
+scales and put them back; :func:`quantizer_states` switches a whole model for a ``with`` block.
+
+The state is a buffer (``state_code``), so ``state_dict`` round-trips it together with scale
+and zero point; the forward reads a Python mirror of it, chosen once per state change.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
+import enum
 import math
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -24,7 +34,40 @@ from .formats import PER_TENSOR, Granularity, code_range, fake_quantize, get_for
 from .formats.qparams import MIN_SCALE
 from .observers import make_observer
 
-STATES = ("observe", "quantize", "frozen", "off")
+
+class QState(str, enum.Enum):
+    """A quantizer's state; a ``str`` so that ``q.state == "frozen"`` reads naturally."""
+
+    OBSERVE = "observe"
+    QUANTIZE = "quantize"
+    FROZEN = "frozen"
+    OFF = "off"
+
+    @property
+    def code(self) -> int:
+        """The integer stored in the ``state_code`` buffer (checkpoints keep these numbers)."""
+        return _CODES[self]
+
+    @property
+    def quantizes(self) -> bool:
+        """True for the states that fake-quantize (``quantize`` and ``frozen``)."""
+        return self in (QState.QUANTIZE, QState.FROZEN)
+
+    @classmethod
+    def of(cls, state) -> "QState":
+        """``state`` (a QState or its name) as a QState; a bad name raises ``ValueError``."""
+        try:
+            return cls(state)
+        except ValueError:
+            raise ValueError(f"state={state!r} is not one of {STATES}") from None
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATES = tuple(s.value for s in QState)
+_CODES = {s: i for i, s in enumerate(QState)}
+_BY_CODE = tuple(QState)
 
 
 class FakeQuantizer(nn.Module):
@@ -43,7 +86,7 @@ class FakeQuantizer(nn.Module):
 
     Example:
         >>> fq = FakeQuantizer("int8", observer="minmax")
-        >>> _ = fq(torch.randn(8, 16)); fq.set_state("frozen")
+        >>> _ = fq(torch.randn(8, 16)); _ = fq.end_observation("frozen")
         >>> y = fq(torch.randn(8, 16))
     """
 
@@ -72,54 +115,101 @@ class FakeQuantizer(nn.Module):
         else:
             self.register_buffer("scale", torch.empty(0))
             self.register_buffer("zero_point", torch.empty(0, dtype=torch.int32))
+        self._mirror(QState.OBSERVE)
 
     # ---- state -------------------------------------------------------------------------
     @property
-    def state(self) -> str:
-        return STATES[int(self.state_code)]
+    def state(self) -> QState:
+        return self._state
 
-    def set_state(self, state: str) -> "FakeQuantizer":
-        """Switch state; leaving ``observe`` computes (scale, zero_point) from the observer."""
-        if state not in STATES:
-            raise ValueError(f"state={state!r} is not one of {STATES}")
-        if state in ("quantize", "frozen") and self.fmt.is_scaled and not self.initialized:
-            if self.observer is None or not self.observer.has_data:
-                raise RuntimeError(
-                    f"quantizer {self.name or '<unnamed>'} ({self.fmt.name}) has no scale yet: "
-                    "calibrate it (dal.calibrate) before switching to 'quantize' or 'frozen'")
-            self.update_qparams()
-        elif state in ("quantize", "frozen") and self.prev_state_was_observe and self.fmt.is_scaled:
-            if self.observer is not None and self.observer.has_data and not self.learnable:
-                self.update_qparams()
-        self.state_code.fill_(STATES.index(state))
+    def set_state(self, state) -> "FakeQuantizer":
+        """Set the state, and only that: scale and zero point are untouched. Switching a scaled
+        format to ``quantize`` or ``frozen`` needs them set (``compute_qparams``,
+        ``end_observation`` or ``dal.calibrate``); without them it raises, naming the quantizer."""
+        state = QState.of(state)
+        if state.quantizes and self.fmt.is_scaled and not self.initialized:
+            raise RuntimeError(
+                f"quantizer {self.name or '<unnamed>'} ({self.fmt.name}) has no scale yet: "
+                "calibrate it (dal.calibrate, or end_observation after observing) before switching to "
+                f"{state.value!r}")
+        self._write_state(state)
         return self
 
-    @property
-    def prev_state_was_observe(self) -> bool:
-        return self.state == "observe"
+    def end_observation(self, state="quantize") -> "FakeQuantizer":
+        """The calibration transition: leave ``observe`` for ``state``, first taking (scale,
+        zero_point) from the observer when it has seen data — except for a learnable scale that
+        is already initialised, which keeps what it learned. Outside ``observe`` it is
+        ``set_state``."""
+        if self._state is QState.OBSERVE and self.fmt.is_scaled and self.observer is not None \
+                and self.observer.has_data and not (self.learnable and self.initialized):
+            self.compute_qparams()
+        return self.set_state(state)
 
     @property
     def initialized(self) -> bool:
         return self.scale.numel() > 0
 
+    def _write_state(self, state: QState) -> None:
+        self.state_code.fill_(state.code)
+        self._mirror(state)
+
+    def _mirror(self, state: QState) -> None:
+        """The forward's view of the state, decided once here instead of on every call."""
+        self._state = state
+        self._fake_quant = state.quantizes and self.fmt.is_scaled
+        self._cast = state.quantizes and not self.fmt.is_scaled
+        # QAT with a cheap observer (min-max) keeps updating the scale each training step; which
+        # observer it is can change (calibration methods swap them), so that is read per call.
+        self._tracks_range = state is QState.QUANTIZE and self.fmt.is_scaled and not self.learnable
+
+    # ---- parameters --------------------------------------------------------------------
     @torch.no_grad()
-    def update_qparams(self) -> None:
-        """(scale, zero_point) <- the observer's proposal."""
+    def compute_qparams(self) -> None:
+        """(scale, zero_point) <- the observer's proposal (``observer.calculate_qparams()``)."""
+        if self.observer is None or not self.observer.has_data:
+            raise RuntimeError(f"quantizer {self.name or '<unnamed>'} ({self.fmt.name}): its observer has seen "
+                               "no data; run calibration data through the model first")
         scale, zero_point = self.observer.calculate_qparams()
-        self._set_qparams(scale.to(self.scale.device), zero_point.to(self.scale.device))
+        self.set_qparams(scale.to(self.scale.device), zero_point.to(self.scale.device))
 
     @torch.no_grad()
-    def _set_qparams(self, scale: torch.Tensor, zero_point: torch.Tensor) -> None:
+    def set_qparams(self, scale: torch.Tensor, zero_point: torch.Tensor) -> None:
+        """Make ``(scale, zero_point)`` this quantizer's (copies; a new shape is adopted)."""
         if self.learnable:
             self.scale.data = scale.clone().float()
             self.zero_point.data = zero_point.clone().float()
+        elif self.scale.shape != scale.shape:
+            self.scale = scale.clone().float()
+            self.zero_point = zero_point.clone().to(torch.int32)
         else:
-            if self.scale.shape != scale.shape:
-                self.scale = scale.clone().float()
-                self.zero_point = zero_point.clone().to(torch.int32)
-            else:
-                self.scale.copy_(scale)
-                self.zero_point.copy_(zero_point)
+            self.scale.copy_(scale)
+            self.zero_point.copy_(zero_point)
+
+    @torch.no_grad()
+    def clear_qparams(self) -> None:
+        """Back to the uncalibrated state's empty scale and zero point."""
+        if self.learnable:
+            self.scale.data = torch.empty(0, device=self.scale.device)
+            self.zero_point.data = torch.empty(0, device=self.scale.device)
+        else:
+            self.scale = torch.empty(0, device=self.scale.device)
+            self.zero_point = torch.empty(0, dtype=torch.int32, device=self.scale.device)
+
+    def snapshot(self) -> tuple:
+        """Everything a search may change (state, observer, scale, zero point), for ``restore``."""
+        return (self._state, copy.deepcopy(self.observer), self.scale.detach().clone(),
+                self.zero_point.detach().clone())
+
+    @torch.no_grad()
+    def restore(self, snap: tuple) -> None:
+        """Put back what ``snapshot`` saw, exactly (no qparams are recomputed)."""
+        state, observer, scale, zero_point = snap
+        self.observer = copy.deepcopy(observer)
+        if scale.numel():
+            self.set_qparams(scale, zero_point)
+        else:
+            self.clear_qparams()
+        self._write_state(state)
 
     def effective_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scale, zero_point)`` as the forward applies them, detached: a learnable (LSQ+)
@@ -157,28 +247,30 @@ class FakeQuantizer(nn.Module):
 
     # ---- forward -----------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        code = int(self.state_code)
-        if code == 3:  # off
-            return x
-        if code == 0:  # observe: the output is the input unchanged, for every format
-            if self.observer is not None:
+        # One branch per state, decided at the state change (_mirror): no per-call checks.
+        if self._fake_quant:
+            if self._tracks_range and self.training and self.observer.updates_during_training:
                 self.observer(x)
-            return x
-        if not self.fmt.is_scaled:
+                self.compute_qparams()
+            elif not self.initialized:
+                raise RuntimeError(f"quantizer {self.name or '<unnamed>'} has no scale: calibrate first")
+            if self.learnable:
+                return self._learnable_forward(x)
+            return fake_quantize(x, self.fmt, self.scale, self.zero_point, self.granularity, self.narrow_range,
+                                 check=False)
+        if self._cast:
             return fake_quantize(x, self.fmt, check=False)
-        if code == 1 and not self.learnable and self.observer.updates_during_training and self.training:
+        if self._state is QState.OBSERVE and self.observer is not None:
             self.observer(x)
-            self.update_qparams()
-        if not self.initialized:
-            raise RuntimeError(f"quantizer {self.name or '<unnamed>'} has no scale: calibrate first")
-        scale, zero_point, grad_scale = self.scale, self.zero_point, 1.0
-        if self.learnable:
-            self.project_learned_qparams_()
-            # LSQ: g = 1 / sqrt(N_per_scale * qmax) keeps the scale's step size comparable to the weights'.
-            per_scale = max(x.numel() // max(self.scale.numel(), 1), 1)
-            grad_scale = 1.0 / math.sqrt(per_scale * max(abs(self.qmax), 1.0))
-        return fake_quantize(x, self.fmt, scale, zero_point, self.granularity, self.narrow_range,
-                             learnable=self.learnable, grad_scale=grad_scale, check=False)
+        return x  # observe and off: the output is the input unchanged
+
+    def _learnable_forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.project_learned_qparams_()
+        # LSQ: g = 1 / sqrt(N_per_scale * qmax) keeps the scale's step size comparable to the weights'.
+        per_scale = max(x.numel() // max(self.scale.numel(), 1), 1)
+        grad_scale = 1.0 / math.sqrt(per_scale * max(abs(self.qmax), 1.0))
+        return fake_quantize(x, self.fmt, self.scale, self.zero_point, self.granularity, self.narrow_range,
+                             learnable=True, grad_scale=grad_scale, check=False)
 
     # ---- persistence -------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
@@ -196,6 +288,7 @@ class FakeQuantizer(nn.Module):
                         setattr(self, name, torch.empty_like(value, dtype=current.dtype))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
+        self._mirror(_BY_CODE[int(self.state_code)])
 
     def extra_repr(self) -> str:
         parts = [self.fmt.name, str(self.granularity)]
@@ -206,9 +299,39 @@ class FakeQuantizer(nn.Module):
             parts.append(f"observer={self.observer_name}")
         if self.learnable:
             parts.append("learnable")
-        parts.append(f"state={self.state}")
+        parts.append(f"state={self.state.value}")
         if self.initialized:
             s = self.scale.detach().flatten()
             parts.append(f"scale={float(s[0]):.4g}" if s.numel() == 1 else
                          f"scale=[{s.numel()} values {float(s.min()):.3g}..{float(s.max()):.3g}]")
         return ", ".join(parts)
+
+
+def quantizers(model: nn.Module) -> Iterator[tuple[str, FakeQuantizer]]:
+    """``(path, quantizer)`` of every FakeQuantizer in ``model`` (itself included), in module order."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, FakeQuantizer):
+            yield name, mod
+
+
+@contextlib.contextmanager
+def quantizer_states(model: nn.Module, state=None) -> Iterator[list[FakeQuantizer]]:
+    """``with quantizer_states(model, "off"):`` — every quantizer of ``model`` in ``state`` for the
+    block (None: unchanged), and each one's own state, exactly, back on exit (also on an
+    exception; no scale is recomputed). Yields the quantizers.
+
+    >>> with dal.quantizer_states(model, "off"):
+    ...     float_out = model(x)        # the float model, whatever the states were
+    """
+    qs = [q for _, q in quantizers(model)]
+    saved = [(q, q.state) for q in qs]
+    try:
+        if state is not None:
+            target = QState.of(state)
+            for q in qs:
+                # "off" and "observe" need no scale; a quantizing state is refused by set_state.
+                q.set_state(target)
+        yield qs
+    finally:
+        for q, s in saved:
+            q._write_state(s)

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import dal
 import dal.formats as F
 from dal.quantizer import FakeQuantizer
 
@@ -18,7 +19,7 @@ def test_states_behave_as_documented():
     assert fq.state == "observe"
     x = torch.randn(50) * 2
     assert fq(x) is x and fq.observer.has_data                       # observe: identity, observer sees it
-    fq.set_state("quantize")                                          # leaving observe computes qparams
+    fq.end_observation("quantize")                                    # leaving observe computes qparams
     s0 = float(fq.scale)
     assert s0 == pytest.approx(float(x.abs().max()) / 127)
     y = fq(x)
@@ -43,7 +44,7 @@ def test_fp16_quantizer_states():
     fq = FakeQuantizer("fp16")
     x = torch.tensor([1.0 + 2 ** -12, 70000.0])
     assert fq(x) is x                                                 # observe: unchanged
-    fq.set_state("quantize")
+    fq.set_state("quantize")                                          # a cast has no scale to compute
     assert fq(x).tolist() == [1.0, float("inf")]                      # a cast round trip
 
 
@@ -51,7 +52,8 @@ def test_error_before_calibration_names_the_quantizer():
     fq = FakeQuantizer("int4", name="encoder.layers.3.fc1.weight_quantizer")
     with pytest.raises(RuntimeError, match=r"encoder\.layers\.3\.fc1\.weight_quantizer \(int4\).*calibrate"):
         fq.set_state("quantize")
-    fq.eval().state_code.fill_(1)  # forced into quantize without a scale (eval: no min-max update)
+    sd = {**fq.state_dict(), "state_code": torch.tensor(1, dtype=torch.int8)}
+    fq.eval().load_state_dict(sd)  # a checkpoint that says "quantize" without a scale (eval: no min-max update)
     with pytest.raises(RuntimeError, match=r"encoder\.layers\.3\.fc1\.weight_quantizer has no scale"):
         fq(torch.randn(3))
 
@@ -67,7 +69,7 @@ def test_state_dict_round_trips_exactly_into_a_fresh_quantizer(kw):
     fq = FakeQuantizer(fmt, **kw)
     for _ in range(3):
         fq(torch.randn(6, 8))
-    fq.set_state("frozen")
+    fq.end_observation("frozen")
     sd = fq.state_dict()
     fresh = FakeQuantizer(fmt, **kw)
     fresh.load_state_dict(sd)
@@ -82,9 +84,9 @@ def test_readable_repr():
     fq = FakeQuantizer("int8", F.per_channel(0), observer="minmax", name="fc")
     assert "int8, per_channel(axis=0), symmetric, observer=minmax, state=observe" in repr(fq)
     fq(torch.randn(4, 3))
-    fq.set_state("frozen")
+    fq.end_observation("frozen")
     assert "state=frozen" in repr(fq) and "scale=[4 values" in repr(fq)
-    assert "scale=" in repr(_calibrated("fp8_e4m3").set_state("frozen"))
+    assert "scale=" in repr(_calibrated("fp8_e4m3").end_observation("frozen"))
 
 
 def test_learnable_scale_trains():
@@ -92,7 +94,7 @@ def test_learnable_scale_trains():
     x = torch.randn(4096) * 2
     fq = FakeQuantizer("int4", learnable=True)
     fq(x)
-    fq.set_state("quantize")
+    fq.end_observation("quantize")
     with torch.no_grad():
         fq.scale.mul_(4.0)  # start far from a good step size
     opt = torch.optim.Adam([fq.scale], lr=0.05)
@@ -114,7 +116,7 @@ def test_learned_scale_and_zero_point_pushed_out_of_range_are_projected_back():
     x = torch.rand(512) * 4 - 1
     fq = FakeQuantizer("uint8", symmetric=False, learnable=True)
     fq(x)
-    fq.set_state("quantize")
+    fq.end_observation("quantize")
     with torch.no_grad():
         fq.scale.fill_(-0.5)
         fq.zero_point.fill_(300.0)
@@ -130,7 +132,7 @@ def test_learnable_quantizer_called_twice_in_one_forward_still_backpropagates():
     fq = FakeQuantizer("int8", learnable=True)
     x = torch.randn(64, requires_grad=True)
     fq(x.detach())
-    fq.set_state("quantize")
+    fq.end_observation("quantize")
     (fq(x) + fq(2 * x)).sum().backward()  # the projection must not invalidate saved tensors
     assert fq.scale.grad is not None and x.grad is not None
 
@@ -148,9 +150,55 @@ def test_export_projects_a_learned_scale_left_out_of_range(tmp_path):
     x = torch.randn(16, 8)
     layer(x)
     for q in (layer.input_quant, layer.weight_quant):
-        q.set_state("frozen")
+        q.end_observation("frozen")
     with torch.no_grad():
         layer.input_quant.scale.fill_(-1.0)  # as a last optimizer step might leave it
     proto = dal.export_onnx(layer.eval(), (x,), str(tmp_path / "fc.onnx"))
     scales = [onnx.numpy_helper.to_array(i) for i in proto.graph.initializer if i.name.endswith("input_quant.scale")]
     assert scales and all((s > 0).all() for s in scales)
+
+
+def test_set_state_only_sets_the_state():
+    """Observing then ``set_state`` changes nothing but the state: the scale stays what it was
+    until ``compute_qparams`` / ``end_observation`` asks the observer (the float64 oracle is
+    the observed range over 127)."""
+    fq = FakeQuantizer("int8", observer="minmax")
+    fq(torch.full((4,), 2.0))
+    fq.end_observation("frozen")
+    assert float(fq.scale) == pytest.approx(2.0 / 127)
+    fq.set_state("observe")
+    fq(torch.full((4,), 8.0))
+    fq.set_state("quantize")                                          # no recomputation
+    assert float(fq.scale) == pytest.approx(2.0 / 127)
+    fq.compute_qparams()                                              # explicit
+    assert float(fq.scale) == pytest.approx(8.0 / 127)
+    assert fq.state == "quantize" and fq.state is dal.QState.QUANTIZE and fq.state.code == 1
+
+
+def test_quantizer_states_restores_each_quantizers_own_state():
+    from torch import nn
+
+    model = nn.Sequential(FakeQuantizer("int8"), FakeQuantizer("int8"), FakeQuantizer("fp16"))
+    model(torch.randn(8))
+    model[0].end_observation("frozen")
+    model[1].end_observation("quantize")
+    x = torch.randn(8)
+    before = model(x)
+    with pytest.raises(KeyError):
+        with dal.quantizer_states(model, "off") as qs:
+            assert len(qs) == 3 and all(q.state == "off" for q in qs)
+            assert torch.equal(model(x), x)
+            raise KeyError("an exception inside the block")
+    assert [q.state for q in model] == ["frozen", "quantize", "observe"]
+    assert torch.equal(model(x), before)
+
+
+def test_state_survives_a_checkpoint_round_trip_into_the_forward():
+    """The forward reads a mirror of the ``state_code`` buffer: loading a state_dict must
+    update it, or a loaded frozen quantizer would keep observing."""
+    fq = _calibrated().end_observation("frozen")
+    fresh = FakeQuantizer("int8")
+    fresh.load_state_dict(fq.state_dict())
+    assert fresh.state == "frozen"
+    x = torch.linspace(-5, 5, 11)
+    assert torch.equal(fresh(x), fq(x)) and not torch.equal(fresh(x), x)

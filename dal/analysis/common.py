@@ -7,17 +7,16 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..calibration.methods import set_state_code
+from ..nn.base import QATModule
 from ..nn.modes import eval_mode
-from ..prepare.state import quantizers
-from ..quantizer import FakeQuantizer
+from ..quantizer import FakeQuantizer, quantizer_states, quantizers
 
 ACTIVE = ("quantize", "frozen")
 
 
 def qat_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(path, module) of every QAT module (anything with ``qat_name``), in registration order."""
-    return [(name, mod) for name, mod in model.named_modules() if name and hasattr(mod, "qat_name")]
+    """(path, module) of every QAT module (``dal.nn.QATModule``), in registration order."""
+    return [(name, mod) for name, mod in model.named_modules() if name and isinstance(mod, QATModule)]
 
 
 def layer_quantizers(mod: nn.Module) -> list[FakeQuantizer]:
@@ -38,22 +37,19 @@ def active_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def evaluating(*models: nn.Module) -> Iterator[None]:
     """Eval mode, no grad, and every quantizer's state put back afterwards (without recomputing
     scales), whatever the analysis switched on or off meanwhile."""
-    saved = [(m, [(q, q.state) for _, q in quantizers(m)]) for m in models if m is not None]
-    try:
-        with contextlib.ExitStack() as stack, torch.no_grad():
-            for m, _ in saved:
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        for m in models:
+            if m is not None:
+                stack.enter_context(quantizer_states(m))
                 stack.enter_context(eval_mode(m))
-            yield
-    finally:
-        for m, states in saved:
-            for q, s in states:
-                set_state_code(q, s)
+        yield
 
 
 def switch(qs, state: str) -> None:
-    """Set quantizers to ``state`` ("off", or back to what they were via a dict q -> state)."""
+    """Set quantizers to ``state`` ("off", or back to what one was): ``set_state``, no scale
+    recomputed."""
     for q in qs:
-        set_state_code(q, state)
+        q.set_state(state)
 
 
 def flat_outputs(out) -> list[torch.Tensor]:

@@ -111,7 +111,8 @@ def auto_fallback(model: nn.Module, data: Optional[Iterable] = None, target: flo
         >>> res = dal.analysis.auto_fallback(qat, loader, target=0.995, float_model=net)  # doctest: +SKIP
         >>> res.recipe.to_yaml("my_recipe.yaml"); res.layers                               # doctest: +SKIP
     """
-    recipe = getattr(model, "_dal_recipe", None)
+    handle = find_prepared(model)
+    recipe = handle.recipe if handle is not None else None
     if recipe is None:
         raise ValueError("auto_fallback: the model was not prepared with dal.prepare_qat (no recipe attached)")
     sens = sensitivity(model, data, metric, num_batches, input_fn=input_fn, progress=progress)
@@ -161,11 +162,11 @@ def _verify(result, model, float_model, data, metric, order, limit, example_inpu
     if example_inputs is None:
         args, _ = cached_inputs(data, 1, input_fn=input_fn)[0]
         example_inputs = args
-    hardware = getattr(model, "_dal_hardware", None)
+    hardware = prepared(model).hardware
     ex = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
 
     def real(names):
-        recipe = _recipe_with(model._dal_recipe, names)
+        recipe = _recipe_with(prepared(model).recipe, names)
         fresh = prepare_qat(copy.deepcopy(float_model), recipe=recipe, hardware=hardware, example_inputs=ex)
         calibrate(fresh, data, num_batches, input_fn=input_fn, progress=False, **calibrate_args)
         with evaluating(fresh):

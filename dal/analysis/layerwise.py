@@ -1,6 +1,6 @@
 """layerwise(float_model, qat_model, data): how far each quantized layer's output is from float.
 
-What is compared, per QAT module (anything with ``qat_name``) at path ``p`` of the QAT model:
+What is compared, per QAT module (a ``dal.nn.QATModule``) at path ``p`` of the QAT model:
 
 * the QAT module's output: after its fused activation and its output quantizer, if any;
 * against the float model's module at the same path ``p`` (same input batch, each model fed
@@ -26,6 +26,8 @@ from torch import nn
 
 from ..calibration.batches import cached_inputs, run_model
 from ..nn.base import apply_activation
+from ..nn.base import QATModule
+from ..prepare.handle import find_prepared
 from ..prepare.state import quantizers
 from .common import active_layers, evaluating, switch
 from .metrics import ErrorStats
@@ -55,7 +57,8 @@ class LayerwiseReport:
 
 
 def _fused_bn_path(qat_model: nn.Module, float_model: nn.Module, path: str) -> Optional[str]:
-    report = getattr(qat_model, "dal_report", None)
+    handle = find_prepared(qat_model)
+    report = handle.report if handle is not None else None
     for row in getattr(report, "rows", ()):
         if row.name == path:
             m = re.search(r"fused with (\S+?)(;|\s|$)", row.detail or "")
@@ -80,7 +83,7 @@ def _plan(float_model, qat_model, layers):
             if bn in float_mods:
                 plan[path] = (bn, act, f"float {bn}" + (f" + {act}" if act else ""))
                 continue
-        if path in float_mods and not hasattr(float_mods[path], "qat_name"):
+        if path in float_mods and not isinstance(float_mods[path], QATModule):
             plan[path] = (path, act, f"float {path}" + (f" + {act}" if act else ""))
         else:
             plan[path] = (None, None, "qat, quantizers off")

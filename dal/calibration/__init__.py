@@ -2,6 +2,7 @@
 
 (The package is not called ``calibrate`` so that ``dal.calibrate`` is always the function.)
 """
-from .loop import calibrate
+from .batches import check_finite_inputs, model_inputs
+from .loop import METHODS, calibrate
 
-__all__ = ["calibrate"]
+__all__ = ["calibrate", "METHODS", "model_inputs", "check_finite_inputs"]

@@ -5,7 +5,34 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
-from .loop import _check_finite, _model_inputs
+
+def model_inputs(batch, index: int = 0) -> tuple[tuple, dict]:
+    """(args, kwargs) for ``model`` from one batch: a tensor, an ``(inputs, targets)`` pair whose
+    first element is the input (or a tuple of inputs), or a dict of keyword inputs. Anything
+    else raises ``ValueError`` naming batch ``index`` and the ``input_fn=`` way out."""
+    if torch.is_tensor(batch):
+        return (batch,), {}
+    if isinstance(batch, dict):
+        return (), batch
+    if isinstance(batch, (list, tuple)) and batch:
+        first = batch[0]
+        if torch.is_tensor(first):
+            return (first,), {}
+        if isinstance(first, (list, tuple)):
+            return tuple(first), {}
+        if isinstance(first, dict):
+            return (), first
+    raise ValueError(f"calibration batch {index} has type {type(batch).__name__}: expected a tensor, an "
+                     "(inputs, targets) tuple, or a dict of keyword inputs; pass input_fn=... to unpack it")
+
+
+def check_finite_inputs(args: tuple, kwargs: dict, index: int = 0) -> None:
+    """Raise ``ValueError`` naming batch ``index`` and the input when a float input holds NaN/Inf."""
+    for pos, t in list(enumerate(args)) + list(kwargs.items()):
+        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ValueError(f"calibration batch {index}, input {pos!r}: {bad} NaN/Inf value(s); "
+                             "clean the data (scales were not updated from this batch)")
 
 
 def iter_inputs(data: Iterable, num_batches: Optional[int] = None, *, input_fn: Optional[Callable] = None,
@@ -26,9 +53,9 @@ def iter_inputs(data: Iterable, num_batches: Optional[int] = None, *, input_fn: 
     for i, batch in enumerate(it):
         if num_batches is not None and i >= num_batches:
             break
-        args, kwargs = input_fn(batch) if input_fn else _model_inputs(batch, i)
+        args, kwargs = input_fn(batch) if input_fn else model_inputs(batch, i)
         if check_finite:
-            _check_finite(args, kwargs, i)
+            check_finite_inputs(args, kwargs, i)
         seen += 1
         yield args, kwargs
     if seen == 0:
@@ -40,12 +67,12 @@ def cached_inputs(data: Iterable, num_batches: Optional[int] = None, **kwargs) -
     return list(iter_inputs(data, num_batches, **kwargs))
 
 
-def run_model(model: torch.nn.Module, args: tuple, kwargs: dict, index: int = 0):
+def run_model(model: torch.nn.Module, args: tuple, kwargs: dict, index: int = 0, what: str = "batch"):
     """``model(*args, **kwargs)``; a failure names the batch and its input shapes (wrong shapes)."""
     try:
         return model(*args, **kwargs)
     except Exception as err:
         shapes = [tuple(a.shape) for a in args if torch.is_tensor(a)]
         shapes += [(k, tuple(v.shape)) for k, v in kwargs.items() if torch.is_tensor(v)]
-        raise ValueError(f"batch {index} (input shapes {shapes}) failed in the model: "
+        raise ValueError(f"{what} {index} (input shapes {shapes}) failed in the model: "
                          f"{type(err).__name__}: {err}") from err

@@ -23,12 +23,13 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
+from ..nn.base import QATModule
 from ..nn.modes import eval_mode
 from ..observers import MinMaxObserver
-from ..prepare.state import quantizers
+from ..quantizer import quantizer_states
 from .batches import iter_inputs, run_model
-from .loop import calibrate
-from .methods import seed_range, set_state_code
+from .methods import seed_range
+from .observe import observe_ranges
 
 
 class _Stop(BaseException):
@@ -62,7 +63,7 @@ def _tunable(mod: nn.Module) -> dict:
 def _layers_in_order(model: nn.Module, inputs) -> list[tuple[str, nn.Module]]:
     order, hooks = [], []
     for name, mod in model.named_modules():
-        if name and hasattr(mod, "qat_name") and _tunable(mod):
+        if name and isinstance(mod, QATModule) and _tunable(mod):
             hooks.append(mod.register_forward_pre_hook(
                 lambda m, a, name=name: order.append((name, m)) if all(n != name for n, _ in order) else None))
     try:
@@ -160,7 +161,7 @@ def _channel_dim(mod, key: str, q) -> Optional[int]:
     return None
 
 
-def easyquant(model: nn.Module, data: Iterable, *, num_batches: Optional[int] = None,
+def easyquant(model: nn.Module, data: Iterable, num_batches: Optional[int] = None, *,
               input_fn: Optional[Callable] = None, progress: bool = True, search_batches: int = 2,
               grid=(0.5, 1.2, 11), rounds: int = 2) -> nn.Module:
     """Recipe calibration, then the alternating per-layer search of the module docstring.
@@ -176,7 +177,7 @@ def easyquant(model: nn.Module, data: Iterable, *, num_batches: Optional[int] = 
     lo, hi, points = grid
     alphas = sorted(set(torch.linspace(float(lo), float(hi), int(points)).tolist()) | {1.0})
     tee = _Tee(data, search_batches)
-    calibrate(model, tee, num_batches, input_fn=input_fn, progress=progress, method="minmax")
+    observe_ranges(model, tee, num_batches, input_fn=input_fn, progress=progress)
     xs_model = list(iter_inputs(tee.kept, None, input_fn=input_fn, desc="easyquant"))
     with eval_mode(model):
         _search_all(model, xs_model, alphas, rounds, progress)
@@ -187,14 +188,8 @@ def _search_all(model, xs_model, alphas, rounds: int, progress: bool) -> None:
     from tqdm.auto import tqdm
 
     layers = _layers_in_order(model, xs_model)
-    states = {q: q.state for _, q in quantizers(model)}
-    for q in states:
-        set_state_code(q, "off")
-    try:
+    with quantizer_states(model, "off"):
         float_out = {name: _capture(model, mod, xs_model, output=True) for name, mod in layers}
-    finally:
-        for q, s in states.items():
-            set_state_code(q, s)
     for name, mod in tqdm(layers, desc="dal.calibrate easyquant", disable=not progress, leave=False):
         xs = _capture(model, mod, xs_model, output=False)
         targets = float_out.pop(name)
@@ -226,4 +221,4 @@ def _commit(q, alpha: torch.Tensor) -> None:
     obs = q.observer
     if isinstance(obs, MinMaxObserver) and "min_val" in obs._buffers and obs.min_val.shape == alpha.shape:
         seed_range(obs, obs.min_val * alpha, obs.max_val * alpha, int(obs.batches_seen))
-        q.update_qparams()
+        q.compute_qparams()

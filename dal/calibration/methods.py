@@ -1,8 +1,8 @@
 """Calibration methods beyond the recipe's own observers: percentile, KL, MSE, EasyQuant.
 
-``dal.calibrate(model, data, method=...)`` lands here for every method other than "minmax"
-(which runs the recipe's observers in ``loop.calibrate``); ``method=None`` means the method
-the model's recipe names in its ``calibration:`` section.
+``dal.calibrate(model, data, method=...)`` dispatches here through ``loop.METHODS``
+("minmax" runs the recipe's own observers); ``method=None`` means the method the model's
+recipe names in its ``calibration:`` section.
 
 * ``percentile``, ``kl``, ``mse`` (level 0): for the duration of the calibration each
   per-tensor quantizer (activations) gets the method's histogram observer; per-channel weight
@@ -27,80 +27,63 @@ zero point. A NaN batch therefore never reaches a saved scale.
 from __future__ import annotations
 
 import contextlib
-import copy
 from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
 
 from ..observers import MinMaxObserver, make_observer
-from ..prepare.state import quantizers
-from ..quantizer import STATES
-from .loop import calibrate
+from ..quantizer import quantizers
+from .observe import observe_ranges
 
 #: method -> observer used for per-tensor quantizers
 HISTOGRAM_METHODS = {"percentile": "percentile", "kl": "kl", "mse": "mse"}
-METHODS = ("minmax", "percentile", "kl", "mse", "easyquant")
 
 
-def calibrate_with_method(model: nn.Module, data: Iterable, method: str, *, num_batches: Optional[int] = None,
-                          input_fn: Optional[Callable] = None, progress: bool = True, **method_args) -> nn.Module:
-    """Calibrate ``model`` with ``method`` (one of ``METHODS``); see the module docstring.
+def minmax_calibration(model: nn.Module, data: Iterable, num_batches: Optional[int] = None, *,
+                       input_fn: Optional[Callable] = None, progress: bool = True, **method_args) -> nn.Module:
+    """The recipe's own observers (min-max or moving-average min-max) over ``data``; takes no
+    method arguments (a stray one is refused: it belongs to another method)."""
+    if method_args:
+        raise TypeError(f"calibrate(method='minmax') takes no method arguments, got {sorted(method_args)}: "
+                        "they belong to percentile / kl / mse / easyquant")
+    return observe_ranges(model, data, num_batches, input_fn=input_fn, progress=progress)
 
-    ``method_args`` go to the method: observer arguments for the histogram methods
-    (``percentile=99.9``, ``bins=2048``, ``candidates=100``, ``stride=8``), search settings
-    for ``easyquant`` (``search_batches``, ``grid``, ``rounds``).
+
+def histogram_calibration(method: str) -> Callable:
+    """The calibration function of histogram method ``method`` ("percentile", "kl", "mse").
+
+    It takes observer arguments (``percentile=99.9``, ``bins=2048``, ``candidates=100``,
+    ``stride=8``); see the module docstring for which quantizers get the method's observer.
 
     Example:
         >>> dal.calibrate(model, loader, num_batches=16, method="kl")   # doctest: +SKIP
     """
-    if method in (None, "recipe", "minmax"):
-        return calibrate(model, data, num_batches, input_fn=input_fn, progress=progress, method="minmax")
-    if method == "easyquant":
-        from .easyquant import easyquant
-
-        with preserved_on_error(model):
-            return easyquant(model, data, num_batches=num_batches, input_fn=input_fn, progress=progress,
-                             **method_args)
     if method not in HISTOGRAM_METHODS:
-        raise ValueError(f"calibration method={method!r} is not known; known methods: {', '.join(METHODS)}")
-    with preserved_on_error(model):
+        raise ValueError(f"{method!r} is not a histogram method ({', '.join(HISTOGRAM_METHODS)})")
+
+    def run(model: nn.Module, data: Iterable, num_batches: Optional[int] = None, *,
+            input_fn: Optional[Callable] = None, progress: bool = True, **method_args) -> nn.Module:
         swapped = _swap_observers(model, method, method_args)
-        calibrate(model, data, num_batches, input_fn=input_fn, progress=progress, method="minmax")
+        observe_ranges(model, data, num_batches, input_fn=input_fn, progress=progress)
         for q, original in swapped:
             _hand_back(q, original, method)
-    return model
+        return model
+
+    run.__name__ = run.__qualname__ = f"{method}_calibration"
+    return run
 
 
 @contextlib.contextmanager
 def preserved_on_error(model: nn.Module):
     """On an exception, put every quantizer's state, observer, scale and zero point back."""
-    saved = [(q, int(q.state_code), q.observer, copy.deepcopy(q.observer), q.scale.detach().clone(),
-              q.zero_point.detach().clone()) for _, q in quantizers(model)]
+    saved = [(q, q.snapshot()) for _, q in quantizers(model)]
     try:
         yield
     except BaseException:
-        for q, code, _, observer_copy, scale, zp in saved:
-            q.observer = observer_copy
-            q.state_code.fill_(code)  # written directly: set_state would recompute qparams
-            with torch.no_grad():
-                if not scale.numel():
-                    _clear_qparams(q)
-                elif q.scale.shape != scale.shape:
-                    q._set_qparams(scale, zp)
-                else:
-                    q.scale.copy_(scale)
-                    q.zero_point.copy_(zp)
+        for q, snap in saved:
+            q.restore(snap)
         raise
-
-
-def _clear_qparams(q) -> None:
-    if isinstance(q.scale, nn.Parameter):
-        q.scale.data = torch.empty(0)
-        q.zero_point.data = torch.empty(0)
-    else:
-        q.scale = torch.empty(0)
-        q.zero_point = torch.empty(0, dtype=torch.int32)
 
 
 def _swap_observers(model: nn.Module, method: str, method_args: dict):
@@ -152,8 +135,3 @@ def seed_range(observer: MinMaxObserver, lo: torch.Tensor, hi: torch.Tensor, bat
     observer.register_buffer("min_val", lo.detach().clone().to(device))
     observer.register_buffer("max_val", hi.detach().clone().to(device))
     observer.batches_seen.fill_(max(int(batches_seen), 1))
-
-
-def set_state_code(q, state: str) -> None:
-    """Switch state without recomputing (scale, zero point) from the observer."""
-    q.state_code.fill_(STATES.index(state))

@@ -108,10 +108,13 @@ def sparse_24(infos: dict[str, DQInfo]) -> dict[str, int]:
 def write_metadata(model: onnx.ModelProto, torch_model, infos: dict[str, DQInfo], extra: Optional[dict]) -> None:
     from .. import __version__
 
-    hardware = getattr(torch_model, "_dal_hardware", None)
+    from ..prepare.handle import find_prepared
+
+    handle = find_prepared(torch_model)
+    hardware = handle.hardware if handle is not None else None
     props = {
         "dal.version": __version__,
-        "dal.recipe": _describe(getattr(torch_model, "_dal_recipe", None)),
+        "dal.recipe": _describe(handle.recipe if handle is not None else None),
         "dal.hardware": _describe(hardware),
         "dal.requantizer": requantizer_json(hardware),
         "dal.sparse_24": json.dumps(sparse_24(infos), sort_keys=True),

@@ -51,10 +51,6 @@ class ExportPlan:
     entries: list[QuantizerEntry]
 
     @property
-    def by_quantizer(self) -> dict[int, QuantizerEntry]:
-        return {id(e.quantizer): e for e in self.entries}
-
-    @property
     def active(self) -> list[QuantizerEntry]:
         return [e for e in self.entries if e.active]
 
@@ -93,11 +89,9 @@ def _owner(model: nn.Module, path: str) -> tuple[str, Optional[nn.Module]]:
 
 
 def _is_qat_module(mod: nn.Module) -> bool:
-    # Duck-typed like dal.nn.is_qat_module: the protocol (quantizers() + qat_name) is what matters,
-    # so a user's own QAT module registered with dal.register_qat_module exports too.
-    from ..nn import is_qat_module
+    from ..nn.base import QATModule
 
-    return is_qat_module(mod)
+    return isinstance(mod, QATModule)
 
 
 def _invalid_qparams(q: FakeQuantizer) -> Optional[str]:

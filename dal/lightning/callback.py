@@ -150,8 +150,7 @@ class QATCallback(Callback):
         return any(q.state in ("quantize", "frozen") for _, q in quantizers(net))
 
     def on_train_start(self, trainer, pl_module) -> None:
-        from ..calibration import calibrate
-        from ..calibration.loop import _model_inputs
+        from ..calibration import calibrate, model_inputs
 
         net = self.network(pl_module)
         if self._calibrated(net):
@@ -161,7 +160,7 @@ class QATCallback(Callback):
             loader = next(iter(loader.values()))
         elif isinstance(loader, (list, tuple)):
             loader = loader[0]
-        unpack = self.calibrate_input_fn or (lambda b: _model_inputs(b, 0))
+        unpack = self.calibrate_input_fn or (lambda b: model_inputs(b, 0))
         n = self.calibrate_batches
         seen = []
 

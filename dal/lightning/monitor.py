@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..nn.base import QATModule
 from ..prepare.state import quantizers
 
 
@@ -18,7 +19,7 @@ def quant_state_metrics(model: nn.Module) -> dict:
     bn_frozen = sum(bool(m.bn_frozen) for m in bns)
     total = pruned = 0
     for m in model.modules():
-        if hasattr(m, "qat_name") and getattr(m, "weight", None) is not None:
+        if isinstance(m, QATModule) and getattr(m, "weight", None) is not None:
             total += m.weight.numel()
             mask = getattr(m, "weight_mask", None)
             if mask is not None:

@@ -1,16 +1,17 @@
-"""What every QAT module shares: its quantizers, the int32 bias convention, fused activations."""
+"""What every QAT module shares: the ``QATModule`` base (its quantizers, ``from_float`` /
+``to_float``), the int32 bias convention, fused activations."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from ..formats import INT32, fake_quantize
+from ..formats import INT32, Granularity, fake_quantize
 from ..quantizer import FakeQuantizer
-from .spec import make_quantizer
-
-ACTIVATIONS = (None, "relu", "relu6")
+from .adopt import adopt, release
+from .spec import make_quantizer, per_channel_variant, role_specs
 
 
 def apply_activation(y: torch.Tensor, activation) -> torch.Tensor:
@@ -26,19 +27,18 @@ def apply_activation(y: torch.Tensor, activation) -> torch.Tensor:
     raise ValueError(f"activation={activation!r} is not one of None, 'relu', 'relu6', ('clip', lo, hi)")
 
 
-def _per_channel_copy(spec):
-    from .spec import SimpleTensorSpec
-
-    return SimpleTensorSpec(spec.format, "per_channel", None, None, spec.symmetric, spec.narrow_range,
-                            spec.observer, getattr(spec, "observer_args", ()), spec.learnable)
-
-
 def _active_integer(q: Optional[FakeQuantizer]) -> bool:
     return q is not None and q.fmt.is_integer and q.state in ("quantize", "frozen") and q.initialized
 
 
-class QATMixin:
-    """Mixed into each QAT module (before the torch base class).
+class QATModule(nn.Module):
+    """The base of every QAT module: dal.nn's drop-ins and the modules dal.replace builds.
+
+    Membership is ``isinstance(mod, QATModule)``. Each has ``qat_name`` (its module path, for
+    errors and export names), ``quantizers()`` (role -> FakeQuantizer), and ``to_float()``
+    (the float module, same Parameter objects); swapped modules are built with the classmethod
+    ``from_float(mod, spec, name)``. The drop-ins inherit it before their torch class
+    (``class QLinear(QATModule, nn.Linear)``), so ``nn.Linear``'s constructor and state apply.
 
     Attributes: ``input_quant``, ``weight_quant``, ``output_quant`` (FakeQuantizer or None),
     ``activation`` (fused, applied before ``output_quant``), ``bias_mode`` ("int32" or "float").
@@ -48,6 +48,11 @@ class QATMixin:
     ``scale = float32(s_in) * float32(s_w)`` (per output channel when the weight is), zero point 0.
     """
 
+    qat_name: str = ""
+    #: built from a float module that ``to_float`` gives back (False: a module prepare added,
+    #: such as QAdd, which the rewritten forward calls; to undo it, turn its quantizers off)
+    swappable = True
+    # Annotations only: a class-level default would shadow the submodules nn.Module keeps in _modules.
     input_quant: Optional[FakeQuantizer]
     weight_quant: Optional[FakeQuantizer]
     output_quant: Optional[FakeQuantizer]
@@ -55,24 +60,37 @@ class QATMixin:
     weight_channel_axis = 0
     weight_reduction_axis = 1
 
-    def _init_qat(self, spec, name: str = "", activation=None) -> None:
+    @classmethod
+    def from_float(cls, mod: nn.Module, spec=None, name: str = "", activation=None) -> "QATModule":
+        """The QAT module of float ``mod`` for a recipe ``LayerSpec``: same Parameter objects,
+        plus the quantizers the spec asks for, named ``<name>.input_quant`` etc."""
+        q = adopt(cls, mod)
+        q.init_quantizers(spec, name, activation)
+        return q
+
+    def to_float(self) -> nn.Module:
+        """The float module again: same Parameters, quantizers and QAT attributes removed."""
+        return release(self)
+
+    def init_quantizers(self, spec, name: str = "", activation=None) -> None:
+        """Build ``input_quant`` / ``weight_quant`` / ``output_quant`` from ``spec``'s tensor specs."""
         self.qat_name = name
         self.activation = activation
         self.bias_mode = "int32"
-        w_spec = getattr(spec, "weight", None)
-        group = getattr(w_spec, "granularity", None) == "per_group"
+        in_spec, w_spec, out_spec = role_specs(spec)
+        group = w_spec is not None and w_spec.granularity == "per_group"
         axis = self.weight_reduction_axis if group else self.weight_channel_axis
         if group and hasattr(self, "weight"):
-            size = int(getattr(w_spec, "group_size", 0) or 0)
+            size = int(w_spec.group_size)
             ax = w_spec.axis if w_spec.axis is not None else axis
             if size <= 0 or self.weight.shape[ax] % size:
                 # Groups that do not tile the reduction axis: per-channel is the closest valid choice.
                 self.group_fallback = f"group size {size} does not divide {self.weight.shape[ax]}: per_channel used"
-                w_spec = _per_channel_copy(w_spec)
+                w_spec = per_channel_variant(w_spec)
                 axis = self.weight_channel_axis
-        self.input_quant = make_quantizer(getattr(spec, "input", None), None, f"{name}.input_quant")
+        self.input_quant = make_quantizer(in_spec, None, f"{name}.input_quant")
         self.weight_quant = make_quantizer(w_spec, axis, f"{name}.weight_quant") if hasattr(self, "weight") else None
-        self.output_quant = make_quantizer(getattr(spec, "output", None), None, f"{name}.output_quant")
+        self.output_quant = make_quantizer(out_spec, None, f"{name}.output_quant")
 
     def quantized_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """The weight as the matrix engine sees it: masked (2:4), then fake-quantized."""
@@ -99,11 +117,10 @@ class QATMixin:
         if scale.numel() == 1:
             scale = scale.reshape(())
             return fake_quantize(bias, INT32, scale, None, check=False)
-        from ..formats import Granularity
-
         return fake_quantize(bias, INT32, scale, None, Granularity(axis=0), check=False)
 
     def quantizers(self) -> dict[str, FakeQuantizer]:
+        """Role -> quantizer, for the roles this module quantizes."""
         return {k: q for k in ("input_quant", "weight_quant", "output_quant")
                 if (q := getattr(self, k, None)) is not None}
 
@@ -114,3 +131,19 @@ class QATMixin:
     def qat_extra_repr(self) -> str:
         act = f", activation={self.activation}" if self.activation else ""
         return f"bias_mode={self.bias_mode}{act}"
+
+
+class QWeightedModule(QATModule):
+    """Conv and Linear drop-ins: ``finish(op(fq_in(x), fq_w(W), fq_bias(b)))``, where the float
+    op is the torch class's own (``_conv_forward``, ``F.linear``) given by ``weighted_op``."""
+
+    def weighted_op(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x):
+        if self.input_quant is not None:
+            x = self.input_quant(x)
+        return self.finish(self.weighted_op(x, self.quantized_weight(self.weight), self.quantized_bias(self.bias)))
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, {self.qat_extra_repr()}"

@@ -4,45 +4,29 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-from .adopt import adopt, release
-from .base import QATMixin
+from .base import QWeightedModule
 from .registry import register_qat_module
 
 
-class _QConvBase(QATMixin):
+class _QConv(QWeightedModule):
     weight_channel_axis, weight_reduction_axis = 0, 1
 
-    @classmethod
-    def from_float(cls, mod, spec=None, name: str = "", activation=None):
-        q = adopt(cls, mod)
-        q._init_qat(spec, name, activation)
-        return q
-
-    def to_float(self) -> nn.Module:
-        return release(self)
-
-    def forward(self, x):
-        if self.input_quant is not None:
-            x = self.input_quant(x)
-        y = self._conv_forward(x, self.quantized_weight(self.weight), self.quantized_bias(self.bias))
-        return self.finish(y)
-
-    def extra_repr(self):
-        return f"{super().extra_repr()}, {self.qat_extra_repr()}"
+    def weighted_op(self, x, weight, bias):
+        return self._conv_forward(x, weight, bias)
 
 
 @register_qat_module(nn.Conv1d, op_class="conv")
-class QConv1d(_QConvBase, nn.Conv1d):
+class QConv1d(_QConv, nn.Conv1d):
     """nn.Conv1d with input / weight (per output channel: axis 0) / output fake quantizers."""
 
 
 @register_qat_module(nn.Conv2d, op_class="conv")
-class QConv2d(_QConvBase, nn.Conv2d):
+class QConv2d(_QConv, nn.Conv2d):
     """nn.Conv2d with input / weight (per output channel: axis 0) / output fake quantizers."""
 
 
 @register_qat_module(nn.ConvTranspose2d, op_class="conv_transpose")
-class QConvTranspose2d(_QConvBase, nn.ConvTranspose2d):
+class QConvTranspose2d(QWeightedModule, nn.ConvTranspose2d):
     """nn.ConvTranspose2d; its weight is [in, out/groups, kh, kw], so per-channel scales run along
     axis 1 (output channels; exact for groups == 1) and the reduction axis is 0."""
 

@@ -28,13 +28,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .adopt import adopt, release
-from .base import QATMixin
+from .base import QATModule
 
 
 _IN_PLACE = {"relu": F.relu_, "relu6": lambda y: F.hardtanh_(y, 0.0, 6.0)}
 
 
-class QConvBn2d(QATMixin, nn.Conv2d):
+class QConvBn2d(QATModule, nn.Conv2d):
     """Conv2d with a BatchNorm2d folded into its weight and bias; see the module docstring."""
 
     default_activation = None
@@ -51,7 +51,7 @@ class QConvBn2d(QATMixin, nn.Conv2d):
             raise ValueError(f"{name}: BatchNorm2d without running statistics cannot be folded")
         q = adopt(cls, conv)
         q.bn = bn
-        q._init_qat(spec, name, cls.default_activation if activation == "default" else activation)
+        q.init_quantizers(spec, name, cls.default_activation if activation == "default" else activation)
         q.register_buffer("bn_frozen", torch.tensor(False))
         return q
 

@@ -8,20 +8,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .spec import make_quantizer
+from .base import QATModule
+from .spec import make_quantizer, role_specs
 
 
-class _QFunctional(nn.Module):
+class _QFunctional(QATModule):
     op_class = "custom"
+    swappable = False
     arity = 2
 
     def __init__(self, spec=None, name: str = ""):
         super().__init__()
         self.qat_name = name
-        in_spec = getattr(spec, "input", None)
+        in_spec, _, out_spec = role_specs(spec)
         self.input_quants = nn.ModuleList(
             [q for i in range(self.arity) if (q := make_quantizer(in_spec, None, f"{name}.input_quants.{i}"))])
-        self.output_quant = make_quantizer(getattr(spec, "output", None), None, f"{name}.output_quant")
+        self.output_quant = make_quantizer(out_spec, None, f"{name}.output_quant")
 
     @classmethod
     def from_spec(cls, spec=None, name: str = ""):

@@ -31,9 +31,10 @@ def trace_own_forward(mod: nn.Module) -> fx.Graph:
 
 def needs_tracing(mod: nn.Module) -> bool:
     """Containers and user modules have forwards worth reading; torch.nn leaves do not."""
-    from ..nn.registry import QAT_MODULES
+    from .base import QATModule
+    from .registry import QAT_MODULES
 
-    if isinstance(mod, (nn.ModuleList, nn.ModuleDict)) or hasattr(mod, "qat_name") or isinstance(mod, fx.GraphModule):
+    if isinstance(mod, (nn.ModuleList, nn.ModuleDict, QATModule, fx.GraphModule)):
         return False
     if type(mod) in QAT_MODULES:
         return False  # a registered type is swapped whole by its QAT class

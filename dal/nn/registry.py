@@ -24,9 +24,12 @@ def register_qat_module(float_type: type, op_class: str = "custom") -> Callable[
         raise TypeError(f"register_qat_module needs an nn.Module subclass, got {float_type!r}")
 
     def wrap(cls):
-        missing = [m for m in ("from_float", "to_float") if not callable(getattr(cls, m, None))]
-        if missing:
-            raise TypeError(f"{cls.__name__} cannot be registered for {float_type.__name__}: it lacks {missing}")
+        from .base import QATModule
+
+        if not (isinstance(cls, type) and issubclass(cls, QATModule)):
+            raise TypeError(f"{getattr(cls, '__name__', cls)} cannot be registered for {float_type.__name__}: a QAT "
+                            f"class derives from dal.nn.QATModule (class Q{float_type.__name__}(dal.nn.QATModule, "
+                            f"{float_type.__name__}): ...), which gives it from_float / to_float / quantizers")
         QAT_MODULES[float_type] = cls
         OP_CLASSES[float_type] = op_class
         return cls
@@ -39,7 +42,10 @@ def qat_class_for(mod: nn.Module):
 
 
 def is_qat_module(mod: nn.Module) -> bool:
-    return type(mod) in set(QAT_MODULES.values()) or hasattr(mod, "quantizers") and hasattr(mod, "qat_name")
+    """``isinstance(mod, dal.nn.QATModule)``: dal.nn's drop-ins, dal.replace's modules, the user's."""
+    from .base import QATModule
+
+    return isinstance(mod, QATModule)
 
 
 def op_class_of(mod: nn.Module) -> str:

@@ -1,22 +1,18 @@
-"""Rewrite one module's *own* forward (traced by ``dal.nn.own_forward``, submodule calls as leaves).
+"""The functional ops prepare quantizes in a traced forward (``+``, ``*``, ``@``, ``cat``), and
+rebuilding a module from its rewritten graph.
 
-Tracing module by module, instead of the whole model at once, is what lets prepare_qat work
-on models that do not trace as a whole (torchvision's detection heads with data-dependent
-post-processing): a module whose own forward does not trace keeps it, everything below still
-gets fused and swapped, and the failure is listed in the report.
+Tracing module by module (``dal.nn.own_forward``: submodule calls are leaves), instead of the
+whole model at once, is what lets prepare_qat work on models that do not trace as a whole
+(torchvision's detection heads with data-dependent post-processing).
 """
 from __future__ import annotations
 
 import operator
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.fx as fx
 from torch import nn
-
-# Tracing a module's own forward and finding its Conv+BN(+ReLU) chains live in dal.nn.own_forward
-# (dal.replace's conv_bn_relu rule reads the same chains); this module rewrites what they find.
-
 
 # ---- functional ops ------------------------------------------------------------------------
 ADD_TARGETS = {operator.add, operator.iadd, torch.add}
@@ -81,12 +77,6 @@ def cat_dim(node: fx.Node) -> int:
     return int(node.kwargs.get("dim", 0))
 
 
-def replace_module_in_parent(root: nn.Module, path: str, new: nn.Module) -> None:
-    parent_path, _, leaf = path.rpartition(".")
-    parent = root.get_submodule(parent_path) if parent_path else root
-    parent._modules[leaf] = new
-
-
 def rebuild(mod: nn.Module, graph: fx.Graph) -> fx.GraphModule:
     """A GraphModule running ``graph`` over ``mod``'s submodules (same objects, same names)."""
     graph.lint()
@@ -96,5 +86,3 @@ def rebuild(mod: nn.Module, graph: fx.Graph) -> fx.GraphModule:
     gm.training = mod.training
     return gm
 
-
-BuildFn = Callable[..., Optional[nn.Module]]

@@ -1,7 +1,10 @@
-"""The prepare report: every module, quantized (with formats) or left in float (with why)."""
+"""The prepare report: every module and functional op prepare saw, rendered from its plan:
+quantized (with formats), fp16, passthrough (exact on codes), or left in float (with why)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+STATUSES = ("quantized", "fp16", "passthrough", "float")
 
 
 @dataclass(frozen=True)
@@ -9,7 +12,7 @@ class LayerRow:
     name: str
     type_name: str
     op_class: str
-    status: str          # "quantized", "fp16", "float", "container"
+    status: str          # one of STATUSES
     detail: str = ""     # formats, or the reason it stayed float
 
 
@@ -33,14 +36,46 @@ class PrepareReport:
     def quantized(self) -> list[LayerRow]:
         return self.by_status("quantized") + self.by_status("fp16")
 
+    def summary(self) -> str:
+        """``N quantized, N fp16, N passthrough, N left in float``."""
+        counts = {s: len(self.by_status(s)) for s in STATUSES}
+        return (f"{counts['quantized']} quantized, {counts['fp16']} fp16, {counts['passthrough']} passthrough, "
+                f"{counts['float']} left in float")
+
     def __str__(self) -> str:
-        head = f"dal.prepare_qat: recipe={self.recipe} hardware={self.hardware}: " \
-               f"{len(self.by_status('quantized'))} quantized, {len(self.by_status('fp16'))} fp16, " \
-               f"{len(self.by_status('float'))} left in float"
+        head = f"dal.prepare_qat: recipe={self.recipe} hardware={self.hardware}: {self.summary()}"
         width = max([len(r.name) for r in self.rows] + [6])
-        lines = [head, f"{'module':<{width}}  {'type':<22} {'status':<9} detail"]
-        for r in self.rows:
-            if r.status != "container":
-                lines.append(f"{r.name:<{width}}  {r.type_name:<22} {r.status:<9} {r.detail}")
+        lines = [head, f"{'module':<{width}}  {'type':<22} {'status':<11} detail"]
+        lines += [f"{r.name:<{width}}  {r.type_name:<22} {r.status:<11} {r.detail}" for r in self.rows]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def describe(spec) -> str:
+    """``i=uint8/per_tensor w=int8/per_channel [sparse=2:4]`` for a LayerSpec, ``fp16`` for a fallback."""
+    if spec is None:
+        return ""
+    if spec.fallback_fp16:
+        return "fp16"
+    parts = [f"{role[0]}={t.format.name}/{t.granularity}" for role in ("input", "weight", "output")
+             if (t := getattr(spec, role)) is not None]
+    if spec.sparsity:
+        parts.append(f"sparse={spec.sparsity}")
+    return " ".join(parts)
+
+
+def rows_from_plan(plan) -> list[LayerRow]:
+    """One row per plan step, in the plan's (module) order."""
+    rows = []
+    for s in plan:
+        if s.action == "ready-made":
+            status = "fp16" if s.reason.replace("ready-made:", "").split() and all(
+                p.endswith("=fp16") for p in s.reason.replace("ready-made:", "").split()) else "quantized"
+            detail = s.reason
+        elif s.action in ("quantize", "fuse", "functional"):
+            status = "fp16" if s.fp16 else "quantized"
+            detail = "; ".join(x for x in (s.reason, describe(s.spec)) if x)
+        else:
+            status, detail = s.action, s.reason
+        rows.append(LayerRow(s.path, s.shown_type, s.op_class, status, detail))
+    return rows

@@ -1,23 +1,24 @@
 """Model-wide switches: quantizer states, BN freezing, and undoing the swap."""
 from __future__ import annotations
 
-from typing import Iterator
-
 from torch import nn
 
-from ..quantizer import FakeQuantizer
+from ..nn.base import QATModule
+from ..nn.tree import set_submodule
+from ..quantizer import FakeQuantizer, quantizers
 
-
-def quantizers(model: nn.Module) -> Iterator[tuple[str, FakeQuantizer]]:
-    for name, mod in model.named_modules():
-        if isinstance(mod, FakeQuantizer):
-            yield name, mod
+__all__ = ["quantizers", "set_quantizer_state", "freeze_bn", "to_float"]
 
 
 def set_quantizer_state(model: nn.Module, state: str) -> nn.Module:
-    """Put every FakeQuantizer of ``model`` in ``state`` (observe / quantize / frozen / off)."""
+    """Put every FakeQuantizer of ``model`` in ``state`` (observe / quantize / frozen / off).
+
+    A quantizer that is observing ends its observation (``FakeQuantizer.end_observation``):
+    it takes its scale from what its observer saw, then switches, so that observing a few
+    batches by hand and then ``set_quantizer_state(model, "frozen")`` is a calibration. For a
+    switch that restores states exactly, use ``dal.quantizer_states``."""
     for _, q in quantizers(model):
-        q.set_state(state)
+        q.end_observation(state)
     return model
 
 
@@ -34,12 +35,10 @@ def to_float(model: nn.Module) -> nn.Module:
     Parameter objects; fused Conv+BN become Sequential(conv, bn[, relu])). Functional-op
     quantizers (QAdd, ...) are turned off, since the rewritten forward still calls them."""
     for name, mod in list(model.named_modules()):
-        if not name or not hasattr(mod, "qat_name"):
+        if not name or not isinstance(mod, QATModule):
             continue
-        parent_path, _, leaf = name.rpartition(".")
-        parent = model.get_submodule(parent_path) if parent_path else model
-        if hasattr(mod, "to_float"):
-            parent._modules[leaf] = mod.to_float()
+        if mod.swappable:
+            set_submodule(model, name, mod.to_float())
         else:
             for q in mod.modules():
                 if isinstance(q, FakeQuantizer):

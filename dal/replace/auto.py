@@ -6,7 +6,9 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..nn.base import QATModule
 from ..nn.modes import eval_mode
+from ..nn.tree import set_submodule
 from .registry import get_rules
 from .report import Replacement, ReplaceReport, RuleFailure
 
@@ -39,12 +41,6 @@ def _inside(path: str, claimed: list[str]) -> bool:
     return any(c == "" or path == c or path.startswith(c + ".") for c in claimed)
 
 
-def _set_module(root: nn.Module, path: str, new: nn.Module) -> None:
-    parent_path, _, leaf = path.rpartition(".")
-    parent = root.get_submodule(parent_path) if parent_path else root
-    parent._modules[leaf] = new
-
-
 def _name_quantizers(new: nn.Module, path: str) -> None:
     """Give the QAT-protocol modules and quantizers a replacement built the full module path
     (rules build without knowing where the module goes; errors and exports name by path)."""
@@ -54,7 +50,7 @@ def _name_quantizers(new: nn.Module, path: str) -> None:
         full = ".".join(p for p in (path, sub) if p)
         if isinstance(m, FakeQuantizer):
             m.name = full
-        elif hasattr(m, "qat_name"):
+        elif isinstance(m, QATModule):
             m.qat_name = full
 
 
@@ -98,7 +94,7 @@ def _swap_back(model: nn.Module, swaps: list) -> nn.Module:
         if path == "":
             model = mod
         else:
-            _set_module(model, path, mod)
+            set_submodule(model, path, mod)
     return model
 
 
@@ -181,7 +177,33 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
         example_inputs = (example_inputs,)
     report = ReplaceReport(rules=[n for n, _ in pairs], model=model)
 
-    # 1. match: top-down, first rule wins a subtree
+    plans = _match_all(model, pairs, hw, scope, report)
+    built = _build_all(plans, hw, report)
+    if report.failed:
+        return _refused(report, strict)
+
+    swaps = [b for b in built if b[4] is not b[3]]
+    try:
+        before = _capture(model, {p: m for _, _, p, m, _ in swaps}, example_inputs) if example_inputs and swaps else {}
+    except Exception as err:
+        shapes = [tuple(t.shape) for t in example_inputs if torch.is_tensor(t)]
+        raise ValueError(f"auto_replace: the model fails on example_inputs (shapes {shapes}) before any "
+                         f"replacement: {_first_error_line(err)}") from err
+
+    report.model = model = _swap_in(model, built, report)
+    after, broken = _check_swaps(model, swaps, before, example_inputs)
+    if broken:
+        for rname, path, why in broken:
+            report.failed.append(RuleFailure(rname, path, why))
+        report.model = _swap_back(model, swaps)
+        return _refused(report, strict)
+    _record_replacements(report, built, before, after)
+    return report
+
+
+def _match_all(model: nn.Module, pairs: list, hw, scope: Optional[dict], report: ReplaceReport) -> list:
+    """Step 1, match: (rule name, rule, path, module) top-down, the first rule wins a subtree.
+    A ``match`` that raises goes to ``report.failed``; a rule matching nothing to ``unmatched``."""
     plans, claimed = [], []
     for rname, r in pairs:
         found = 0
@@ -203,8 +225,12 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
             why = getattr(r, "why_nothing", None)
             reason = (why(hw) if callable(why) else None) or "no module matched"
             report.unmatched[rname] = reason if where is None else f"{reason} (among the modules its scope allows)"
+    return plans
 
-    # 2. build every replacement before touching the model
+
+def _build_all(plans: list, hw, report: ReplaceReport) -> list:
+    """Step 2: build every replacement before touching the model; (rule name, rule, path,
+    module, replacement). A ``build`` that raises goes to ``report.failed``."""
     built = []
     for rname, r, path, mod in plans:
         try:
@@ -215,37 +241,40 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
             report.failed.append(RuleFailure(rname, path, f"build raised {_first_error_line(err)}"))
             continue
         built.append((rname, r, path, mod, new))
-    if report.failed:
-        report.applied = False
-        if strict:
-            raise RuntimeError("auto_replace: " + "; ".join(f"{f.rule} at {f.path or '<root>'}: {f.error}"
-                                                            for f in report.failed))
-        return report
+    return built
 
-    swaps = [b for b in built if b[4] is not b[3]]
-    try:
-        before = _capture(model, {p: m for _, _, p, m, _ in swaps}, example_inputs) if example_inputs and swaps else {}
-    except Exception as err:
-        shapes = [tuple(t.shape) for t in example_inputs if torch.is_tensor(t)]
-        raise ValueError(f"auto_replace: the model fails on example_inputs (shapes {shapes}) before any "
-                         f"replacement: {_first_error_line(err)}") from err
 
-    # 3. swap, shallow paths first (a rebuilt parent keeps the same child objects)
+def _refused(report: ReplaceReport, strict: bool) -> ReplaceReport:
+    """The report of a run that changed nothing (``applied`` False); raises instead if strict."""
+    report.applied = False
+    if strict:
+        raise RuntimeError("auto_replace: " + "; ".join(f"{f.rule} at {f.path or '<root>'}: {f.error}"
+                                                        for f in report.failed))
+    return report
+
+
+def _swap_in(model: nn.Module, built: list, report: ReplaceReport) -> nn.Module:
+    """Step 3: swap, shallow paths first (a rebuilt parent keeps the same child objects), name
+    the new quantizers by path, run the rules' ``after_swap``; returns the root."""
     for rname, r, path, mod, new in sorted(built, key=lambda b: b[2].count(".") + bool(b[2])):
         if new is mod:
             continue
         if path == "":
             model = new
         else:
-            _set_module(model, path, new)
+            set_submodule(model, path, new)
     for rname, r, path, mod, new in built:
         if new is not mod:
             _name_quantizers(new, path)
         hook = getattr(r, "after_swap", None)
         if callable(hook):
             report.notes.extend(hook(model, path, new) or [])
-    report.model = model
+    return model
 
+
+def _check_swaps(model: nn.Module, swaps: list, before: dict, example_inputs) -> tuple[dict, list]:
+    """(outputs after the swap, broken): broken lists (rule, path, why) for a replacement whose
+    forward raises, or whose output is not finite where the original's was."""
     try:
         after = _capture(model, {p: n for _, _, p, _, n in swaps}, example_inputs) if before else {}
         broken = [(rname, path, "its output on the example inputs is not finite (the original's is)")
@@ -254,16 +283,13 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
                   and not bool(torch.isfinite(after[path]).all())]
     except Exception as err:  # noqa: BLE001 - a replacement that breaks the forward is reported, then undone
         rname, path = _culprit(model, swaps, example_inputs)
-        broken = [(rname, path, f"forward on the example inputs raised {_first_error_line(err)}")]
-    if broken:
-        for rname, path, why in broken:
-            report.failed.append(RuleFailure(rname, path, why))
-        report.model = model = _swap_back(model, swaps)
-        report.applied = False
-        if strict:
-            raise RuntimeError("auto_replace: " + "; ".join(f"{f.rule} at {f.path or '<root>'}: {f.error}"
-                                                            for f in report.failed))
-        return report
+        return {}, [(rname, path, f"forward on the example inputs raised {_first_error_line(err)}")]
+    return after, broken
+
+
+def _record_replacements(report: ReplaceReport, built: list, before: dict, after: dict) -> None:
+    """One ``Replacement`` per built module: kept ones with the rule's note, swapped ones with
+    the output drift (cosine, max abs difference) when example inputs were given."""
     for rname, r, path, mod, new in built:
         describe = getattr(r, "describe", None)
         detail = describe(mod, path) if callable(describe) else ""
@@ -273,4 +299,3 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
             continue
         cos, mad = _drift(before.get(path), after.get(path))
         report.replacements.append(Replacement(rname, path, type(mod).__name__, type(new).__name__, detail, cos, mad))
-    return report

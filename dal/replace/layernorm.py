@@ -12,11 +12,12 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn.base import QATModule
 from ..quantizer import FakeQuantizer
 from .registry import rule
 
 
-class Fp16LayerNorm(nn.Module):
+class Fp16LayerNorm(QATModule):
     """``q_out(layer_norm(q_in(x), q_w(weight), q_b(bias)))`` with FP16 cast round trips;
     shares the original LayerNorm's Parameters."""
 

@@ -30,9 +30,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats import dequantize, fake_quantize, quantize
-from ..nn.adopt import adopt, release
+from ..nn.adopt import adopt
+from ..nn.base import QATModule
 from ..nn.registry import register_qat_module
-from ..nn.spec import SimpleTensorSpec, make_quantizer
+from ..nn.spec import SimpleTensorSpec, make_quantizer, role_specs
 from .registry import rule
 
 #: torch.nn type -> (function name as hardware models spell it in ``lut_ops``)
@@ -106,24 +107,20 @@ def _default_activation_spec():
 
 
 @register_qat_module(LutActivation, op_class="activation")
-class QLutActivation(LutActivation):
+class QLutActivation(QATModule, LutActivation):
     """:class:`LutActivation` with its input and output FakeQuantizers; see the module docstring."""
 
     @classmethod
     def from_float(cls, mod: LutActivation, spec=None, name: str = "") -> "QLutActivation":
         q = adopt(cls, mod)
         q.qat_name = name
-        in_spec = getattr(spec, "input", None) or _default_activation_spec()
-        out_spec = getattr(spec, "output", None) or in_spec
+        in_spec, _, out_spec = role_specs(spec)
+        in_spec = in_spec or _default_activation_spec()
+        out_spec = out_spec or in_spec
         q.input_quant = make_quantizer(in_spec, None, f"{name}.input_quant", force_per_tensor=True)
         q.output_quant = make_quantizer(out_spec, None, f"{name}.output_quant", force_per_tensor=True)
         return q
 
-    def to_float(self) -> nn.Module:
-        return release(self)
-
-    def quantizers(self) -> dict:
-        return {k: q for k in ("input_quant", "output_quant") if (q := getattr(self, k, None)) is not None}
 
     # ---- the table -------------------------------------------------------------------------
     def uses_table(self) -> bool:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats import INT8
+from ..nn.base import QATModule
 from ..nn.spec import SimpleTensorSpec, make_quantizer
 from ..quantizer import FakeQuantizer
 from .softmax_lut import exp_table, lut_softmax
@@ -43,7 +44,7 @@ def as_mode(mode: Union[str, bool]) -> str:
     return mode
 
 
-class NpuSoftmax(nn.Module):
+class NpuSoftmax(QATModule):
     """``softmax(x + a_1 + a_2 + ..., dim)`` in the hardware's mode; ``None`` addends are skipped.
 
     Args:
@@ -54,6 +55,8 @@ class NpuSoftmax(nn.Module):
         lut_size: entries of the hardware's table; "lut" uses the table only when the input
             format's codes fit (256 for int8), else it computes ``softmax(Q(x))`` in float.
     """
+
+    swappable = False  # built by the attention replacement, not from a float module
 
     def __init__(self, dim: int = -1, fp16: bool = True, name: str = "", mode: Optional[str] = None,
                  lut_size: int = 256):

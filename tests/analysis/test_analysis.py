@@ -100,7 +100,7 @@ def test_auto_fallback_needs_no_more_layers_than_first_conv_plus_head(w4a8, tmp_
     path = tmp_path / "fallback.yaml"
     res.recipe.to_yaml(path)
     again = prepared(net, dal.load_recipe(str(path)))
-    rows = {r.name: r.status for r in again.dal_report.rows}
+    rows = {r.name: r.status for r in dal.prepared(again).report.rows}
     assert all(rows[name] == "fp16" for name in res.layers)
     dal.calibrate(again, data, progress=False)
     set_quantizer_state(again, "frozen")

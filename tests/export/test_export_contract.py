@@ -13,8 +13,8 @@ from torch import nn
 import dal
 from dal.export import ExportError, export_onnx
 from dal.nn import QLinear
-from export_common import (SmallCNN, assert_lsb_parity, calibrated_mixed, freeze_all, lsb_stats, output_scale,
-                           prepared, run_ort, spec)
+from export_common import SmallCNN, calibrated_mixed, freeze_all, prepared, spec
+from oracles import assert_lsb_parity, lsb_stats, output_scale, run_ort
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -190,7 +190,7 @@ def test_a_bias_saturating_int32_keeps_its_sign(tmp_path):
     -2**31), and onnxruntime must match torch."""
     from dal.nn import QLinear, SimpleLayerSpec, SimpleTensorSpec
 
-    from export_common import run_ort
+    from oracles import run_ort
 
     spec = SimpleLayerSpec(weight=SimpleTensorSpec("int8", "per_tensor"), input=SimpleTensorSpec("int8"))
     layer = QLinear.from_float(nn.Linear(4, 2), spec, "fc")
@@ -198,8 +198,8 @@ def test_a_bias_saturating_int32_keeps_its_sign(tmp_path):
         layer.bias.copy_(torch.tensor([1e9, -1e9]))
     x = torch.randn(8, 4) * 1e-3
     layer(x)
-    layer.input_quant.set_state("frozen")
-    layer.weight_quant.set_state("frozen")
+    layer.input_quant.end_observation("frozen")
+    layer.weight_quant.end_observation("frozen")
     layer.eval()
     proto = dal.export_onnx(layer, (x,))
     codes = [onnx.numpy_helper.to_array(i) for i in proto.graph.initializer if i.name.endswith("bias.codes")]

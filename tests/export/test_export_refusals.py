@@ -53,7 +53,7 @@ def test_all_offenders_in_one_error():
 def test_a_learned_scale_gone_nan_is_named():
     fq = dal.FakeQuantizer("int8", learnable=True, name="blk.input_quant")
     fq(torch.randn(64))
-    fq.set_state("quantize")
+    fq.end_observation("quantize")
     with torch.no_grad():
         fq.scale.fill_(float("nan"))
     with pytest.raises(ValueError, match=r"blk\.input_quant: the learned scale is not finite"):

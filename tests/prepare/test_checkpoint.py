@@ -18,7 +18,8 @@ def test_an_edited_bundled_hardware_model_comes_back_as_edited(tmp_path):
     set_quantizer_state(m, "frozen")
     dal.save_checkpoint(m, tmp_path / "m.pt")
     back = dal.load_checkpoint(tmp_path / "m.pt", MnistCNN, example_inputs=(x,))
-    assert back._dal_hardware.name == "a2000" and back._dal_hardware.requantizer.kind == "fixed_point"
+    hw = dal.prepared(back).hardware
+    assert hw.name == "a2000" and hw.requantizer.kind == "fixed_point"
     proto = dal.export_onnx(back, (x,), str(tmp_path / "m.onnx"))
     meta = {p.key: p.value for p in proto.metadata_props}
     assert json.loads(meta["dal.requantizer"])["kind"] == "fixed_point"

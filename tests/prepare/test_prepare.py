@@ -33,7 +33,7 @@ def float_models():
 def test_torchvision_models_prepare_with_every_recipe(float_models, name, recipe):
     model = float_models[name]
     q = dal.prepare_qat(model, recipe=recipe, hardware="a2000", inplace=False)
-    report = q.dal_report
+    report = dal.prepared(q).report
     leaves_with_weights = {n for n, m in model.named_modules()
                            if isinstance(m, (nn.Conv2d, nn.Linear)) and not n.endswith("out_proj")}
     reported = {r.name for r in report.rows}
@@ -68,7 +68,7 @@ def test_fcos_untraceable_model_prepares_without_crashing():
     torch.manual_seed(0)
     model = torchvision.models.detection.fcos_resnet50_fpn(weights=None, weights_backbone=None).eval()
     q = dal.prepare_qat(model, recipe="int8_balanced", hardware="a2000")
-    report = q.dal_report
+    report = dal.prepared(q).report
     assert any("does not trace" in n for n in report.notes)
     assert len(report.quantized) > 50
     set_quantizer_state(q, "off")
@@ -104,7 +104,7 @@ def test_state_dict_round_trip_is_bit_identical():
 def test_functional_ops_are_quantized_in_resnet_blocks():
     model = torchvision.models.resnet18(weights=None)
     q = dal.prepare_qat(model, recipe="int8_balanced", hardware="a2000")
-    adds = [r.name for r in q.dal_report.rows if r.type_name == "QAdd"]
+    adds = [r.name for r in dal.prepared(q).report.rows if r.type_name == "QAdd"]
     assert len(adds) == 8 and "layer1.0.add" in adds
 
 
@@ -132,7 +132,7 @@ def test_unknown_module_types_listed_in_strict_mode():
     with pytest.raises(ValueError, match=r"2 module\(s\).*\n.*1: Custom.*\n.*2: Custom"):
         dal.prepare_qat(model, recipe="int8_balanced", hardware="a2000", strict=True)
     q = dal.prepare_qat(nn.Sequential(nn.Linear(3, 3), Custom()), recipe="int8_balanced", hardware="a2000")
-    assert [r.status for r in q.dal_report.rows if r.type_name == "Custom"] == ["float"]
+    assert [r.status for r in dal.prepared(q).report.rows if r.type_name == "Custom"] == ["float"]
 
 
 def test_register_qat_module_for_a_user_type():
@@ -144,8 +144,11 @@ def test_register_qat_module_for_a_user_type():
         def forward(self, x):
             return x * self.weight
 
+    with pytest.raises(TypeError, match=r"derives from dal.nn.QATModule"):
+        dal.register_qat_module(Scale)(type("QScale", (Scale,), {}))
+
     @dal.register_qat_module(Scale, op_class="mul")
-    class QScale(Scale):
+    class QScale(dal.nn.QATModule, Scale):
         @classmethod
         def from_float(cls, mod, spec=None, name=""):
             q = cls()

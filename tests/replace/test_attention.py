@@ -132,11 +132,11 @@ def test_prepare_turns_products_into_qmatmul():
     rec = {"name": "a", "replace": ["npu_attention"],
            "rules": [{"type": ["linear", "matmul"], "weight": "int8", "input": {"format": "uint8"}}]}
     q = dal.prepare_qat(m, rec, hardware="a2000", example_inputs=(x,))
-    rows = {r.name: r for r in q.dal_report.rows}
+    rows = {r.name: r for r in dal.prepared(q).report.rows}
     assert rows["0.layers.0.self_attn.core.matmul"].type_name == "QMatMul"
     assert rows["0.layers.0.self_attn.core.matmul_1"].type_name == "QMatMul"
     assert rows["0.layers.0.self_attn.q_proj"].type_name == "QLinear"
-    assert not any("does not trace" in n for n in q.dal_report.notes)
+    assert not any("does not trace" in n for n in dal.prepared(q).report.notes)
 
 
 @pytest.mark.parametrize("v2", [False, True])
@@ -196,5 +196,5 @@ def test_sdpa_block_prepares_with_qmatmul_and_qadd():
     rec = {"name": "s", "replace": ["npu_attention"],
            "rules": [{"type": ["linear", "matmul", "add"], "weight": "int8", "input": "uint8"}]}
     q = dal.prepare_qat(blk, rec, hardware="a2000", example_inputs=(torch.randn(2, 5, 16),))
-    types = {r.name: r.type_name for r in q.dal_report.rows}
+    types = {r.name: r.type_name for r in dal.prepared(q).report.rows}
     assert types["0.npu_sdpa.core.matmul"] == "QMatMul" and "QAdd" in types.values()

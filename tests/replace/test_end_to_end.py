@@ -21,8 +21,9 @@ import dal
 from dal import npu as dal_npu
 from dal.prepare.state import set_quantizer_state
 
-from export_common import assert_lsb_parity, merge, teacher_forced_stats
-from replace_common import lsb_figures, ort_run, rel_err, small_transformer
+from export_common import teacher_forced_stats
+from oracles import assert_lsb_parity, lsb_figures, merge, output_scale, run_ort
+from replace_common import rel_err, small_transformer
 
 RULES = ["npu_attention", "lut_activation", "layernorm_fp16"]
 
@@ -35,11 +36,6 @@ def _recipe(name, replace=RULES):
     return rec
 
 
-def _output_scale(model) -> float:
-    last = [m for m in model.modules() if getattr(m, "output_quant", None) is not None and hasattr(m, "qat_name")]
-    return float(last[-1].output_quant.scale)
-
-
 def _run_flow(model, x, calib, path, recipe, hardware="a2000"):
     q = dal.prepare_qat(model, recipe, hardware=hardware, example_inputs=(x,))
     dal.calibrate(q, calib, progress=False)
@@ -48,9 +44,9 @@ def _run_flow(model, x, calib, path, recipe, hardware="a2000"):
     with torch.no_grad():
         t = q(x).numpy()
     dal.export_onnx(q, (x,), path)
-    o = ort_run(path, {"input": x.numpy()})[0]
+    o = run_ort(path, {"input": x.numpy()})[0]
     n = np.asarray(dal_npu.run(path, {"input": x.numpy()})[0])
-    s = _output_scale(q)
+    s = output_scale(path)  # the output DequantizeLinear's scale, read from the file
     return q, t, o, n, s
 
 
@@ -69,7 +65,7 @@ def test_small_transformer_parity(tmp_path):
     kinds = {type(mod).__name__ for mod in q.modules()}
     assert {"QLutActivation", "Fp16LayerNorm", "NpuSoftmax", "QMatMul"} <= kinds
     # the prepare report lists the ready-made FP16 operators too
-    status = {(r.type_name, r.status) for r in q.dal_report.rows}
+    status = {(r.type_name, r.status) for r in dal.prepared(q).report.rows}
     assert {("NpuSoftmax", "fp16"), ("Fp16LayerNorm", "fp16"), ("QLutActivation", "quantized")} <= status
     # every LUT's quantized output is one of its table values
     for mod in q.modules():
@@ -82,7 +78,7 @@ def test_w4a8_recipe_uses_npu_attention(tmp_path):
     m = small_transformer()
     x = torch.randn(2, 7, 32)
     q = dal.prepare_qat(m, "w4a8_fp8_performance", hardware="a2000", example_inputs=(x,))
-    assert q.dal_report.replacements.by_rule("npu_attention")
+    assert dal.prepared(q).report.replacements.by_rule("npu_attention")
     dal.calibrate(q, [(torch.randn(2, 7, 32),) for _ in range(2)], progress=False)
     set_quantizer_state(q, "frozen")
     proto = dal.export_onnx(q, (x,), str(tmp_path / "w4.onnx"))

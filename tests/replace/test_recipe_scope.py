@@ -24,7 +24,7 @@ def test_rule_level_replace_only_touches_its_layers():
     q = dal.prepare_qat(_model(), _recipe(rule), hardware="a2000", example_inputs=(x,))
     assert type(q[1]).__name__ == "QLutActivation"
     assert type(q[3]) is nn.GELU  # the same function elsewhere, not matched by that recipe rule
-    rows = q.dal_report.replacements.by_rule("lut_activation")
+    rows = dal.prepared(q).report.replacements.by_rule("lut_activation")
     assert [r.path for r in rows] == ["1"]
 
 
@@ -39,5 +39,5 @@ def test_scoped_rule_that_matches_nothing_says_so():
     x = torch.randn(2, 8)
     rule = {"match": "0", "replace": ["lut_activation"]}  # a Linear: no activation to replace there
     q = dal.prepare_qat(_model(), _recipe(rule), hardware="a2000", example_inputs=(x,))
-    assert "scope" in q.dal_report.replacements.unmatched["lut_activation"]
+    assert "scope" in dal.prepared(q).report.replacements.unmatched["lut_activation"]
     assert type(q[1]) is nn.GELU

@@ -109,9 +109,9 @@ def test_prepare_report_carries_replacements():
     rec = {"name": "r", "replace": ["lut_activation", "npu_attention"],
            "rules": [{"type": ["linear", "activation"], "weight": "int8", "input": "uint8"}]}
     q = dal.prepare_qat(m, rec, hardware="a2000", example_inputs=(torch.randn(2, 4),))
-    rep = q.dal_report.replacements
+    rep = dal.prepared(q).report.replacements
     assert rep.by_rule("lut_activation")[0].path == "1" and "npu_attention" in rep.unmatched
-    assert any("operator replacement" in n for n in q.dal_report.notes)
+    assert any("operator replacement" in n for n in dal.prepared(q).report.notes)
 
 
 def test_overriding_a_builtin_before_first_use_sticks():

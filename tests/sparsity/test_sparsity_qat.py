@@ -42,12 +42,12 @@ def test_dense_layers_listed_with_reasons_in_both_reports():
     model = _prepared()
     skipped = sp.report(model).skipped
     assert skipped == {"stem.0": "input channels = 1 is not a multiple of 4"}
-    rows = {r.name: r for r in model.dal_report.rows}
+    rows = {r.name: r for r in dal.prepared(model).report.rows}
     assert rows["stem.0"].status == "quantized"               # dense, still quantized
     assert "dense (2:4 not possible: input channels = 1 is not a multiple of 4)" in rows["stem.0"].detail
     assert "sparse=2:4" not in rows["stem.0"].detail
     assert all("sparse=2:4" in rows[n].detail for n in SPARSE)
-    text = str(model.dal_report)
+    text = str(dal.prepared(model).report)
     assert "4 of 5 layer(s) the recipe asks for are sparse; left dense: stem.0 (input channels = 1" in text
     assert "controller_of(model).step()" in text
 
@@ -62,7 +62,7 @@ def test_hardware_without_sparse_engine_leaves_every_layer_dense(hw):
     skipped = sp.report(model).skipped
     assert skipped["head"] == f"hardware {hw} cannot run linear with sparse weights"
     assert skipped["conv"] == f"hardware {hw} cannot run conv with sparse weights"
-    text = str(model.dal_report)
+    text = str(dal.prepared(model).report)
     assert "0 of 5 layer(s)" in text and f"down.0, conv, down2.0 (hardware {hw} cannot run conv" in text
     assert all(getattr(m, "weight_mask", None) is None for m in model.modules())
 
@@ -97,7 +97,7 @@ def test_user_loop_steps_schedule_prepared_before_prepare_qat():
     model = MnistCNN()
     sp.prepare_sparse(model, schedule=sp.Gradual(steps=4), hardware=load_hardware("a2000"))
     qat = dal.prepare_qat(model, recipe="int8_sparse24", hardware="a2000", example_inputs=(X[:1],))
-    assert "kept" in str(qat.dal_report)
+    assert "kept" in str(dal.prepared(qat).report)
     ctl = sp.controller_of(qat)
     assert set(ctl.layers) == SPARSE and isinstance(ctl.schedule, sp.Gradual)
     assert hasattr(ctl.module("head"), "weight_quant")          # the QAT module, not the float one
@@ -204,7 +204,7 @@ def test_recipe_sparsity_schedule_reaches_the_controller(tmp_path):
     model = dal.prepare_qat(MnistCNN(), recipe=loaded, hardware="a2000", example_inputs=(X[:1],))
     ctl = sp.controller_of(model)
     assert ctl.schedule == sp.Gradual(steps=40, every=10)
-    assert "schedule Gradual" in "\n".join(model.dal_report.notes)
+    assert "schedule Gradual" in "\n".join(dal.prepared(model).report.notes)
 
 
 def test_bad_recipe_sparsity_schedule_names_file_line_and_key(tmp_path):

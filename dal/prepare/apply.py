@@ -1,0 +1,78 @@
+"""Carry out a checked plan: fuse Conv+BN(+ReLU) and quantize functional ops in the captured
+graphs, swap leaf modules for their QAT classes. Nothing here decides: the plan did."""
+from __future__ import annotations
+
+from torch import nn
+
+from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
+from ..nn.registry import QAT_MODULES
+from ..nn.tree import set_submodule
+from .functional_ops import cat_dim, rebuild
+from .plan import Capture, Step
+
+_FUNCTIONAL = {"add": QAdd, "mul": QMul, "matmul": QMatMul, "cat": QCat}
+
+
+def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
+    """Rewrite ``model`` per ``plan``; returns the root (a GraphModule when the root's own forward
+    was rewritten). Owners are rewritten deepest first, so a parent's rebuild sees its
+    children's final modules; leaves are swapped afterwards, by path."""
+    by_owner: dict[str, list[Step]] = {}
+    for step in plan:
+        if step.action in ("fuse", "functional"):
+            by_owner.setdefault(step.owner, []).append(step)
+    for owner in sorted(by_owner, key=lambda p: -(p.count(".") + bool(p))):
+        mod = model.get_submodule(owner) if owner else model
+        new = _rewrite(mod, cap.graphs[owner], by_owner[owner], owner)
+        if owner:
+            set_submodule(model, owner, new)
+        else:
+            model = new
+    for step in plan:
+        if step.action == "quantize":
+            mod = model.get_submodule(step.path)
+            set_submodule(model, step.path, QAT_MODULES[type(mod)].from_float(mod, step.spec, step.path))
+    return model
+
+
+def _rewrite(mod: nn.Module, graph, steps: list[Step], owner: str) -> nn.Module:
+    prefix = f"{owner}." if owner else ""
+    nodes = {n.name: n for n in graph.nodes}
+    for step in steps:
+        if step.action == "fuse":
+            _fuse(mod, graph, nodes, step)
+        else:
+            _functional(mod, graph, nodes[step.node], step, prefix)
+    return rebuild(mod, graph)
+
+
+def _fuse(mod: nn.Module, graph, nodes: dict, step: Step) -> None:
+    conv, bn = mod.get_submodule(step.node), mod.get_submodule(step.bn)
+    cls = QConvBnReLU2d if step.relu else QConvBn2d
+    set_submodule(mod, step.node, cls.from_float(conv, bn, step.spec, step.path))
+    conv_node = next(n for n in graph.nodes if n.op == "call_module" and n.target == step.node)
+    bn_node = next(iter(conv_node.users))
+    relu_node = next(iter(bn_node.users)) if step.relu else None
+    bn_node.replace_all_uses_with(conv_node)
+    graph.erase_node(bn_node)
+    if relu_node is not None:
+        relu_node.replace_all_uses_with(conv_node)
+        graph.erase_node(relu_node)
+    parent_path, _, leaf = step.bn.rpartition(".")
+    delattr(mod.get_submodule(parent_path) if parent_path else mod, leaf)
+
+
+def _functional(mod: nn.Module, graph, node, step: Step, prefix: str) -> None:
+    attr = step.path[len(prefix):]
+    if step.type_name == "cat":
+        tensors = node.args[0] if node.args else node.kwargs["tensors"]
+        qmod = QCat(step.spec, step.path, arity=len(tensors), dim=cat_dim(node))
+        args = tuple(tensors)
+    else:
+        qmod = _FUNCTIONAL[step.type_name](step.spec, step.path)
+        args = (node.args[0], node.args[1])
+    mod.add_module(attr, qmod)
+    with graph.inserting_after(node):
+        new = graph.call_module(attr, args)
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)

@@ -1,0 +1,61 @@
+"""The plan against the hardware model, once: every offender listed in one error.
+
+Two kinds of problem: a layer the recipe quantizes in a way the hardware does not allow
+(``dal.recipe.check_against_hardware``), and an op the export will hold in float that the
+hardware cannot run (``float_ops.hardware_verdict``) — refused by path with the fix, unless the
+recipe rule matching that path says ``skip: true`` (the user accepts it running off the NPU).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..config.problems import Problem
+from ..recipe import check_against_hardware
+from ..recipe.errors import RecipeError
+from .float_ops import hardware_verdict
+from .plan import Step
+
+#: actions whose recipe spec the recipe check reads
+QUANTIZING = ("quantize", "fuse", "functional")
+
+
+def check_plan(plan: list[Step], recipe, hw) -> list[Step]:
+    """Raise ``RecipeError`` listing every problem of ``plan`` on ``hw``; return the plan with
+    each float step's reason saying how the hardware runs it (or that a skip rule keeps it)."""
+    problems: list[Problem] = []
+    layers = [(s.path, s.type_name, s.op_class) for s in plan if s.action in QUANTIZING]
+    try:
+        check_against_hardware(recipe, hw, layers)
+    except RecipeError as err:
+        problems += list(err.problems)
+    checked = []
+    for step in plan:
+        if step.action == "float" and step.float_op is not None and step.float_op.kind == "float":
+            runs, how = hardware_verdict(hw, step.float_op)
+            if not runs and _skipped(recipe, step):
+                step = dataclasses.replace(step, reason=_join(step.reason, "kept off the NPU by a skip rule"))
+            elif not runs and (step.float_op.op_class == "custom" or hw.fp16_ops):
+                # Listed with the hardware's verdict, not refused: a module dal does not know the
+                # function of (DESIGN: left in float unless strict), or hardware with an FP16
+                # vector engine, where normalisations (GroupNorm, an unfolded BN) become FP16 ops
+                # once dal.nn has them. Only int8-only hardware has nowhere to run a float op.
+                step = dataclasses.replace(step, reason=_join(step.reason, f"the hardware cannot run it in float: {how}"))
+            elif not runs:
+                problems.append(Problem(f"{step.path} ({step.type_name}): the export would hold a float "
+                                        f"{step.float_op.function}, which hardware {hw.name!r} cannot run; fix: {how}"))
+            else:
+                step = dataclasses.replace(step, reason=_join(step.reason, how))
+        checked.append(step)
+    if problems:
+        raise RecipeError(problems, what=f"recipe {recipe.name!r} for hardware {hw.name!r}")
+    return checked
+
+
+def _skipped(recipe, step: Step) -> bool:
+    op_class = step.op_class if step.op_class not in ("norm", "custom", "passthrough") else None
+    index = recipe.match(step.path, step.type_name, op_class)
+    return index is not None and recipe.rules[index].skip
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b

@@ -1,0 +1,154 @@
+"""What the export will hold besides the quantized layers, and whether the hardware can run it.
+
+Every module and functional call that prepare does not quantize is one of:
+
+* **passthrough** — exact on integer codes, so the NPU runs it between the quantizers around
+  it: ReLU / ReLU6 / Hardtanh (clip a code range), max pooling (selects a code), reshape-like
+  ops, dropout and identity (nothing in eval), nearest resize (copies codes);
+* **float** — a float op in the exported graph: a non-linear activation (SiLU, Sigmoid, GELU,
+  ...), average pooling, softmax, a normalisation that was not folded (BatchNorm, GroupNorm,
+  LayerNorm), a non-nearest resize, a module with parameters and no QAT class (LSTM).
+
+:func:`hardware_verdict` decides, for a float op, what the hardware model says: it runs it
+(in FP16 per ``fp16_ops``, on the vector engine for integer pooling), or it cannot — then the
+caller refuses it by path with the fix (a replacement rule such as ``lut_activation``, or a
+``skip: true`` rule that accepts it running off the NPU).
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: module types that are exact on codes
+PASSTHROUGH_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+                       nn.Dropout3d, nn.AlphaDropout, nn.Flatten, nn.Unflatten, nn.MaxPool1d, nn.MaxPool2d,
+                       nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
+                       nn.ChannelShuffle, nn.PixelShuffle, nn.PixelUnshuffle, nn.ZeroPad2d)
+
+#: module type -> (op class, function) for float ops
+FLOAT_MODULES: dict[type, tuple[str, str]] = {
+    nn.SiLU: ("activation", "silu"), nn.Sigmoid: ("activation", "sigmoid"), nn.Tanh: ("activation", "tanh"),
+    nn.GELU: ("activation", "gelu"), nn.Hardswish: ("activation", "hardswish"),
+    nn.Hardsigmoid: ("activation", "hardsigmoid"), nn.ELU: ("activation", "elu"), nn.SELU: ("activation", "selu"),
+    nn.CELU: ("activation", "elu"), nn.LeakyReLU: ("activation", "leaky_relu"), nn.PReLU: ("activation", "prelu"),
+    nn.Mish: ("activation", "mish"), nn.Softplus: ("activation", "softplus"),
+    nn.AvgPool1d: ("pool", "average"), nn.AvgPool2d: ("pool", "average"), nn.AvgPool3d: ("pool", "average"),
+    nn.AdaptiveAvgPool1d: ("pool", "average"), nn.AdaptiveAvgPool2d: ("pool", "average"),
+    nn.AdaptiveAvgPool3d: ("pool", "average"),
+    nn.Softmax: ("softmax", "softmax"), nn.LogSoftmax: ("softmax", "log_softmax"),
+    nn.LayerNorm: ("layernorm", "layernorm"), nn.GroupNorm: ("norm", "groupnorm"),
+    nn.InstanceNorm1d: ("norm", "instancenorm"), nn.InstanceNorm2d: ("norm", "instancenorm"),
+    nn.BatchNorm1d: ("norm", "batchnorm"), nn.BatchNorm2d: ("norm", "batchnorm"),
+    nn.BatchNorm3d: ("norm", "batchnorm"),
+}
+
+_PASSTHROUGH_FUNCTIONS = {F.relu, torch.relu, torch.relu_, F.relu6, F.hardtanh, torch.flatten, torch.reshape,
+                          torch.permute, torch.transpose, torch.squeeze, torch.unsqueeze, torch.chunk, torch.split,
+                          F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d, F.dropout, F.pad,
+                          operator.getitem, torch.clamp, torch.clip, torch.stack, torch.narrow, torch.t}
+_PASSTHROUGH_METHODS = {"relu", "relu_", "flatten", "reshape", "view", "permute", "transpose", "contiguous",
+                        "squeeze", "unsqueeze", "chunk", "split", "expand", "expand_as", "clamp", "clamp_",
+                        "clip", "t", "narrow", "flip", "repeat", "view_as", "reshape_as", "__getitem__",
+                        "to", "float", "type_as", "detach", "clone", "unbind", "movedim"}
+_FLOAT_FUNCTIONS = {
+    torch.sigmoid: ("activation", "sigmoid"), F.sigmoid: ("activation", "sigmoid"), F.silu: ("activation", "silu"),
+    F.gelu: ("activation", "gelu"), torch.tanh: ("activation", "tanh"), F.tanh: ("activation", "tanh"),
+    F.hardswish: ("activation", "hardswish"), F.hardsigmoid: ("activation", "hardsigmoid"),
+    F.elu: ("activation", "elu"), F.leaky_relu: ("activation", "leaky_relu"), F.mish: ("activation", "mish"),
+    F.softplus: ("activation", "softplus"), torch.exp: ("activation", "exp"),
+    F.softmax: ("softmax", "softmax"), torch.softmax: ("softmax", "softmax"),
+    F.log_softmax: ("softmax", "log_softmax"), F.layer_norm: ("layernorm", "layernorm"),
+    F.group_norm: ("norm", "groupnorm"), F.batch_norm: ("norm", "batchnorm"),
+    F.instance_norm: ("norm", "instancenorm"),
+    F.avg_pool2d: ("pool", "average"), F.adaptive_avg_pool2d: ("pool", "average"),
+    F.adaptive_avg_pool1d: ("pool", "average"), torch.mean: ("pool", "average"),
+}
+_FLOAT_METHODS = {"sigmoid": ("activation", "sigmoid"), "tanh": ("activation", "tanh"),
+                  "exp": ("activation", "exp"), "softmax": ("softmax", "softmax"), "mean": ("pool", "average")}
+_RELU_LIKE = {"relu", "relu6", "hardtanh"}
+
+
+@dataclass(frozen=True)
+class FloatOp:
+    """How an op that prepare does not quantize runs: ``kind`` is "passthrough" or "float";
+    ``op_class`` the hardware op class (or "norm", "custom"); ``function`` what it computes."""
+
+    kind: str
+    op_class: str
+    function: str
+
+
+def classify_module(mod: nn.Module) -> Optional[FloatOp]:
+    """The :class:`FloatOp` of a leaf module prepare leaves as it is; None for containers."""
+    if isinstance(mod, PASSTHROUGH_MODULES):
+        return FloatOp("passthrough", "passthrough", type(mod).__name__)
+    if isinstance(mod, nn.Upsample):
+        mode = str(mod.mode)
+        return FloatOp("passthrough" if mode == "nearest" else "float", "resize", mode)
+    for cls in type(mod).__mro__:
+        if cls in FLOAT_MODULES:
+            op_class, fn = FLOAT_MODULES[cls]
+            return FloatOp("float", op_class, fn)
+    if next(mod.parameters(recurse=False), None) is not None:
+        return FloatOp("float", "custom", type(mod).__name__)
+    return None
+
+
+def classify_node(node) -> Optional[FloatOp]:
+    """The :class:`FloatOp` of a traced ``call_function`` / ``call_method`` node (None: not a
+    tensor op worth listing, e.g. ``size()``)."""
+    if node.op == "call_function":
+        target = node.target
+        if target in _PASSTHROUGH_FUNCTIONS:
+            return FloatOp("passthrough", "passthrough", getattr(target, "__name__", str(target)))
+        if target in _FLOAT_FUNCTIONS:
+            return FloatOp("float", *_FLOAT_FUNCTIONS[target])
+        if target is F.interpolate:
+            mode = str(node.kwargs.get("mode", node.args[3] if len(node.args) > 3 else "nearest"))
+            return FloatOp("passthrough" if mode == "nearest" else "float", "resize", mode)
+        return None
+    if node.op == "call_method":
+        if node.target in _PASSTHROUGH_METHODS:
+            return FloatOp("passthrough", "passthrough", node.target)
+        if node.target in _FLOAT_METHODS:
+            return FloatOp("float", *_FLOAT_METHODS[node.target])
+    return None
+
+
+def hardware_verdict(hw, op: FloatOp) -> tuple[bool, str]:
+    """``(runs, text)``: whether hardware ``hw`` runs the float op ``op``, and how (or the fix).
+
+    Runs: an activation or softmax / layer norm listed in ``fp16_ops`` (an FP16 island), an
+    average pool on hardware whose ``pool`` op class takes integer formats (the vector engine
+    averages codes), a resize whose mode is in ``resize_modes``. Everything else cannot run on
+    the NPU; ``text`` then says what would fix it."""
+    fn, fp16 = op.function, set(getattr(hw, "fp16_ops", ()) or ())
+    if op.kind == "passthrough" or fn in _RELU_LIKE:
+        return True, "exact on integer codes"
+    if op.op_class in ("activation", "softmax", "layernorm") and fn.replace("log_", "") in fp16:
+        return True, f"runs in FP16 on {hw.name} (fp16_ops)"
+    if op.op_class == "pool" and hw.op("pool") is not None:
+        return True, f"averages integer codes on {hw.name}'s {hw.op('pool').engine} engine"
+    if op.op_class == "resize" and fn in (getattr(hw, "resize_modes", ()) or ()):
+        return True, f"{fn} resize on {hw.name}"
+    skip = "or a rule {match: <this path>, skip: true} to run it off the NPU"
+    if op.op_class == "activation" and fn in (getattr(hw, "lut_ops", ()) or ()):
+        return False, f"{hw.name} runs {fn} only through a lookup table: add lut_activation to the recipe's " \
+                      f"replace: list, {skip}"
+    if op.op_class == "resize":
+        return False, f"{hw.name} resizes only with {', '.join(hw.resize_modes) or 'no mode'}: add " \
+                      f"upsample_nearest to the recipe's replace: list, {skip}"
+    if op.op_class == "layernorm":
+        return False, f"{hw.name} has no FP16 layer norm: {skip}"
+    if fn == "batchnorm":
+        return False, f"{hw.name} has no float batch norm: put it right after the Conv2d it follows in a " \
+                      f"forward torch.fx can trace so that it folds, {skip}"
+    if op.op_class == "custom":
+        return False, f"{hw.name} cannot run a float {fn}: register a QAT module for it " \
+                      f"(@dal.register_qat_module({fn})), {skip}"
+    return False, f"{hw.name} does not run {fn} ({op.op_class}) in float: {skip}"

@@ -1,0 +1,194 @@
+"""prepare's plan: one pass over the model decides, for every module and every functional op it
+sees, what prepare will do and why; the hardware check and the report read the plan.
+
+Capture traces each module's *own* forward once (``dal.nn.own_forward``: submodule calls are
+leaves), so a module whose forward torch.fx cannot trace keeps it, everything below it is still
+planned, and the failure is a note. The graphs are kept for ``apply``, which rewrites them.
+
+A :class:`Step` has an ``action``:
+
+* ``quantize`` — swap for the registered QAT module; ``fuse`` — Conv2d + BatchNorm2d (+ ReLU)
+  into one QConvBn2d; ``functional`` — ``+``, ``*``, ``@``, ``cat`` in a traced forward get a
+  QAdd / QMul / QMatMul / QCat;
+* ``ready-made`` — already a QAT module (operator replacement, or the user's);
+* ``passthrough`` — exact on integer codes (ReLU, max pool, reshape, ...);
+* ``float`` — left in float, with the reason (no rule quantizes it, no QAT module, a float op
+  such as SiLU or an unfolded BatchNorm; ``hardware_verdict`` says whether the chip runs it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch.fx as fx
+from torch import nn
+
+from ..nn.base import QATModule
+from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
+from ..nn.registry import OP_CLASSES, QAT_MODULES, op_class_of
+from ..quantizer import FakeQuantizer
+from .float_ops import FloatOp, classify_module, classify_node
+from .functional_ops import functional_kind
+
+FUNCTIONAL_CLASSES = {"add": "QAdd", "mul": "QMul", "matmul": "QMatMul", "cat": "QCat"}
+ACTIONS = ("quantize", "fuse", "functional", "ready-made", "passthrough", "float")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decision: ``path`` (module path, or ``<owner>.<node>`` for a functional op), the
+    float ``type_name``, the hardware ``op_class``, the ``action``, the recipe ``spec`` (a
+    ``LayerSpec`` or None) and the ``reason``. ``owner`` / ``node`` locate functional ops and
+    fused chains in their owner's graph; ``float_op`` says how a float step computes."""
+
+    path: str
+    type_name: str
+    op_class: str
+    action: str
+    spec: object = None
+    reason: str = ""
+    owner: str = ""
+    node: str = ""
+    bn: str = ""
+    relu: bool = False
+    float_op: Optional[FloatOp] = None
+    built: str = ""
+    after: str = ""  # a functional op: the module called just before it in its owner's forward
+
+    @property
+    def shown_type(self) -> str:
+        """The class the step builds (``QConv2d``), else the float type."""
+        return self.built or self.type_name
+
+    @property
+    def fp16(self) -> bool:
+        return bool(getattr(self.spec, "fallback_fp16", False))
+
+
+@dataclass
+class Capture:
+    """Each traced module's graph by path, and why the others did not trace."""
+
+    graphs: dict = field(default_factory=dict)
+    untraced: dict = field(default_factory=dict)
+
+
+def capture(model: nn.Module) -> Capture:
+    """Trace the own forward of every module that has one worth reading, once each."""
+    cap = Capture()
+    for path, mod in model.named_modules():
+        if not needs_tracing(mod):
+            continue
+        try:
+            cap.graphs[path] = trace_own_forward(mod)
+        except Exception as err:  # noqa: BLE001 - any tracing failure means "leave this forward as is"
+            msg = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+            cap.untraced[path] = (type(mod).__name__, msg)
+    return cap
+
+
+def build_plan(model: nn.Module, cap: Capture, resolve) -> list[Step]:
+    """Every module and functional op of ``model``, in module order, with its decision.
+
+    ``resolve(path, type_name, op_class) -> LayerSpec | None`` is the recipe's first-match
+    lookup (None: no rule, or a ``skip`` rule)."""
+    steps: list[Step] = []
+    fused: set[str] = set()  # BN paths folded into a conv, and convs that fuse
+    for owner, graph in cap.graphs.items():
+        mod = model.get_submodule(owner) if owner else model
+        prefix = f"{owner}." if owner else ""
+        for pat in find_conv_bn(graph, mod):
+            conv = prefix + pat.conv
+            spec = resolve(conv, "Conv2d", "conv")
+            if spec is None:
+                continue
+            fused |= {conv, prefix + pat.bn}
+            if pat.relu_node is not None and pat.relu_node.op == "call_module":
+                fused.add(prefix + pat.relu_node.target)  # erased from the graph with the fusion
+            relu = pat.relu_node is not None
+            steps.append(Step(conv, "Conv2d", "conv", "fuse", spec, f"fused with {prefix + pat.bn}"
+                              + (" + relu" if relu else ""), owner, pat.conv, pat.bn, relu,
+                              built="QConvBnReLU2d" if relu else "QConvBn2d"))
+        steps += _functional_steps(graph, mod, prefix, owner, resolve)
+    for path, mod in model.named_modules():
+        if path and path not in fused and not _inside_quantized(path, model):
+            step = _module_step(path, mod, resolve)
+            if step is not None:
+                steps.append(step)
+    order = {p: i for i, (p, _) in enumerate(model.named_modules())}
+    # Modules in module order; a functional op right after the module its forward called before it.
+    return sorted(steps, key=lambda s: (order[s.path], 0) if s.path in order else (order.get(s.after, -1), 1))
+
+
+def _inside_quantized(path: str, model: nn.Module) -> bool:
+    """Inside a QAT module (its own float children, e.g. a replaced block's internals)."""
+    parts = path.split(".")
+    for i in range(1, len(parts)):
+        if isinstance(model.get_submodule(".".join(parts[:i])), (QATModule, FakeQuantizer)):
+            return True
+    return False
+
+
+def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, resolve) -> list[Step]:
+    steps = []
+    after = owner
+    for node in graph.nodes:
+        if node.op == "call_module":
+            after = prefix + str(node.target)
+        name = prefix + node.name
+        kind = functional_kind(node)
+        if kind is not None:
+            spec = resolve(name, kind, kind)
+            if spec is None:
+                steps.append(Step(name, kind, kind, "float", None, "no recipe rule quantizes it", owner, node.name,
+                                  after=after))
+            else:
+                # The QAT module becomes an attribute of the owner named after the node.
+                attr = node.name if not hasattr(mod, node.name) else f"{node.name}_q"
+                steps.append(Step(prefix + attr, kind, kind, "functional", spec, "", owner, node.name,
+                                  built=FUNCTIONAL_CLASSES[kind], after=after))
+            continue
+        op = classify_node(node)
+        if op is not None:
+            steps.append(Step(name, op.function, op.op_class, op.kind, None,
+                              "exact on integer codes" if op.kind == "passthrough" else "", owner, node.name,
+                              float_op=op, after=after))
+    return steps
+
+
+def _module_step(path: str, mod: nn.Module, resolve) -> Optional[Step]:
+    type_name = type(mod).__name__
+    if isinstance(mod, QATModule):
+        quantizers = mod.quantizers()
+        if not quantizers:
+            return None
+        formats = {role: q.fmt.name for role, q in quantizers.items()}
+        return Step(path, type_name, op_class_of(mod), "ready-made", None,
+                    "ready-made: " + " ".join(f"{role}={fmt}" for role, fmt in formats.items()))
+    if isinstance(mod, FakeQuantizer) or isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
+        return None
+    if needs_tracing(mod):
+        # A container's forward is captured; a user module that also owns parameters uses them
+        # in that forward itself, which no QAT class quantizes.
+        if type(mod) in QAT_MODULES or next(mod.parameters(recurse=False), None) is None:
+            return None
+    cls = QAT_MODULES.get(type(mod))
+    if cls is not None:
+        op_class = OP_CLASSES[type(mod)]
+        spec = resolve(path, type_name, op_class)
+        if spec is None:
+            return Step(path, type_name, op_class, "float", None, "no recipe rule quantizes it")
+        return Step(path, type_name, op_class, "quantize", spec, built=cls.__name__)
+    op = classify_module(mod)
+    if op is None:
+        return None
+    if needs_tracing(mod):
+        op = FloatOp("float", "custom", type_name)
+    if op.kind == "passthrough":
+        return Step(path, type_name, op.op_class, "passthrough", None, "exact on integer codes", float_op=op)
+    reason = ""
+    if op.op_class == "custom":
+        reason = f"no QAT module registered for {type_name}: register one with @dal.register_qat_module({type_name})"
+    elif op.function == "batchnorm":
+        reason = "not folded: it does not directly follow a Conv2d called once in a forward torch.fx traces"
+    return Step(path, type_name, op.op_class, "float", None, reason, float_op=op)

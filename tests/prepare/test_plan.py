@@ -1,0 +1,177 @@
+"""prepare as plan -> check -> apply: the report accounts for every module and functional op,
+float ops are checked against the hardware model, and dal.prepared sees through wrappers."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dal
+from dal.recipe.errors import RecipeError
+
+
+class SeNet(nn.Module):
+    """Conv-BN-SiLU, a squeeze-excitation Sigmoid, global average pooling and a classifier: the
+    float ops of an EfficientNet block, small."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.act = nn.SiLU()
+        self.gate = nn.Sigmoid()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = self.act(self.bn(self.conv(x)))
+        y = y * self.gate(y)
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+class LoneBn(nn.Module):
+    """A BatchNorm that does not follow a conv: nothing can fold it."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(3)
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(self.bn(x))
+
+
+def _x(shape=(2, 3, 8, 8)):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
+def _rows(model):
+    return {r.name: r for r in dal.prepared(model).report.rows}
+
+
+def test_every_module_and_functional_op_is_in_the_report():
+    q = dal.prepare_qat(SeNet(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
+    rows = _rows(q)
+    assert rows["conv"].status == "quantized" and "fused with bn" in rows["conv"].detail
+    for path in ("act", "gate"):  # FP16 islands on the a2000 (fp16_ops), listed as float with how they run
+        assert rows[path].status == "float" and "FP16" in rows[path].detail, rows[path]
+    assert rows["pool"].status == "float" and "averages integer codes" in rows["pool"].detail
+    assert rows["fc"].status == "quantized"
+    assert [r.type_name for r in rows.values() if r.op_class == "mul"] == ["QMul"]
+    assert any(r.type_name == "flatten" and r.status == "passthrough" for r in rows.values())
+    # every leaf module of the float model is accounted for (bn by the fused conv's row)
+    leaves = {n for n, m in SeNet().named_modules() if n and not list(m.children())}
+    assert leaves - {"bn"} <= set(rows)
+    report = dal.prepared(q).report
+    assert str(report).splitlines()[0].endswith(
+        f"{len(report.by_status('quantized'))} quantized, 0 fp16, {len(report.by_status('passthrough'))} "
+        f"passthrough, 3 left in float")
+
+
+def test_float_activations_on_int8_only_hardware_are_refused_by_path_with_the_fix():
+    with pytest.raises(RecipeError) as err:
+        dal.prepare_qat(SeNet(), recipe="int8_balanced", hardware="a1000", example_inputs=(_x(),))
+    text = str(err.value)
+    assert "act (SiLU)" in text and "gate (Sigmoid)" in text and "lut_activation" in text
+    assert "pool" not in text.split("problems")[1].split("\n")[1:]  # integer pooling runs on the a1000
+
+
+def test_the_replacement_the_error_names_fixes_it():
+    recipe = dal.load_recipe("int8_balanced").to_dict()
+    recipe["replace"] = ["lut_activation"]
+    q = dal.prepare_qat(SeNet(), recipe=recipe, hardware="a1000", example_inputs=(_x(),))
+    rows = _rows(q)
+    assert rows["act"].status == "quantized" and rows["gate"].status == "quantized"
+
+
+def test_a_skip_rule_keeps_an_op_off_the_npu_on_purpose():
+    recipe = dal.load_recipe("int8_balanced").to_dict()
+    recipe["rules"] = [{"match": ["act", "gate"], "skip": True}] + recipe["rules"]
+    q = dal.prepare_qat(SeNet(), recipe=recipe, hardware="a1000", example_inputs=(_x(),))
+    assert "kept off the NPU by a skip rule" in _rows(q)["act"].detail
+
+
+def test_an_unfoldable_batchnorm_is_listed_and_refused():
+    q = dal.prepare_qat(LoneBn(), recipe="int8_balanced", example_inputs=(_x(),))  # no hardware: listed only
+    row = _rows(q)["bn"]
+    assert row.status == "float" and "not folded" in row.detail
+    assert "1 left in float" in str(dal.prepared(q).report).splitlines()[0]
+    with pytest.raises(RecipeError, match=r"bn \(BatchNorm2d\).*float batchnorm.*'a1000' cannot run"):
+        dal.prepare_qat(LoneBn(), recipe="int8_balanced", hardware="a1000", example_inputs=(_x(),))
+    q = dal.prepare_qat(LoneBn(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
+    assert "the hardware cannot run it in float" in _rows(q)["bn"].detail  # FP16 hardware: listed, not refused
+
+
+def test_a_module_without_a_qat_class_is_listed_with_the_hardwares_verdict():
+    class Seq(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.LSTM(4, 4, batch_first=True)
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(self.rnn(x)[0])
+
+    q = dal.prepare_qat(Seq(), recipe="int8_balanced", hardware="a2000", example_inputs=(torch.randn(2, 3, 4),))
+    row = _rows(q)["rnn"]
+    assert row.status == "float" and "register_qat_module(LSTM)" in row.detail and "cannot run" in row.detail
+    with pytest.raises(ValueError, match=r"strict=True.*\n.*rnn: LSTM"):
+        dal.prepare_qat(Seq(), recipe="int8_balanced", hardware="a2000", strict=True)
+
+
+def test_prepared_sees_through_wrappers():
+    q = dal.prepare_qat(SeNet(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
+    handle = dal.prepared(q)
+    assert handle.recipe.name == "int8_balanced" and handle.hardware.name == "a2000"
+    assert dal.prepared(torch.compile(q)) is handle
+    assert dal.prepared(nn.DataParallel(q)) is handle
+
+    class Holder(nn.Module):  # a LightningModule holds its network as an attribute in the same way
+        def __init__(self):
+            super().__init__()
+            self.loss = nn.CrossEntropyLoss()
+            self.model = q
+
+    assert dal.prepared(Holder()) is handle
+    with pytest.raises(ValueError, match="was never prepared by dal: call dal.prepare_qat"):
+        dal.prepared(SeNet())
+
+
+def test_prepared_sees_through_ddp():
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29631")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        q = dal.prepare_qat(SeNet(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
+        dal.calibrate(q, [_x()], progress=False)
+        wrapped = nn.parallel.DistributedDataParallel(q)
+        assert dal.prepared(wrapped).recipe == dal.prepared(q).recipe
+        dal.calibrate(wrapped, [_x()], progress=False)  # the recipe's calibration section is found through DDP
+    finally:
+        dist.destroy_process_group()
+
+
+def test_prepare_traces_each_forward_once(monkeypatch):
+    import dal.prepare.plan as plan
+
+    calls = []
+    real = plan.trace_own_forward
+    monkeypatch.setattr(plan, "trace_own_forward", lambda m: calls.append(type(m).__name__) or real(m))
+    dal.prepare_qat(SeNet(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
+    assert calls == ["SeNet"]
+
+
+def test_functional_float_ops_in_a_traced_forward_are_checked_too():
+    class Fn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 1)
+
+        def forward(self, x):
+            return F.silu(self.conv(x))
+
+    with pytest.raises(RecipeError, match=r"silu \(silu\).*lut_activation"):
+        dal.prepare_qat(Fn(), recipe="int8_balanced", hardware="a1000", example_inputs=(_x(),))
