@@ -23,7 +23,7 @@ def test_readme_python_blocks_and_dal_commands_run(tmp_path, monkeypatch):
     assert commands, "README shows no dal command"
     for cmd in commands:
         argv = shlex.split(cmd)[1:]
-        out = subprocess.run([sys.executable, "-m", "dal.cli.main", *argv], capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-m", "dal.cli", *argv], capture_output=True, text=True)
         assert out.returncode == 0, f"`{cmd}` failed:\n{out.stderr[-2000:]}"
 
 

@@ -10,6 +10,19 @@ import io
 import math
 
 
+def require_matplotlib(feature: str = "dal.report") -> None:
+    """Raise ImportError naming ``pip install 'dal[report]'`` unless matplotlib can be imported.
+
+    Called first by the report (and ``dal report``), so a missing extra fails in a second, not
+    after minutes of analysis.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"{feature} draws its figures with matplotlib, which is not installed: "
+                          "pip install 'dal[report]'") from err
+
+
 def _figure(figsize):
     # A bare Figure rendered by the Agg canvas: no pyplot, so no global backend switch and no
     # figure registry (the user's own interactive session is left alone).

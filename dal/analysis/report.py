@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..calibration.batches import cached_inputs, run_model
+from ..prepare.handle import find_prepared
 from ..prepare.state import quantizers
 from .common import active_layers, evaluating
 
@@ -125,9 +126,11 @@ def build_report(model: nn.Module, data: Optional[Iterable] = None, float_model:
     from .layerwise import layerwise
     from .sensitivity import sensitivity as run_sensitivity
 
+    plots.require_matplotlib("build_report")  # fail fast: before minutes of analysis
     t0 = time.time()
     layers = active_layers(model)
-    prep = getattr(model, "dal_report", None)
+    handle = find_prepared(model)
+    prep = handle.report if handle is not None else None
     title = title or f"dal report: {type(model).__name__}"
     summary = [f"model: {type(model).__name__}; recipe: {getattr(prep, 'recipe', '?')}; "
                f"hardware: {getattr(prep, 'hardware', '?')}",

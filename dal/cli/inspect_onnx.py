@@ -66,6 +66,7 @@ def describe(model: onnx.ModelProto) -> dict:
 
 
 def format_text(info: dict) -> str:
+    """The table ``dal inspect`` prints for :func:`describe`'s data: header lines, then one row per compute node."""
     lines = [f"opsets: {info['opsets']}   IR version {info['ir_version']}",
              f"inputs: {info['inputs']}   outputs: {info['outputs']}"]
     for k, v in info["metadata"].items():

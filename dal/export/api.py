@@ -48,6 +48,9 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
       ``dal.requantizer`` and ``dal.sparse_24`` (plus ``metadata``, JSON-encoded when not str);
     * the model is traced in eval mode and left exactly as it was (modes, states, parameters).
 
+    Graph inputs are named ``input`` (``input_0``, ... for several) and outputs ``output``
+    (``output_0``, ...) unless ``input_names`` / ``output_names`` say otherwise.
+
     Raises ExportError for quantizers still observing, quantizers the exporter cannot place,
     or an opset too low; each error lists every offender.
 
@@ -81,6 +84,8 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
     if left:
         raise ExportError(f"the exporter could not place {len(left)} quantizer node(s): {left}")
     graph.finish()
+    if not output_names:
+        _name_outputs(proto)
     _set_opset(proto, opset)
     write_metadata(proto, model, infos, metadata)
     proto.producer_name, proto.producer_version = "dal", _version()
@@ -138,6 +143,22 @@ def _opset_torch_asks_for(err: ExportError) -> Optional[int]:
         return None
     found = re.search(r"added in (?:opset |version )?(\d+)", str(cause))
     return int(found.group(1)) if found and int(found.group(1)) <= TRACE_MAX_OPSET else None
+
+
+def _name_outputs(proto: onnx.ModelProto) -> None:
+    """Name the graph outputs ``output`` (one) or ``output_0``, ``output_1``, ... (several), as the
+    inputs are named, instead of the numbers torch gives them (``375``). A name already in use,
+    or an output that is a graph input passed through, is left as it is."""
+    g = proto.graph
+    inputs = {i.name for i in g.input}
+    used = inputs | {t.name for t in g.initializer} | {x for n in g.node for x in (*n.input, *n.output)}
+    new = ["output"] if len(g.output) == 1 else [f"output_{k}" for k in range(len(g.output))]
+    rename = {o.name: name for o, name in zip(g.output, new) if o.name not in inputs and name not in used}
+    for node in g.node:
+        node.input[:] = [rename.get(x, x) for x in node.input]
+        node.output[:] = [rename.get(x, x) for x in node.output]
+    for item in (*g.output, *g.initializer):
+        item.name = rename.get(item.name, item.name)
 
 
 def _set_opset(proto: onnx.ModelProto, opset: int) -> None:

@@ -20,6 +20,7 @@ from .errors import ExportError
 from .graph import Graph
 from .qdq import DQInfo
 
+
 def _attr(node, name, default):
     for a in node.attribute:
         if a.name == name:
@@ -56,6 +57,7 @@ def _sites(graph: Graph, infos: dict[str, DQInfo]):
 
 
 def rewrite_biases(graph: Graph, infos: dict[str, DQInfo]) -> None:
+    """Replace each on-grid float bias of an integer layer by ``DequantizeLinear(int32 codes, s_in * s_w)``."""
     producers = graph.producers()
     new_before = {}
     for found in list(_sites(graph, infos)):
@@ -86,7 +88,8 @@ def rewrite_biases(graph: Graph, infos: dict[str, DQInfo]) -> None:
         # dal.formats' int32 quantizer: the formula the QAT module's fake quantizer trained with
         gran = per_channel(0) if scale.size > 1 else PER_TENSOR
         s_t = torch.from_numpy(scale if scale.size > 1 else scale.reshape(()))
-        q_t = quantize(torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32)), INT32, s_t, granularity=gran)
+        # a copy: graph.const() arrays view the initializer's bytes (read-only; torch warns on those)
+        q_t = quantize(torch.from_numpy(np.array(b, dtype=np.float32)), INT32, s_t, granularity=gran)
         back = dequantize(q_t, INT32, s_t, granularity=gran).numpy()
         codes = q_t.numpy()
         on_grid = np.array_equal(back, b)

@@ -8,8 +8,9 @@ import onnx
 import torch
 
 from ..nn.modes import eval_mode
+from .inputs import check_feed, load_onnx
 from .metrics import agreement
-from .onnx_tools import ort_run_all, output_lsb, producers
+from .onnx_tools import ort_run_all, output_lsb, producers, require_onnxruntime
 from .report import LayerParity, ParityReport
 from .torch_layers import torch_layers_vs_file
 
@@ -49,15 +50,20 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
     correct export can drift by a few LSB; the layer-by-layer view isolates each layer's own
     disagreement, which should be at most one LSB on a few near-ties. Requantizer settings come
     from the model's ``dal.requantizer`` metadata and are named in the report.
+
+    A missing file raises FileNotFoundError; a truncated or invalid file, or inputs of the wrong
+    number, type, rank or size, raise :class:`~dal.verification.inputs.VerifyInputError` (a
+    ValueError) naming the file or the input; without onnxruntime installed (and
+    ``onnxruntime=True``) an ImportError says ``pip install 'dal[ort]'``.
     """
     import dal.npu
 
-    model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else onnx.load(str(onnx_path))
+    if onnxruntime:
+        require_onnxruntime()  # before minutes of NPU reference runs, not after
+    model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else load_onnx(onnx_path)
     inputs = _as_tuple(inputs)
-    graph_inputs = [i.name for i in model.graph.input if i.name not in {x.name for x in model.graph.initializer}]
-    if len(inputs) != len(graph_inputs):
-        raise ValueError(f"verify: the model takes {len(graph_inputs)} input(s) {graph_inputs}, got {len(inputs)}")
-    feed = {n: (t.detach().numpy() if torch.is_tensor(t) else np.asarray(t)) for n, t in zip(graph_inputs, inputs)}
+    where = "the model" if isinstance(onnx_path, onnx.ModelProto) else str(onnx_path)
+    feed = check_feed(model, inputs, where)
     meta = {p.key: p.value for p in model.metadata_props}
     requant = json.loads(meta.get("dal.requantizer", '{"kind": "float"}'))
     report = ParityReport(model=str(onnx_path) if not isinstance(onnx_path, onnx.ModelProto) else model.graph.name,

@@ -33,14 +33,24 @@ def output_lsb(model: onnx.ModelProto, output_name: str) -> Optional[float]:
 
 
 def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    """``{tensor name: the node that outputs it}``."""
     return {out: node for node in model.graph.node for out in node.output}
+
+
+def require_onnxruntime():
+    """The ``onnxruntime`` module, or an ImportError saying which extra installs it."""
+    try:
+        import onnxruntime
+    except ImportError as err:
+        raise ImportError("dal.verify compares with onnxruntime, which is not installed: pip install 'dal[ort]' "
+                          "(or pass onnxruntime=False to compare the NPU reference with torch only)") from err
+    return onnxruntime
 
 
 def ort_run_all(model: onnx.ModelProto, feed: dict) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     """onnxruntime (graph optimizations disabled: its fused int8 kernels are not exact on CPUs
     without VNNI) returning the graph outputs and every intermediate it can hand back."""
-    import onnxruntime as ort
-
+    ort = require_onnxruntime()
     inferred = onnx.shape_inference.infer_shapes(model)
     types = {vi.name: vi.type.tensor_type.elem_type for vi in
              list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)}

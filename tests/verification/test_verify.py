@@ -7,7 +7,7 @@ import onnx
 import pytest
 import torch
 import yaml
-from export_common import lsb_stats, output_scale, run_ort
+from oracles import lsb_stats, output_scale, run_ort
 
 import dal
 import dal.npu
@@ -36,7 +36,7 @@ def _yaml_requantizer(hardware):
 
 
 def _counts(stats):
-    """(identical, off by one, off by more) from export_common's exact LSB histogram."""
+    """(identical, off by one, off by more) from the exact LSB histogram of tests/oracles.lsb_stats."""
     return stats.counts.get(0, 0), stats.counts.get(1, 0), sum(c for d, c in stats.counts.items() if d > 1)
 
 
@@ -59,7 +59,7 @@ def test_verify_reports_parity_in_lsb(tmp_path, hardware, requantizer):
     assert vs_torch.lsb == lsb and vs_ort.lsb == lsb
     assert vs_torch.elements == 160 and vs_ort.elements == 160
     # The counts, recomputed from the three engines' outputs: the NPU reference's, torch's and
-    # onnxruntime's (ORT_DISABLE_ALL), differences counted exactly in LSBs by export_common.
+    # onnxruntime's (ORT_DISABLE_ALL), differences counted exactly in LSBs by tests/oracles.
     feed = {proto.graph.input[0].name: x.numpy()}
     (npu_out,) = dal.npu.run(proto, feed)
     with torch.no_grad():
