@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 from torch import nn
 
+from ..prepare.handle import find_prepared, prepared
 from .common import evaluating, qat_layers
 from .evaluator import Evaluator, Metric
 from .sensitivity import sensitivity

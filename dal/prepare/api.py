@@ -9,7 +9,6 @@ before anything but the replacement changed), and the plan carried out. The repo
 from __future__ import annotations
 
 import copy
-from typing import Optional
 
 import torch
 from torch import nn

@@ -24,7 +24,6 @@ from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..formats import INT8
 from ..nn.base import QATModule

@@ -1,10 +1,10 @@
 """dal.calibrate(method=...): minmax, percentile, kl, mse, easyquant on a briefly trained MNIST CNN."""
+import copy
 import math
 
-import onnx
 import pytest
 import torch
-from export_common import assert_lsb_parity, lsb_stats, output_scale
+from oracles import assert_lsb_parity, lsb_stats, output_scale, run_ort
 from mnist_helpers import accuracy, prepared
 
 import dal
@@ -68,18 +68,45 @@ def test_mse_searches_per_channel_weight_ranges(mnist):
     assert bool((b <= a * (1 + 1e-6)).all()) and bool((b < a).any())  # MSE clips int4 weights
 
 
-def test_easyquant_output_closer_to_float_than_minmax(mnist):
+def _layer_io(model, path, x):
+    """(input, output) of ``model``'s submodule ``path`` on ``x`` (eval, no grad)."""
+    seen = {}
+    hook = model.get_submodule(path).register_forward_hook(lambda m, i, o: seen.update(i=i[0], o=o))
+    try:
+        with torch.no_grad():
+            model.eval()(x)
+    finally:
+        hook.remove()
+    return seen["i"], seen["o"]
+
+
+def test_easyquant_never_leaves_a_layer_further_from_float_than_minmax(mnist):
+    """EasyQuant's guarantee (its grid holds every scale it starts from): on the batches it
+    searched, each layer's output, from the inputs the tuned model gives it, is at least as close
+    (cosine) to the float layer's output as the same layer with the min-max scales it started
+    from. (End to end it usually helps too, but a per-layer greedy search does not promise it:
+    on one machine's trained net it came out 0.99667 against min-max's 0.99704.)"""
     net, calib, _ = mnist
-    x = torch.cat([b[0] for b in calib])
-    with torch.no_grad():
-        ref = net(x)
+    x = torch.cat([b[0] for b in calib[:2]])
     mm, eq = prepared(net), prepared(net)
     dal.calibrate(mm, calib, progress=False)
-    dal.calibrate(eq, calib, method="easyquant", progress=False)
-    with torch.no_grad():
-        assert _cos(eq(x), ref) > _cos(mm(x), ref)
+    dal.calibrate(eq, calib, method="easyquant", search_batches=2, progress=False)
+    changed = 0
+    for path in ("stem.0", "down.0", "conv", "down2.0", "head"):
+        with dal.quantizer_states(eq, "off"):
+            _, float_out = _layer_io(eq, path, x)
+        layer_in, eq_out = _layer_io(eq, path, x)
+        start = copy.deepcopy(eq.get_submodule(path))
+        for role, q in start.quantizers().items():
+            q.set_qparams(*mm.get_submodule(path).quantizers()[role].effective_qparams())
+        with torch.no_grad():
+            mm_out = start.eval()(layer_in)
+        assert _cos(eq_out, float_out) >= _cos(mm_out, float_out), path
+        changed += not torch.equal(eq_out, mm_out)
+    assert changed >= 3  # the search moved most layers' scales
     # QAT continues from the searched activation ranges: the moving-average observer was moved
     # to them, so one training step moves a scale by at most its averaging constant (1%).
+    x = torch.cat([b[0] for b in calib])
     before = eq.get_submodule("head").input_quant.scale.clone()
     eq.train()
     eq(x[:8]).sum().backward()
@@ -129,8 +156,6 @@ def test_unknown_method_lists_the_known_ones(mnist):
 
 @pytest.mark.parametrize("method", ["kl", "easyquant"])
 def test_ptq_export_and_qat_start_from_a_method(mnist, method, tmp_path):
-    import onnxruntime as ort
-
     net, calib, test = mnist
     q = prepared(net)
     dal.calibrate(q, calib, method=method, progress=False)
@@ -149,13 +174,11 @@ def test_ptq_export_and_qat_start_from_a_method(mnist, method, tmp_path):
     x = test[0][0][:16]
     path = tmp_path / f"{method}.onnx"
     dal.export_onnx(q, (x,), path)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    out = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})[0]
+    out = run_ort(path, {"input": x.numpy()})[0]
     with torch.no_grad():
         ref = q(x).numpy()
     # Parity in LSB of the output quantizer (measured: 160 of 160 outputs at 0 LSB for both methods).
-    stats = lsb_stats(out, ref, output_scale(onnx.load(str(path))))
+    stats = lsb_stats(out, ref, output_scale(path))
     print(f"{method}: onnxruntime vs torch: {stats}")
     assert_lsb_parity(stats, method)
     assert isinstance(q.get_submodule("head").weight_quant.observer, MinMaxObserver)
