@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .features import FeatureLoss
-from .kd import KDLoss, _logits
+from .kd import KDLoss, logits_of
 
 
 class Distiller(nn.Module):
@@ -57,7 +57,7 @@ class Distiller(nn.Module):
     def loss(self, inputs, targets) -> torch.Tensor:
         """Student and teacher on ``inputs`` (a tensor or tuple); the blended loss against ``targets``."""
         args = inputs if isinstance(inputs, tuple) else (inputs,)
-        s = _logits(self.student(*args))
+        s = logits_of(self.student(*args))
         t = self.kd.teacher_logits(args)  # no_grad; also fills the teacher's feature hooks
         loss = self.kd(s, targets, teacher_logits=t)
         self.last = dict(self.kd.last)

@@ -81,16 +81,16 @@ class KDLoss(nn.Module):
         if self.teacher is None:
             raise ValueError("KDLoss: no teacher was given; pass teacher=... or teacher_logits=...")
         args = inputs if isinstance(inputs, tuple) else (inputs,)
-        _follow_device(self.teacher, args)
+        follow_device(self.teacher, args)
         self.teacher.eval()  # a Trainer or user loop may have flipped it back to train mode
         out = self.teacher(*args)
-        return _logits(out)
+        return logits_of(out)
 
     def distill_term(self, student_logits: torch.Tensor, inputs=None,
                      teacher_logits: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``T^2 * KL(teacher || student)`` alone (no task loss, no alpha)."""
         t = teacher_logits if teacher_logits is not None else self.teacher_logits(inputs)
-        return kd_divergence(_logits(student_logits), t, self.T)
+        return kd_divergence(logits_of(student_logits), t, self.T)
 
     def blend(self, task: torch.Tensor, student_logits: torch.Tensor, inputs=None,
               teacher_logits: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -103,16 +103,17 @@ class KDLoss(nn.Module):
 
     def forward(self, student_logits: torch.Tensor, targets: torch.Tensor, inputs=None,
                 teacher_logits: Optional[torch.Tensor] = None) -> torch.Tensor:
-        task = self.task_loss(_logits(student_logits), targets)
+        task = self.task_loss(logits_of(student_logits), targets)
         return self.blend(task, student_logits, inputs, teacher_logits)
 
     def extra_repr(self) -> str:
         return f"T={self.T}, alpha={self.alpha}, teacher={type(self.teacher).__name__ if self.teacher else None}"
 
 
-def _logits(out):
+def logits_of(out):
     """The logits of a model output: the tensor itself, the first element of a tuple, or the
-    ``"logits"`` entry of a dict (HuggingFace style)."""
+    ``"logits"`` entry of a dict (HuggingFace style); TypeError otherwise. Used for student and
+    teacher outputs alike (KDLoss, Distiller, the Lightning distillation step)."""
     if torch.is_tensor(out):
         return out
     if isinstance(out, dict) and "logits" in out:
@@ -129,8 +130,9 @@ def _frozen(teacher: nn.Module) -> nn.Module:
     return teacher.eval()
 
 
-def _follow_device(module: nn.Module, args) -> None:
-    """Move the teacher to the inputs' device (a Trainer moves the student, not the teacher)."""
+def follow_device(module: nn.Module, args) -> None:
+    """Move ``module`` (the teacher) to the device of the first tensor in ``args``, if it is
+    elsewhere: a Trainer moves the student, not the teacher."""
     t = next((a for a in args if torch.is_tensor(a)), None)
     p = next(module.parameters(), None)
     if t is not None and p is not None and p.device != t.device:

@@ -26,136 +26,165 @@ HALF_TAIL_OPS = {"Relu", "Clip", "Add", "Sub", "Mul", "LeakyRelu", "Sigmoid", "T
 
 
 def rewrite_float_casts(graph: Graph, sites: dict[int, Site]) -> None:
-    producers = graph.producers()
-    consumers = graph.consumers()
+    """Rewrite the plain-float placeholders of ``graph`` into Casts (module docstring)."""
     ph = {n.output[0]: n for n in graph.nodes
           if is_placeholder(n) and not site_of(n, sites).quantizer.fmt.is_scaled}
     if not ph:
         return
-    const_of = {}  # placeholder output -> constant value (weights), else absent
+    rewrite = _HalfRegions(graph, sites, ph)
+    for node in list(graph.nodes):
+        rewrite.try_region(node)
+    rewrite.finish()
 
-    def const(name):
-        if name not in const_of:
-            const_of[name] = graph.const(name, producers)
-        return const_of[name]
 
-    def ph_const(name):
-        """(placeholder, perm) when ``name`` is a float placeholder on a constant, possibly transposed."""
-        node = producers.get(name)
+class _HalfRegions:
+    """One pass of :func:`rewrite_float_casts`: the reduced-precision regions, then the rest."""
+
+    def __init__(self, graph: Graph, sites: dict[int, Site], ph: dict):
+        self.graph, self.sites, self.ph = graph, sites, ph
+        self.producers = graph.producers()
+        self.consumers = graph.consumers()
+        self.const_of = {}     # placeholder output -> constant value (weights), else absent
+        self.half_casts = {}   # (source tensor, elem type) -> its cast name
+        self.new_after = {}    # id(node) -> nodes to insert after it
+        self.new_before = {}
+        self.replaced = set()  # placeholders fully handled
+
+    def fmt_of(self, placeholder):
+        return site_of(placeholder, self.sites).quantizer.fmt
+
+    def const(self, name):
+        if name not in self.const_of:
+            self.const_of[name] = self.graph.const(name, self.producers)
+        return self.const_of[name]
+
+    def ph_const(self, name):
+        """(placeholder, perm, transpose node) when ``name`` is a float placeholder on a
+        constant, possibly transposed; else None."""
+        node = self.producers.get(name)
         perm = None
-        if node is not None and node.op_type == "Transpose" and len(consumers.get(node.output[0], [])) == 1:
+        if node is not None and node.op_type == "Transpose" and len(self.consumers.get(node.output[0], [])) == 1:
             perm = [list(a.ints) for a in node.attribute if a.name == "perm"]
             perm = tuple(perm[0]) if perm else None
             name = node.input[0]
-        p = ph.get(name)
-        if p is not None and const(p.input[0]) is not None and len(consumers.get(name, [])) == 1:
+        p = self.ph.get(name)
+        if p is not None and self.const(p.input[0]) is not None and len(self.consumers.get(name, [])) == 1:
             return p, perm, node if perm is not None else None
         return None
 
-    def input_kind(name, fmt):
+    def input_kind(self, name, fmt):
         """'act' (a placeholder on an activation), 'weight', 'const' (float constant) or None."""
-        p = ph.get(name)
-        if p is not None and site_of(p, sites).quantizer.fmt == fmt:
-            return "act" if const(p.input[0]) is None else "weight"
-        w = ph_const(name)
-        if w is not None and site_of(w[0], sites).quantizer.fmt == fmt:
+        p = self.ph.get(name)
+        if p is not None and self.fmt_of(p) == fmt:
+            return "act" if self.const(p.input[0]) is None else "weight"
+        w = self.ph_const(name)
+        if w is not None and self.fmt_of(w[0]) == fmt:
             return "weight"
-        value = const(name)
+        value = self.const(name)
         if value is not None and value.dtype == np.float32:
             return "const"
         return None
 
-    half_casts = {}   # (source tensor, elem type) -> its cast name
-    new_after = {}    # id(node) -> nodes to insert after it
-    new_before = {}
-    replaced = set()  # placeholders fully handled
-
-    def cast_in(src, fmt, anchor):
+    def cast_in(self, src, fmt, anchor):
         key = (src, fmt.onnx_type)
-        if key not in half_casts:
-            half_casts[key] = graph.fresh(f"{src}.{fmt.name}")
-            new_before.setdefault(id(anchor), []).append(
-                graph.make_node("Cast", [src], [half_casts[key]], f"{src}/Cast_{fmt.name}", to=fmt.onnx_type))
-        return half_casts[key]
+        if key not in self.half_casts:
+            self.half_casts[key] = self.graph.fresh(f"{src}.{fmt.name}")
+            self.new_before.setdefault(id(anchor), []).append(self.graph.make_node(
+                "Cast", [src], [self.half_casts[key]], f"{src}/Cast_{fmt.name}", to=fmt.onnx_type))
+        return self.half_casts[key]
 
-    def half_init(value, base, fmt):
-        return graph.add_init(base, value.astype(fmt.numpy_dtype()))
+    def half_init(self, value, base, fmt):
+        return self.graph.add_init(base, value.astype(fmt.numpy_dtype()))
 
-    for node in list(graph.nodes):
+    def try_region(self, node) -> None:
+        """If ``node`` computes in one reduced format, move it (and its tail) into that format."""
         if node.op_type not in HALF_OPS or is_placeholder(node) or len(node.output) != 1:
-            continue
-        fmts = {site_of(ph[i], sites).quantizer.fmt for i in node.input if i in ph}
+            return
+        fmts = {self.fmt_of(self.ph[i]) for i in node.input if i in self.ph}
         fmts = {f for f in fmts if f.onnx_type != TensorProto.FLOAT}
         if len(fmts) != 1:
-            continue
+            return
         fmt = fmts.pop()
-        kinds = [input_kind(i, fmt) if i else "empty" for i in node.input]
+        kinds = [self.input_kind(i, fmt) if i else "empty" for i in node.input]
         if "act" not in kinds or None in kinds:
-            continue
-        # the operator joins the reduced-precision region
+            return
+        self._join(node, kinds, fmt)
+        self._extend_tail(node, fmt)
+
+    def _join(self, node, kinds, fmt) -> None:
+        """The operator joins the reduced-precision region: its inputs become casts / initializers."""
         for k, (i, kind) in enumerate(zip(node.input, kinds)):
             if kind == "act":
-                node.input[k] = cast_in(ph[i].input[0], fmt, node)
+                node.input[k] = self.cast_in(self.ph[i].input[0], fmt, node)
             elif kind == "weight":
-                p, perm, tnode = (ph[i], None, None) if i in ph else ph_const(i)
-                value = const(p.input[0])
+                p, perm, _ = (self.ph[i], None, None) if i in self.ph else self.ph_const(i)
+                value = self.const(p.input[0])
                 if perm is not None:
                     value = value.transpose(perm)
-                node.input[k] = half_init(value, f"{site_of(p, sites).entry.name}.{fmt.name}", fmt)
-                replaced.add(id(p))
+                node.input[k] = self.half_init(value, f"{site_of(p, self.sites).entry.name}.{fmt.name}", fmt)
+                self.replaced.add(id(p))
             elif kind == "const":
-                node.input[k] = half_init(const(i), f"{i}.{fmt.name}", fmt)
+                node.input[k] = self.half_init(self.const(i), f"{i}.{fmt.name}", fmt)
+
+    def _extend_tail(self, node, fmt) -> None:
+        """Follow the region through its tail ops to the output quantizer, and cast back to float."""
+        graph = self.graph
         tail, out = node, node.output[0]
         while True:
-            users = consumers.get(out, [])
+            users = self.consumers.get(out, [])
             if len(users) != 1 or out in graph.outputs:
                 break
             u = users[0]
-            if is_placeholder(u) and site_of(u, sites).quantizer.fmt == fmt:
+            if is_placeholder(u) and self.fmt_of(u) == fmt:
                 # the output quantizer: one Cast back to float is exactly its round trip
                 half = graph.fresh(f"{out}.{fmt.name}")
                 _rename_output(tail, out, half)
-                new_after.setdefault(id(u), []).append(
+                self.new_after.setdefault(id(u), []).append(
                     graph.make_node("Cast", [half], [u.output[0]], f"{u.name}/Cast_float", to=TensorProto.FLOAT))
-                replaced.add(id(u))
-                tail = None
-                break
+                self.replaced.add(id(u))
+                return
             others = [i for i in u.input if i and i != out]
-            if u.op_type not in HALF_TAIL_OPS or len(u.output) != 1 or any(input_kind(i, fmt) != "const"
+            if u.op_type not in HALF_TAIL_OPS or len(u.output) != 1 or any(self.input_kind(i, fmt) != "const"
                                                                           for i in others):
                 break
             for k, i in enumerate(u.input):
                 if i and i != out:
-                    u.input[k] = half_init(const(i), f"{i}.{fmt.name}", fmt)
+                    u.input[k] = self.half_init(self.const(i), f"{i}.{fmt.name}", fmt)
             tail, out = u, u.output[0]
-        if tail is not None:  # the region ends without an output quantizer: cast back here
-            half = graph.fresh(f"{out}.{fmt.name}")
-            _rename_output(tail, out, half)
-            new_after.setdefault(id(tail), []).append(
-                graph.make_node("Cast", [half], [out], f"{tail.name}/Cast_float", to=TensorProto.FLOAT))
-    # every other float placeholder: a round trip through the format (or nothing for fp32)
-    consumers = graph.consumers()
-    nodes = []
-    for node in graph.nodes:
-        nodes.extend(new_before.get(id(node), []))
-        if is_placeholder(node) and id(node) not in replaced and node.output[0] in ph:
-            fmt = site_of(node, sites).quantizer.fmt
-            x, y = node.input[0], node.output[0]
-            if consumers.get(y) or y in graph.outputs:
-                if fmt.onnx_type == TensorProto.FLOAT:
-                    nodes.append(graph.make_node("Identity", [x], [y], f"{node.name}/Identity"))
-                else:
-                    half = half_casts.get((x, fmt.onnx_type))
-                    if half is None:
-                        half = graph.fresh(f"{x}.{fmt.name}")
-                        nodes.append(graph.make_node("Cast", [x], [half], f"{node.name}/Cast_{fmt.name}",
-                                                     to=fmt.onnx_type))
-                    nodes.append(graph.make_node("Cast", [half], [y], f"{node.name}/Cast_float",
-                                                 to=TensorProto.FLOAT))
-        elif not (is_placeholder(node) and id(node) in replaced):
-            nodes.append(node)
-        nodes.extend(new_after.get(id(node), []))
-    graph.nodes = nodes
+        # the region ends without an output quantizer: cast back here
+        half = graph.fresh(f"{out}.{fmt.name}")
+        _rename_output(tail, out, half)
+        self.new_after.setdefault(id(tail), []).append(
+            graph.make_node("Cast", [half], [out], f"{tail.name}/Cast_float", to=TensorProto.FLOAT))
+
+    def finish(self) -> None:
+        """Every other float placeholder: a round trip through the format (or nothing for fp32)."""
+        graph = self.graph
+        consumers = graph.consumers()
+        nodes = []
+        for node in graph.nodes:
+            nodes.extend(self.new_before.get(id(node), []))
+            if is_placeholder(node) and id(node) not in self.replaced and node.output[0] in self.ph:
+                if consumers.get(node.output[0]) or node.output[0] in graph.outputs:
+                    nodes.extend(self._round_trip(node))
+            elif not (is_placeholder(node) and id(node) in self.replaced):
+                nodes.append(node)
+            nodes.extend(self.new_after.get(id(node), []))
+        graph.nodes = nodes
+
+    def _round_trip(self, node) -> list:
+        """The nodes replacing a float placeholder outside any region."""
+        graph, fmt = self.graph, self.fmt_of(node)
+        x, y = node.input[0], node.output[0]
+        if fmt.onnx_type == TensorProto.FLOAT:
+            return [graph.make_node("Identity", [x], [y], f"{node.name}/Identity")]
+        out = []
+        half = self.half_casts.get((x, fmt.onnx_type))
+        if half is None:
+            half = graph.fresh(f"{x}.{fmt.name}")
+            out.append(graph.make_node("Cast", [x], [half], f"{node.name}/Cast_{fmt.name}", to=fmt.onnx_type))
+        out.append(graph.make_node("Cast", [half], [y], f"{node.name}/Cast_float", to=TensorProto.FLOAT))
+        return out
 
 
 def _rename_output(node: onnx.NodeProto, old: str, new: str) -> None:

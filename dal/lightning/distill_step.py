@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..distill import FeatureLoss, KDLoss
-from ..distill.kd import _follow_device, _logits
+from ..distill.kd import follow_device, logits_of
 
 
 class DistillStep:
@@ -73,10 +73,10 @@ class DistillStep:
         s_args, s_kwargs, s_out = self._seen
         self._seen = None
         with torch.no_grad():
-            _follow_device(self.kd.teacher, s_args)
+            follow_device(self.kd.teacher, s_args)
             self.kd.teacher.eval()
             t_out = self.kd.teacher(*s_args, **s_kwargs)
-        loss = self.kd.blend(task, s_out, teacher_logits=_logits(t_out))
+        loss = self.kd.blend(task, s_out, teacher_logits=logits_of(t_out))
         logs = {"dal/kd_task_loss": self.kd.last["task"], "dal/kd_loss": self.kd.last["kd"]}
         if self.feature_loss is not None:
             feat = self.feature_loss.feature_loss()

@@ -95,13 +95,13 @@ class MaxPoolCodes(_CodeStep):
     def run(self, ins, threads, want_extra=False):
         from .build import kernels as lib
         from .errors import NPUError
-        from .ops_nn import _pool_attrs
+        from .ops_nn import pool_attrs
         import torch
         x = ins[0]
         if x.dtype != self.x_dtype or x.ndim != 4:
             raise NPUError(f"node {self.node_name!r}: MaxPool input codes {x.dtype} {x.shape}")
         a = self.g.attrs(self.node)
-        ks, st, dil, pads, ceil = _pool_attrs(self._ctx(self.node, threads), x, a)
+        ks, st, dil, pads, ceil = pool_attrs(self._ctx(self.node, threads), x, a)
         if ceil:
             return self._by_nodes(ins, threads, want_extra)
         n, c, h, w = x.shape

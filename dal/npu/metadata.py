@@ -2,7 +2,7 @@
 
 ``dal.requantizer`` (JSON; default ``{"kind": "float"}``; a key whose value is null counts as
 absent, so ``{"kind": "float", "multiplier_bits": null}`` is the default):
-    float        ONNX QuantizeLinear semantics on the kernel's float value (see fused.py).
+    float        ONNX QuantizeLinear semantics on the kernel's float value (see integer_groups.py).
     fixed_point  ``{"kind": "fixed_point", "multiplier_bits": B, "rounding": R}``. For each
                  output channel c the multiplier M = s_x * s_w[c] / s_y (float64 arithmetic
                  on the float32 scales) is written M = f * 2^e with f in [0.5, 1) (frexp);

@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from .errors import NPUError, UnsupportedNode
+from .tensors import as_compute_type, is_float
 
 OPS: dict = {}
 
@@ -30,34 +31,42 @@ def op(*names):
     return deco
 
 
-def _is_float(x):
-    return np.asarray(x).dtype in (np.float32, np.float16, np.float64)
-
-
-def _f(x):
-    """Compute type of a float tensor: float32 for float16/float32, float64 stays."""
-    return x.astype(np.float32) if x.dtype == np.float16 else x
-
-
 def _like(r, x):
-    return np.asarray(r).astype(x.dtype) if _is_float(x) else np.asarray(r)
+    return np.asarray(r).astype(x.dtype) if is_float(x) else np.asarray(r)
 
 
 def _unary(fn):
     def run(ctx, ins, a):
         x = ins[0]
-        if not _is_float(x):
+        if not is_float(x):
             raise UnsupportedNode(ctx.node, [x.dtype], "expects a float tensor")
-        return [_like(fn(_f(x), a), x)]
+        return [_like(fn(as_compute_type(x), a), x)]
     return run
 
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
+# The largest argument whose exp is finite, per type (exp of the next float up overflows; both
+# are ~1e-6 relative inside the range, far from any implementation's rounding error).
+_EXP_MAX = {np.dtype(np.float32): np.nextafter(np.float32(np.log(np.finfo(np.float32).max)), np.float32(0)),
+            np.dtype(np.float64): np.log(np.finfo(np.float64).max)}
+
+
+def _exp(x: np.ndarray) -> np.ndarray:
+    """``np.exp(x)`` bit for bit, +inf above ``_EXP_MAX`` as np.exp gives, but computed without
+    overflowing (np.exp would print ``RuntimeWarning: overflow encountered in exp``)."""
+    limit = _EXP_MAX.get(np.asarray(x).dtype)
+    big = x > limit if limit is not None else False
+    if not np.any(big):
+        return np.exp(x)
+    return np.where(big, np.inf, np.exp(np.where(big, 0, x))).astype(x.dtype)
+
+
 op("Relu")(_unary(lambda x, a: np.maximum(x, x.dtype.type(0))))
-op("Sigmoid")(_unary(lambda x, a: (1.0 / (1.0 + np.exp(-x.astype(np.float64))))))
+# 1 / (1 + exp(-x)) in float64; exp(-x) = +inf (far left tail) gives exactly 0, as before.
+op("Sigmoid")(_unary(lambda x, a: (1.0 / (1.0 + _exp(-x.astype(np.float64))))))
 op("Tanh")(_unary(lambda x, a: np.tanh(x)))
-op("Exp")(_unary(lambda x, a: np.exp(x)))
+op("Exp")(_unary(lambda x, a: _exp(x)))
 op("Log")(_unary(lambda x, a: np.log(x)))
 op("Sqrt")(_unary(lambda x, a: np.sqrt(x)))
 op("Neg")(_unary(lambda x, a: -x))
@@ -72,7 +81,7 @@ op("HardSwish")(_unary(lambda x, a: x * np.clip(x * np.float32(1 / 6) + np.float
 @op("Gelu")
 def _gelu(ctx, ins, a):
     x = ins[0]
-    x64 = _f(x).astype(np.float64)
+    x64 = as_compute_type(x).astype(np.float64)
     if a.get("approximate", "none") == "tanh":
         r = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
     else:
@@ -90,8 +99,8 @@ def _binary(fn):
         x, y = ins
         if x.dtype != y.dtype:
             raise UnsupportedNode(ctx.node, [x.dtype, y.dtype], "input types differ")
-        if _is_float(x):
-            return [fn(_f(x), _f(y)).astype(x.dtype)]
+        if is_float(x):
+            return [fn(as_compute_type(x), as_compute_type(y)).astype(x.dtype)]
         return [fn(x, y).astype(x.dtype)]
     return run
 
@@ -106,8 +115,8 @@ op("Min")(_binary(np.minimum))
 @op("Div")
 def _div(ctx, ins, a):
     x, y = ins
-    if _is_float(x):
-        return [(_f(x) / _f(y)).astype(x.dtype)]
+    if is_float(x):
+        return [(as_compute_type(x) / as_compute_type(y)).astype(x.dtype)]
     if np.any(y == 0):
         raise NPUError(f"node {ctx.node.name!r}: integer division by zero")
     return [np.trunc(x / y).astype(x.dtype)]
@@ -116,7 +125,8 @@ def _div(ctx, ins, a):
 @op("Pow")
 def _pow(ctx, ins, a):
     x, y = ins
-    return [np.power(_f(x), _f(y).astype(np.float32) if _is_float(y) else y).astype(x.dtype)]
+    exponent = as_compute_type(y).astype(np.float32) if is_float(y) else y
+    return [np.power(as_compute_type(x), exponent).astype(x.dtype)]
 
 
 @op("Clip")
@@ -138,7 +148,7 @@ def _softmax(ctx, ins, a):
     axis = a.get("axis", -1 if ctx.opset >= 13 else 1)
     if ctx.opset < 13:
         raise UnsupportedNode(ctx.node, [x.dtype], "Softmax before opset 13 (2-D coercion)")
-    x32 = _f(x)
+    x32 = as_compute_type(x)
     e = np.exp(x32 - x32.max(axis=axis, keepdims=True))
     return [(e / e.sum(axis=axis, keepdims=True, dtype=np.float64).astype(x32.dtype)).astype(x.dtype)]
 
@@ -150,13 +160,13 @@ def _layernorm(ctx, ins, a):
     axis = a.get("axis", -1)
     axis = axis % x.ndim
     axes = tuple(range(axis, x.ndim))
-    x64 = _f(x).astype(np.float64)
+    x64 = as_compute_type(x).astype(np.float64)
     mean = x64.mean(axis=axes, keepdims=True)
     var = ((x64 - mean) ** 2).mean(axis=axes, keepdims=True)
     y = (x64 - mean) / np.sqrt(var + a.get("epsilon", 1e-5))
-    y = y.astype(np.float32) * _f(scale)
+    y = y.astype(np.float32) * as_compute_type(scale)
     if bias is not None:
-        y = y + _f(bias)
+        y = y + as_compute_type(bias)
     return [y.astype(x.dtype)]
 
 
@@ -166,7 +176,8 @@ def _reduce_mean(ctx, ins, a):
     axes = a.get("axes") if ctx.opset < 18 else (ins[1].tolist() if len(ins) > 1 and ins[1] is not None else None)
     keep = bool(a.get("keepdims", 1))
     axes = tuple(axes) if axes else tuple(range(x.ndim))
-    s = _f(x).astype(np.float64).sum(axis=axes, keepdims=keep).astype(_f(x).dtype)
+    xc = as_compute_type(x)
+    s = xc.astype(np.float64).sum(axis=axes, keepdims=keep).astype(xc.dtype)
     n = int(np.prod([x.shape[i] for i in axes]))
     return [(s / s.dtype.type(n)).astype(x.dtype)]
 
@@ -261,7 +272,7 @@ def _cast(ctx, ins, a):
     if a.get("saturate", 1) and to in _float8():
         import ml_dtypes
         fmax = np.float32(ml_dtypes.finfo(to).max)
-        x = _f(x).astype(np.float32)
+        x = as_compute_type(x).astype(np.float32)
         x = np.where(np.isnan(x), x, np.clip(x, -fmax, fmax))
     return [x.astype(to)]
 
@@ -286,7 +297,7 @@ def _mod(ctx, ins, a):
     x, y = ins
     if a.get("fmod", 0):
         return [np.fmod(x, y).astype(x.dtype)]
-    if _is_float(x):
+    if is_float(x):
         raise UnsupportedNode(ctx.node, [x.dtype], "float Mod needs fmod=1 (ONNX)")
     return [np.mod(x, y).astype(x.dtype)]  # integer Mod: sign of the divisor, as numpy's
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import NPUError, UnsupportedNode
-from .ops_float import _f, _is_float, op
+from .ops_float import op
+from .tensors import as_compute_type, is_float
 
 
 def conv_attrs(ctx, x_shape, w_shape, a):
@@ -64,7 +65,7 @@ def float_conv(x, w, strides, dil, pads, group, who):
 def _conv(ctx, ins, a):
     x, w = ins[0], ins[1]
     b = ins[2] if len(ins) > 2 else None
-    if not (_is_float(x) and _is_float(w)):
+    if not (is_float(x) and is_float(w)):
         raise UnsupportedNode(ctx.node, [x.dtype, w.dtype], "Conv needs float inputs")
     strides, dil, pads, group = conv_attrs(ctx, x.shape, w.shape, a)
     one_d = w.ndim == 3
@@ -72,7 +73,7 @@ def _conv(ctx, ins, a):
         x, w = x[:, :, None], w[:, :, None]
     y = float_conv(x, w, strides, dil, pads, group, repr(ctx.node.name)).astype(x.dtype)
     if b is not None:
-        y = (_f(y) + _f(b).reshape(1, -1, 1, 1)).astype(x.dtype)
+        y = (as_compute_type(y) + as_compute_type(b).reshape(1, -1, 1, 1)).astype(x.dtype)
     return [y[:, :, 0] if one_d else y]
 
 
@@ -83,7 +84,7 @@ def float_matmul(x, y):
 @op("MatMul")
 def _matmul(ctx, ins, a):
     x, y = ins
-    if not (_is_float(x) and _is_float(y)):
+    if not (is_float(x) and is_float(y)):
         raise UnsupportedNode(ctx.node, [x.dtype, y.dtype], "MatMul needs float inputs")
     try:
         return [float_matmul(x, y).astype(x.dtype)]
@@ -95,7 +96,7 @@ def _matmul(ctx, ins, a):
 def _gemm(ctx, ins, a):
     x, w = ins[0], ins[1]
     c = ins[2] if len(ins) > 2 else None
-    if not (_is_float(x) and _is_float(w)) or x.ndim != 2 or w.ndim != 2:
+    if not (is_float(x) and is_float(w)) or x.ndim != 2 or w.ndim != 2:
         raise UnsupportedNode(ctx.node, [x.dtype, w.dtype], "Gemm needs 2-D float inputs")
     if a.get("transA", 0):
         x = x.T
@@ -108,11 +109,13 @@ def _gemm(ctx, ins, a):
     if alpha != 1:
         y = y * alpha
     if c is not None:
-        y = y + (beta * _f(c) if beta != 1 else _f(c))
+        y = y + (beta * as_compute_type(c) if beta != 1 else as_compute_type(c))
     return [y.astype(x.dtype)]
 
 
-def _pool_attrs(ctx, x, a):
+def pool_attrs(ctx, x, a):
+    """(kernel, strides, dilations, pads[t, l, b, r], ceil_mode) of a 2-D MaxPool / AveragePool,
+    checked; shared by the float ops here and the code-domain MaxPool of fused_codes."""
     ks = list(a.get("kernel_shape") or [])
     nd = len(ks)
     if nd != 2 or x.ndim != 4:
@@ -134,7 +137,7 @@ def _maxpool(ctx, ins, a):
     x = ins[0]
     if len(ctx.node.output) > 1 and ctx.node.output[1]:
         raise UnsupportedNode(ctx.node, [x.dtype], "MaxPool Indices output")
-    ks, st, dil, pads, ceil = _pool_attrs(ctx, x, a)
+    ks, st, dil, pads, ceil = pool_attrs(ctx, x, a)
     xt = torch.from_numpy(np.ascontiguousarray(x).astype(np.float64))  # exact for all inputs
     xt = torch.nn.functional.pad(xt, (pads[1], pads[3], pads[0], pads[2]), value=-np.inf)
     y = torch.nn.functional.max_pool2d(xt, ks, st, 0, dil, ceil_mode=ceil)
@@ -145,13 +148,14 @@ def _maxpool(ctx, ins, a):
 def _avgpool(ctx, ins, a):
     import torch
     x = ins[0]
-    if not _is_float(x):
+    if not is_float(x):
         raise UnsupportedNode(ctx.node, [x.dtype], "AveragePool needs a float input")
-    ks, st, dil, pads, ceil = _pool_attrs(ctx, x, a)
+    ks, st, dil, pads, ceil = pool_attrs(ctx, x, a)
     if dil != [1, 1] or ceil:
         raise UnsupportedNode(ctx.node, [x.dtype], "AveragePool with dilations or ceil_mode")
-    xt = torch.nn.functional.pad(torch.from_numpy(_f(x).astype(np.float64)), (pads[1], pads[3], pads[0], pads[2]))
-    s = torch.nn.functional.avg_pool2d(xt, ks, st, 0, divisor_override=1).numpy().astype(_f(x).dtype)
+    xc = as_compute_type(x)
+    xt = torch.nn.functional.pad(torch.from_numpy(xc.astype(np.float64)), (pads[1], pads[3], pads[0], pads[2]))
+    s = torch.nn.functional.avg_pool2d(xt, ks, st, 0, divisor_override=1).numpy().astype(xc.dtype)
     if a.get("count_include_pad", 0):
         cnt = np.float32(ks[0] * ks[1])
     else:
@@ -165,7 +169,8 @@ def _avgpool(ctx, ins, a):
 def _gap(ctx, ins, a):
     x = ins[0]
     axes = tuple(range(2, x.ndim))
-    s = _f(x).astype(np.float64).sum(axis=axes, keepdims=True).astype(_f(x).dtype)
+    xc = as_compute_type(x)
+    s = xc.astype(np.float64).sum(axis=axes, keepdims=True).astype(xc.dtype)
     return [(s / s.dtype.type(int(np.prod(x.shape[2:])))).astype(x.dtype)]
 
 

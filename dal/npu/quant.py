@@ -8,7 +8,8 @@
 Scales and zero points are per tensor (scalar), per axis (1-D, ``axis``) or per block
 (``block_size`` > 0: same rank as x, ``ceil(x.shape[axis] / block_size)`` along ``axis``).
 Clipping happens in float before the integer cast (onnxruntime's behaviour and the spec's;
-onnx.reference wraps for |x/scale| >= 2^31, FACTS.md). float16 inputs are divided in float32.
+onnx.reference casts to int32 first and wraps for |x/scale| >= 2^31: measured, 3e9 gives -128,
+not 127). float16 inputs are divided in float32.
 """
 from __future__ import annotations
 

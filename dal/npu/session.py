@@ -6,7 +6,7 @@
 
 semantics:
   "integer" (default): DQ -> Conv/Gemm/MatMul [-> Relu/Clip] -> Q groups run as exact int32
-      kernels + requantizer (fused.py; what the NPU computes). Everything else node by node.
+      kernels + requantizer (integer_groups.py; what the NPU computes). Everything else node by node.
   "onnx": every node by itself with ONNX float semantics (float32 dequantized values,
       float64-accumulated conv/gemm rounded once to float32, Q): the graph's own arithmetic,
       independent of summation order. The fixed-point requantizer does not apply.
@@ -52,8 +52,8 @@ class Session:
         if semantics not in ("integer", "onnx"):
             raise NPUError(f"semantics must be 'integer' or 'onnx', got {semantics!r}")
         from . import ops_float, ops_nn, ops_quant  # noqa: F401  (registers the ops)
-        from .fused import FusedStep, match
         from .fused_codes import match as match_codes
+        from .integer_groups import FusedStep, match
         self.model = load_model(model)
         self.semantics = semantics
         self.threads = threads or _default_threads()

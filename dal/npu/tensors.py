@@ -33,5 +33,16 @@ def load_initializer(t) -> np.ndarray:
     return a
 
 
+def is_float(x) -> bool:
+    """True for a float16 / float32 / float64 tensor (the types the float ops accept)."""
+    return np.asarray(x).dtype in (np.float32, np.float16, np.float64)
+
+
+def as_compute_type(x: np.ndarray) -> np.ndarray:
+    """A float tensor in the type its ops are computed in: float16 widened to float32;
+    float32 and float64 unchanged (see ops_float for the precision contract)."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
 def type_name(x) -> str:
     return str(np.asarray(x).dtype) if x is not None else "none"

@@ -128,10 +128,6 @@ class PercentileObserver(HistogramObserver):
         return float(min(lo, 0.0)), float(max(hi, 0.0))
 
 
-def _candidate_thresholds(amax: float, n: int) -> np.ndarray:
-    return amax * np.linspace(1.0 / n, 1.0, n)
-
-
 class MSEObserver(HistogramObserver):
     """Clipping threshold minimising E[(x - fake_quant(x))^2] over the observed distribution.
 

@@ -19,13 +19,15 @@ path, new) -> [notes]`` runs once the swap is done (fix-ups that must not happen
 from __future__ import annotations
 
 import importlib
+import pkgutil
+from pathlib import Path
 from typing import Callable
 
 #: rule name -> rule object (an instance of the decorated class)
 RULES: dict[str, object] = {}
 
-# Modules whose import registers the built-in rules; imported on first lookup, not at ``import dal``.
-_BUILTIN_MODULES = ("attention", "lut", "layernorm", "conv_bn_relu", "resize")
+# The built-in rules register themselves (``@rule``) when their module of this package is
+# imported, which load_builtins does on first lookup, not at ``import dal``.
 _builtins_loaded = False
 
 
@@ -52,12 +54,14 @@ def rule(name: str) -> Callable:
 
 
 def load_builtins() -> None:
-    """Import the modules that define the built-in rules (once)."""
+    """Import every module of this package (once), so each built-in ``@rule`` registers.
+
+    A new built-in rule needs only its decorator, in any module of ``dal/replace``."""
     global _builtins_loaded
     if not _builtins_loaded:
         _builtins_loaded = True
-        for mod in _BUILTIN_MODULES:
-            importlib.import_module(f"{__package__}.{mod}")
+        for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
+            importlib.import_module(f"{__package__}.{info.name}")
 
 
 def known_rules() -> list[str]:

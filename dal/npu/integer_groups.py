@@ -223,6 +223,39 @@ def match(g, node, sparse24: dict):
     """Plan dict for a fusable group rooted at Conv/Gemm/MatMul ``node``, else None."""
     if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2:
         return None
+    found = _input_dequantizers(g, node)
+    if found is None:
+        return None
+    dqx, dqw, xs, xz, wq, ws, wz = found
+    a = g.attrs(node)
+    w_axis = g.attrs(dqw).get("axis", 1)
+    plan = {"op": node.op_type, "x_name": dqx.input[0], "x_dtype": xz.dtype,
+            "x_scale": np.float32(xs.reshape(())), "x_zp": int(xz.reshape(-1)[0]),
+            "lin_sparse": None, "lin_b": None, "conv_w": None, "w_fast": None}
+    sparse_axis = sparse24.get(dqw.input[0])
+    wd = wq.astype(np.int32) - (wz.astype(np.int32).reshape(_pc_shape(wq.ndim, w_axis, wz.size)) if wz.size > 1 else wz.astype(np.int32))
+    if sparse_axis is not None:
+        check_24(wd, sparse_axis, dqw.input[0])
+    plan_weights = _plan_conv_weights if node.op_type == "Conv" else _plan_linear_weights
+    found = plan_weights(g, node, a, plan, wq, wz, wd, dqw.input[0], sparse_axis)
+    if found is None:
+        return None
+    ch_axis, channels = found
+    if ws.size > 1 and not (ws.ndim == 1 and w_axis % wq.ndim == ch_axis and ws.size == channels):
+        return None
+    if wz.size > 1 and wz.size != channels:
+        return None
+    plan["channels"], plan["w_scale"] = channels, ws.reshape(-1)
+    if not _plan_bias(g, node, plan, xs, ws, channels):
+        return None
+    if not _plan_output_chain(g, node, plan):
+        return None
+    return plan
+
+
+def _input_dequantizers(g, node):
+    """(dq_x, dq_w, s_x, zp_x, w_q, s_w, zp_w) when both inputs of ``node`` are DequantizeLinear
+    of 8/4-bit codes with a per-tensor input scale and float32 scales, unblocked; else None."""
     dqx, dqw = g.producer(node.input[0]), g.producer(node.input[1])
     if not (_is_dq(g, dqx) and _is_dq(g, dqw)):
         return None
@@ -236,80 +269,85 @@ def match(g, node, sparse24: dict):
         wz = np.zeros((), wq.dtype)
     if wz.dtype != wq.dtype or g.attrs(dqw).get("block_size", 0) or g.attrs(dqx).get("block_size", 0):
         return None
-    a = g.attrs(node)
-    w_axis = g.attrs(dqw).get("axis", 1)
-    plan = {"op": node.op_type, "x_name": dqx.input[0], "x_dtype": xz.dtype,
-            "x_scale": np.float32(xs.reshape(())), "x_zp": int(xz.reshape(-1)[0]),
-            "lin_sparse": None, "lin_b": None, "conv_w": None, "w_fast": None}
-    sparse_axis = sparse24.get(dqw.input[0])
-    wd = wq.astype(np.int32) - (wz.astype(np.int32).reshape(_pc_shape(wq.ndim, w_axis, wz.size)) if wz.size > 1 else wz.astype(np.int32))
+    return dqx, dqw, xs, xz, wq, ws, wz
+
+
+def _plan_conv_weights(g, node, a, plan, wq, wz, wd, w_name, sparse_axis):
+    """Conv weights and geometry into ``plan``; (channel axis, channels), or None if not fusable."""
+    if wq.ndim != 4:
+        return None
+    ch_axis, channels = 0, wq.shape[0]
+    from .ops_nn import conv_attrs
+    from types import SimpleNamespace
+    ctx = SimpleNamespace(node=node)
+    x_shape = g.shape_of(node.input[0])
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") and x_shape is None:
+        return None
+    strides, dil, pads, group = conv_attrs(ctx, x_shape or (1, 1, 1, 1), wq.shape, a)
+    if sparse_axis is not None and sparse_axis % 4 != 1:
+        raise NPUError(f"sparse initializer {w_name!r}: a Conv weight is 2:4 along axis 1, not {sparse_axis}")
+    plan["conv_w"] = kernels.ConvWeights(wq, _per_channel(wz, channels), group,
+                                         sparse24=w_name if sparse_axis is not None else None)
+    plan["conv_geo"] = (strides, dil, pads)
+    plan["k"] = None
+    # kept (as int16: 8-bit codes minus zero point fit) so the panels can be re-packed
+    plan["w_fast"] = wd.astype(np.int16) if group == 1 and sparse_axis is None else None
+    return ch_axis, channels
+
+
+def _plan_linear_weights(g, node, a, plan, wq, wz, wd, w_name, sparse_axis):
+    """Gemm / MatMul weights into ``plan`` (packed, or 2:4 compressed); (channel axis, channels),
+    or None if not fusable."""
+    if wq.ndim != 2:
+        return None
+    trans_b = node.op_type == "Gemm" and a.get("transB", 0)
+    if node.op_type == "Gemm" and (a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0):
+        return None
+    w_kn = wd.T if trans_b else wd  # [K, N] codes minus zero point
+    ch_axis = 0 if trans_b else 1
+    channels, plan["k"] = w_kn.shape[1], w_kn.shape[0]
     if sparse_axis is not None:
-        check_24(wd, sparse_axis, dqw.input[0])
-    if node.op_type == "Conv":
-        if wq.ndim != 4:
-            return None
-        ch_axis, channels = 0, wq.shape[0]
-        from .ops_nn import conv_attrs
-        from types import SimpleNamespace
-        ctx = SimpleNamespace(node=node)
-        x_shape = g.shape_of(node.input[0])
-        if a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") and x_shape is None:
-            return None
-        strides, dil, pads, group = conv_attrs(ctx, x_shape or (1, 1, 1, 1), wq.shape, a)
-        if sparse_axis is not None and sparse_axis % 4 != 1:
-            raise NPUError(f"sparse initializer {dqw.input[0]!r}: a Conv weight is 2:4 along axis 1, not {sparse_axis}")
-        plan["conv_w"] = kernels.ConvWeights(wq, _per_channel(wz, channels), group,
-                                             sparse24=dqw.input[0] if sparse_axis is not None else None)
-        plan["conv_geo"] = (strides, dil, pads)
-        plan["k"] = None
-        # kept (as int16: 8-bit codes minus zero point fit) so the panels can be re-packed
-        plan["w_fast"] = wd.astype(np.int16) if group == 1 and sparse_axis is None else None
+        if sparse_axis % 2 != (1 if trans_b else 0):
+            raise NPUError(f"sparse initializer {w_name!r}: axis {sparse_axis} is not the reduction axis")
+        import torch
+        vals, pos = compress_rows(np.ascontiguousarray(w_kn.T))
+        plan["lin_sparse"] = (torch.from_numpy(vals), torch.from_numpy(pos))
     else:
-        if wq.ndim != 2:
-            return None
-        trans_b = node.op_type == "Gemm" and a.get("transB", 0)
-        if node.op_type == "Gemm" and (a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0):
-            return None
-        w_kn = wd.T if trans_b else wd  # [K, N] codes minus zero point
-        ch_axis = 0 if trans_b else 1
-        channels, plan["k"] = w_kn.shape[1], w_kn.shape[0]
-        if sparse_axis is not None:
-            if sparse_axis % 2 != (1 if trans_b else 0):
-                raise NPUError(f"sparse initializer {dqw.input[0]!r}: axis {sparse_axis} is not the reduction axis")
-            import torch
-            vals, pos = compress_rows(np.ascontiguousarray(w_kn.T))
-            plan["lin_sparse"] = (torch.from_numpy(vals), torch.from_numpy(pos))
-        else:
-            plan["lin_b"] = kernels.pack_b(kernels.to_s16(np.ascontiguousarray(w_kn), 0))
-        plan["w_fast"] = np.ascontiguousarray(w_kn.T, dtype=np.int16) if sparse_axis is None else None
-    if ws.size > 1 and not (ws.ndim == 1 and w_axis % wq.ndim == ch_axis and ws.size == channels):
-        return None
-    if wz.size > 1 and wz.size != channels:
-        return None
-    plan["channels"], plan["w_scale"] = channels, ws.reshape(-1)
-    # bias
+        plan["lin_b"] = kernels.pack_b(kernels.to_s16(np.ascontiguousarray(w_kn), 0))
+    plan["w_fast"] = np.ascontiguousarray(w_kn.T, dtype=np.int16) if sparse_axis is None else None
+    return ch_axis, channels
+
+
+def _plan_bias(g, node, plan, xs, ws, channels) -> bool:
+    """``bias_q`` (int32 codes folded into the accumulator) or ``bias_f`` (a float32 add) into
+    ``plan``; False if the bias is not one the group can take."""
     plan["bias_q"] = plan["bias_f"] = None
-    if len(node.input) > 2 and node.input[2]:
-        bname = node.input[2]
-        dqb = g.producer(bname)
-        if _is_dq(g, dqb):
-            bq, bs, bz = g.const(dqb.input[0]), g.const(dqb.input[1]), g.const_opt(dqb, 2)
-            if bq is None or bs is None or bq.dtype != np.int32 or bq.size != channels:
-                return None
-            if bz is not None and np.any(bz != 0):
-                return None
-            want = (np.float32(xs.reshape(())) * ws.reshape(-1).astype(np.float32)).astype(np.float32)
-            if np.array_equal(np.broadcast_to(bs.reshape(-1), (channels,)), np.broadcast_to(want, (channels,))):
-                plan["bias_q"] = bq.reshape(-1).astype(np.int64)
-            else:
-                plan["bias_f"] = quant.dequantize(bq.reshape(-1), bs.reshape(-1) if bs.size > 1 else bs,
-                                                  None, axis=0).astype(np.float32).reshape(-1)
+    if not (len(node.input) > 2 and node.input[2]):
+        return True
+    bname = node.input[2]
+    dqb = g.producer(bname)
+    if _is_dq(g, dqb):
+        bq, bs, bz = g.const(dqb.input[0]), g.const(dqb.input[1]), g.const_opt(dqb, 2)
+        if bq is None or bs is None or bq.dtype != np.int32 or bq.size != channels:
+            return False
+        if bz is not None and np.any(bz != 0):
+            return False
+        want = (np.float32(xs.reshape(())) * ws.reshape(-1).astype(np.float32)).astype(np.float32)
+        if np.array_equal(np.broadcast_to(bs.reshape(-1), (channels,)), np.broadcast_to(want, (channels,))):
+            plan["bias_q"] = bq.reshape(-1).astype(np.int64)
         else:
-            b = g.const(bname)
-            if b is None or b.dtype != np.float32 or b.size != channels:
-                return None
-            plan["bias_f"] = b.reshape(-1).astype(np.float32)
-    # output chain: [Relu | Clip] -> QuantizeLinear
+            plan["bias_f"] = quant.dequantize(bq.reshape(-1), bs.reshape(-1) if bs.size > 1 else bs,
+                                              None, axis=0).astype(np.float32).reshape(-1)
+        return True
+    b = g.const(bname)
+    if b is None or b.dtype != np.float32 or b.size != channels:
+        return False
+    plan["bias_f"] = b.reshape(-1).astype(np.float32)
+    return True
+
+
+def _plan_output_chain(g, node, plan) -> bool:
+    """The output chain [Relu | Clip] -> QuantizeLinear into ``plan``; False if there is none."""
     out = node.output[0]
     plan["op_out"], plan["act_out"], plan["act_lo"], plan["act_hi"] = out, None, None, None
     nxt = g.sole_consumer(out)
@@ -319,20 +357,20 @@ def match(g, node, sparse24: dict):
         else:
             lo, hi = _clip_bounds(g, nxt)
             if lo is False:
-                return None
+                return False
             plan["act_lo"], plan["act_hi"] = lo, hi
         plan["act_out"] = nxt.output[0]
         nxt = g.sole_consumer(nxt.output[0])
     if nxt is None or nxt.op_type != "QuantizeLinear":
-        return None
+        return False
     ys, yz = g.const(nxt.input[1]), g.const_opt(nxt, 2)
     if ys is None or yz is None or ys.size != 1 or yz.size != 1 or ys.dtype != np.float32 or yz.dtype not in _OUT_CODES:
-        return None
+        return False
     if g.attrs(nxt).get("block_size", 0):
-        return None
+        return False
     plan.update(q_out=nxt.output[0], q_node=nxt, y_scale=np.float32(ys.reshape(())),
                 y_zp=int(yz.reshape(-1)[0]), y_dtype=yz.dtype)
-    return plan
+    return True
 
 
 def _pc_shape(ndim, axis, size):
