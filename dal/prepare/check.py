@@ -33,7 +33,8 @@ def check_plan(plan: list[Step], recipe, hw) -> list[Step]:
         if step.action == "float" and step.float_op is not None and step.float_op.kind == "float":
             runs, how = hardware_verdict(hw, step.float_op)
             if not runs and _skipped(recipe, step):
-                step = dataclasses.replace(step, reason=_join(step.reason, "kept off the NPU by a skip rule"))
+                step = dataclasses.replace(step, reason=_join(step.reason, f"kept off the NPU by its recipe rule "
+                                                                  f"(skip, or fp16 that {hw.name} lacks): {how}"))
             elif not runs and (step.float_op.op_class == "custom" or hw.fp16_ops):
                 # Listed with the hardware's verdict, not refused: a module dal does not know the
                 # function of (DESIGN: left in float unless strict), or hardware with an FP16
@@ -52,9 +53,11 @@ def check_plan(plan: list[Step], recipe, hw) -> list[Step]:
 
 
 def _skipped(recipe, step: Step) -> bool:
+    """A ``skip: true`` rule, or a ``fallback: fp16`` rule on hardware without FP16 for the op
+    (the recipe check's note: it runs outside the NPU), matches the step: kept off the NPU."""
     op_class = step.op_class if step.op_class not in ("norm", "custom", "passthrough") else None
     index = recipe.match(step.path, step.type_name, op_class)
-    return index is not None and recipe.rules[index].skip
+    return index is not None and (recipe.rules[index].skip or recipe.rules[index].fallback_fp16)
 
 
 def _join(a: str, b: str) -> str:

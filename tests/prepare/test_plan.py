@@ -89,7 +89,7 @@ def test_a_skip_rule_keeps_an_op_off_the_npu_on_purpose():
     recipe = dal.load_recipe("int8_balanced").to_dict()
     recipe["rules"] = [{"match": ["act", "gate"], "skip": True}] + recipe["rules"]
     q = dal.prepare_qat(SeNet(), recipe=recipe, hardware="a1000", example_inputs=(_x(),))
-    assert "kept off the NPU by a skip rule" in _rows(q)["act"].detail
+    assert "kept off the NPU by its recipe rule" in _rows(q)["act"].detail
 
 
 def test_an_unfoldable_batchnorm_is_listed_and_refused():
