@@ -53,7 +53,16 @@ def load_checkpoint(path: Union[str, os.PathLike], model_factory, example_inputs
     import dal
 
     factory = resolve_factory(model_factory)  # a typo in the factory is reported before any I/O
-    ckpt = torch.load(str(path), map_location="cpu", weights_only=False)
+    try:
+        ckpt = torch.load(str(path), map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - torch.load's errors for a file it did not write vary
+        raise ValueError(f"{path} is not a dal checkpoint: torch.load cannot read it ({type(err).__name__}); "
+                         "write it with dal.save_checkpoint") from err
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{path} is not a dal checkpoint: it holds a {type(ckpt).__name__}, not the dict "
+                         "dal.save_checkpoint writes")
     missing = [k for k in ("state_dict", "recipe") if k not in ckpt]
     if missing:
         raise ValueError(f"{path} is not a dal checkpoint: it lacks {missing} (write it with dal.save_checkpoint)")

@@ -1,6 +1,7 @@
 """dal.save_checkpoint / load_checkpoint keep the hardware model itself, not only its name."""
 import json
 
+import pytest
 import torch
 
 import dal
@@ -25,3 +26,16 @@ def test_an_edited_bundled_hardware_model_comes_back_as_edited(tmp_path):
     assert json.loads(meta["dal.requantizer"])["kind"] == "fixed_point"
     with torch.no_grad():
         assert torch.equal(back(x), m.eval()(x))
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
+    from dal.zoo import MnistCNN
+
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a pickle at all")
+    with pytest.raises(ValueError, match=r"junk\.pt is not a dal checkpoint: torch\.load cannot read it"):
+        dal.load_checkpoint(junk, MnistCNN)
+    tensor = tmp_path / "tensor.pt"
+    torch.save(torch.zeros(3), tensor)
+    with pytest.raises(ValueError, match=r"tensor\.pt is not a dal checkpoint: it holds a Tensor"):
+        dal.load_checkpoint(tensor, MnistCNN)
