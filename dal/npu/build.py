@@ -49,6 +49,22 @@ class BuildError(RuntimeError):
     """The C++ kernels could not be built: what is missing (compiler, ninja) or the compile error."""
 
 
+
+def import_cpp_extension():
+    """``torch.utils.cpp_extension``, imported without its CUDA notice: on a CPU-only machine its
+    import logs "No CUDA runtime is found" at WARNING on every process that uses dal.npu, about
+    a CUDA build dal.npu never does. The logger's level is restored right after the import."""
+    import logging
+
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        log.setLevel(level)
+    return cpp_extension
+
 def _cpu_flags() -> set:
     try:
         with open("/proc/cpuinfo") as f:
@@ -133,7 +149,7 @@ def cache_key(sources, cflags=(), ldflags=(), cxx: str | None = None, depends=No
     """
     cxx = os.path.abspath(cxx or find_compiler())  # first: a missing compiler fails fast
     import torch
-    from torch.utils import cpp_extension
+    cpp_extension = import_cpp_extension()
     depends = _headers_beside(sources) if depends is None else depends
     return {
         "protocol": _PROTOCOL,
@@ -218,7 +234,7 @@ def build_extension(prefix: str, sources, cflags=(), ldflags=(), *, cache_dir: s
     name = f"{prefix}_{key_digest(key)}"
     if name in _LOADED:
         return _LOADED[name]
-    from torch.utils import cpp_extension  # heavy: only when building or loading
+    cpp_extension = import_cpp_extension()  # heavy: only when building or loading
     root = os.path.abspath(cache_dir or default_cache_dir())
     finished = os.path.join(root, name, name + _LIB_EXT)
     ninja_dir = None if os.path.exists(finished) else _ninja_dir()  # fail before saying "compiling"
