@@ -1,8 +1,7 @@
-"""Shared helpers of the exporter tests: oracles (onnxruntime, onnx.reference), LSB counting,
-and small QAT models. The oracles are independent of dal: the ONNX file is all they read."""
+"""Shared helpers of the exporter tests: small QAT models, and the teacher-forced comparison of
+torch against a runtime layer by layer. The oracles themselves (onnxruntime, onnx.reference,
+the output LSB, LSB counting) are tests/oracles.py."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -11,23 +10,7 @@ from torch import nn
 
 import dal
 from dal.nn import QAdd, QConv2d, QConvBnReLU2d, QLinear, SimpleLayerSpec, SimpleTensorSpec
-
-
-def run_ort(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    """onnxruntime with graph optimizations off (its fused int8 kernels are not an oracle: FACTS.md)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
-def run_reference(proto: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    from onnx.reference import ReferenceEvaluator
-
-    return ReferenceEvaluator(proto).run(None, feeds)
+from oracles import lsb_stats, run_ort, with_outputs
 
 
 def check_valid(proto: onnx.ModelProto) -> None:
@@ -36,57 +19,10 @@ def check_valid(proto: onnx.ModelProto) -> None:
     onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
 
 
-def output_scale(proto: onnx.ModelProto, k: int = 0) -> float:
-    """Scale of the DequantizeLinear that produces graph output ``k``: the output LSB."""
-    name = proto.graph.output[k].name
-    node = next(n for n in proto.graph.node if name in n.output)
-    assert node.op_type == "DequantizeLinear", f"output {name} comes from {node.op_type}, not a DQ"
-    inits = {t.name: t for t in proto.graph.initializer}
-    scale = onnx.numpy_helper.to_array(inits[node.input[1]])
-    assert scale.size == 1, "per-tensor output quantizer expected"
-    return float(scale.reshape(()))
-
-
-@dataclass
-class LSBStats:
-    n: int
-    counts: dict  # |difference| in LSB -> number of elements
-
-    @property
-    def within1(self) -> float:
-        return sum(c for d, c in self.counts.items() if d <= 1) / self.n
-
-    @property
-    def max_lsb(self) -> int:
-        return max(self.counts)
-
-    def __str__(self):
-        parts = ", ".join(f"{d} LSB: {c}" for d, c in sorted(self.counts.items()))
-        return f"{self.n} elements ({parts}); within 1 LSB: {100 * self.within1:.4f}%"
-
-
-def lsb_stats(a: np.ndarray, b: np.ndarray, scale: float) -> LSBStats:
-    """Differences of two dequantized outputs in LSBs, counted exactly.
-
-    Both are codes times ``scale``, so ``|a - b| / scale`` is an integer up to float rounding;
-    anything else means the two are not on the same grid and fails loudly.
-    """
-    d = np.abs(a.astype(np.float64) - b.astype(np.float64)) / scale
-    r = np.rint(d)
-    assert np.all(np.abs(d - r) < 1e-3), f"outputs are off the LSB grid: max |d - rint(d)| = {np.abs(d - r).max()}"
-    values, counts = np.unique(r.astype(np.int64), return_counts=True)
-    return LSBStats(int(d.size), {int(v): int(c) for v, c in zip(values, counts)})
-
-
-def assert_lsb_parity(stats: LSBStats, label: str = "") -> None:
-    """The INT8 criterion: >= 99.99% of elements within 1 LSB, none beyond 2 LSB."""
-    assert stats.max_lsb <= 2 and stats.within1 >= 0.9999, f"{label}: {stats}"
-
-
 def freeze_all(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, dal.FakeQuantizer):
-            m.set_state("frozen")
+            m.end_observation("frozen")
 
 
 def _tensor(fmt, granularity="per_tensor", group_size=None, symmetric=True):
@@ -196,12 +132,7 @@ def teacher_forced_stats(model: nn.Module, proto: onnx.ModelProto, x: torch.Tens
     layers, so each figure measures one layer's agreement: what the exporter claims.
     """
     points = activation_dq_outputs(proto)
-    probe = onnx.ModelProto()
-    probe.CopyFrom(proto)
-    graph_outputs = {o.name for o in probe.graph.output}
-    for tensor, _ in points.values():
-        if tensor not in graph_outputs:
-            probe.graph.output.append(onnx.helper.make_value_info(tensor, onnx.TypeProto()))
+    probe = with_outputs(proto, [tensor for tensor, _ in points.values()])
     names = [o.name for o in probe.graph.output]
     values = dict(zip(names, run(probe, {probe.graph.input[0].name: x.numpy()})))
     stats, hooks = {}, []
@@ -224,11 +155,3 @@ def teacher_forced_stats(model: nn.Module, proto: onnx.ModelProto, x: torch.Tens
             h.remove()
     return stats
 
-
-def merge(stats: dict) -> LSBStats:
-    counts, n = {}, 0
-    for s in stats.values():
-        n += s.n
-        for d, c in s.counts.items():
-            counts[d] = counts.get(d, 0) + c
-    return LSBStats(n, counts)

@@ -10,9 +10,9 @@ from torch import nn
 
 from dal.export import export_onnx
 from dal.nn import QConv2d, QLinear
-from export_common import (SmallCNN, assert_lsb_parity, calibrated_mixed, check_valid, freeze_all, lsb_stats,
-                           output_scale, prepared, randomize_bn, run_ort, run_reference, spec,
+from export_common import (SmallCNN, calibrated_mixed, check_valid, freeze_all, prepared, randomize_bn, spec,
                            teacher_forced_stats)
+from oracles import assert_lsb_parity, lsb_stats, output_scale, run_ort, run_reference
 
 
 def _inits(proto):

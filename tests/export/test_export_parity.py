@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from dal.export import export_onnx
-from export_common import (SmallCNN, assert_lsb_parity, check_valid, lsb_stats, merge, output_scale, prepared,
-                           randomize_bn, run_ort, run_reference, teacher_forced_stats)
+from export_common import SmallCNN, check_valid, prepared, randomize_bn, teacher_forced_stats
+from oracles import assert_lsb_parity, lsb_stats, merge, output_scale, run_ort, run_reference
 
 
 def _parity(model, x, proto, label, end_to_end: bool):

@@ -15,6 +15,8 @@ import onnx
 from onnx import TensorProto as T
 from onnx import helper as h
 
+from oracles import ort_session
+
 OPSET = 21
 
 
@@ -51,15 +53,11 @@ def build_model(fmt, rank: int, axis, block_size: int, zp: np.ndarray) -> onnx.M
 
 @functools.lru_cache(maxsize=256)
 def _sessions(fmt, rank, axis, block_size, zp_bytes, zp_shape, zp_dtype):
-    import onnxruntime as ort
     from onnx.reference import ReferenceEvaluator
 
     zp = np.frombuffer(zp_bytes, dtype=zp_dtype).reshape(zp_shape)
     model = build_model(fmt, rank, axis, block_size, zp)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess, ReferenceEvaluator(model)
+    return ort_session(model), ReferenceEvaluator(model)
 
 
 def run(oracle: str, fmt, x: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis=None, block_size=0):

@@ -11,7 +11,6 @@ from onnx import TensorProto, helper
 import graphs
 import oracles
 import zoo
-from dal.npu.compare import compare_values, summarize
 
 
 def _sessions(model, monkeypatch, **kw):
@@ -125,7 +124,7 @@ def test_code_ops_equal_nodes_and_oracles(op, act, monkeypatch, npu_lib):
         vals = fast.run(feed, return_intermediates=True)[1]
         qn = oracles.q_names(m)
         for who, ov in (("ort", oracles.ort_values(m, feed)), ("ref", oracles.ref_values(m, feed))):
-            r = summarize(compare_values(vals, ov, qn))
+            r = oracles.compare_codes(vals, ov, qn)
             assert r["differ"] == 0, (who, seed, r)
 
 

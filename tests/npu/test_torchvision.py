@@ -15,7 +15,6 @@ import pytest
 
 import oracles
 import zoo
-from dal.npu.compare import compare_values, summarize
 
 MODELS = [("resnet18", "u8", True), ("resnet18", "s8", True), ("resnet18", "u8", False),
           ("mobilenet_v2", "u8", True), ("mobilenet_v2", "s8", False)]
@@ -33,9 +32,9 @@ def _run(arch, act, pc, model_dir, hw=64):
         s = npu.load(m, semantics=sem)
         vals = s.run(feed, return_intermediates=True)[1]
         out[sem] = {
-            "e2e_ort": summarize(compare_values(vals, ov, qn)),
-            "layer_ort": summarize(compare_values(s.run_layerwise({**ov, **feed}), ov, qn)),
-            "layer_ref": summarize(compare_values(s.run_layerwise({**rv, **feed}), rv, qn)),
+            "e2e_ort": oracles.compare_codes(vals, ov, qn),
+            "layer_ort": oracles.compare_codes(s.run_layerwise({**ov, **feed}), ov, qn),
+            "layer_ref": oracles.compare_codes(s.run_layerwise({**rv, **feed}), rv, qn),
         }
     return out
 

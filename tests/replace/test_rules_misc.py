@@ -6,7 +6,8 @@ import dal
 from dal.prepare.state import set_quantizer_state
 from dal.replace import Fp16LayerNorm, auto_replace
 
-from replace_common import ort_run, rel_err
+from oracles import run_ort
+from replace_common import rel_err
 
 
 def test_layernorm_fp16_float_equal_then_fp16():
@@ -37,7 +38,7 @@ def test_layernorm_fp16_exports_with_casts(tmp_path):
     x = torch.randn(3, 16)
     proto = dal.export_onnx(m, (x,), str(tmp_path / "ln.onnx"))
     assert "Cast" in {n.op_type for n in proto.graph.node}
-    out = ort_run(str(tmp_path / "ln.onnx"), {"input": x.numpy()})[0]
+    out = run_ort(str(tmp_path / "ln.onnx"), {"input": x.numpy()})[0]
     assert torch.equal(torch.from_numpy(out), m(x))
 
 

@@ -1,7 +1,8 @@
 """Shared helpers of the 2:4 + QAT tests (unique module name: imported by the tests).
 
 The oracles here read only arrays and the ONNX file: 2:4 validity is counted with a numpy
-reshape, never with dal's own helpers, so a shared bug cannot pass both.
+reshape, never with dal's own helpers, so a shared bug cannot pass both. The runtimes, the
+output LSB and LSB counting are tests/oracles.py.
 """
 from __future__ import annotations
 
@@ -38,17 +39,6 @@ def calibrated_frozen(model: nn.Module, batches, recipe="int8_sparse24", hardwar
     return model.eval()
 
 
-def run_ort(proto: onnx.ModelProto, feeds: dict) -> list:
-    """onnxruntime with graph optimizations off (its fused int8 kernels are no oracle: FACTS.md)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
 def run_npu(proto: onnx.ModelProto, feeds: dict) -> list:
     import dal.npu
 
@@ -82,22 +72,6 @@ def weight_codes(proto: onnx.ModelProto) -> dict:
             axis = 0
         out[dq.input[0]] = axis
     return out
-
-
-def output_scale(proto: onnx.ModelProto) -> float:
-    """Scale of the DequantizeLinear producing graph output 0: the output LSB."""
-    name = proto.graph.output[0].name
-    node = next(n for n in proto.graph.node if name in n.output)
-    assert node.op_type == "DequantizeLinear", f"output comes from {node.op_type}, not a DQ"
-    return float(initializers(proto)[node.input[1]].reshape(()))
-
-
-def lsb_diff(a: np.ndarray, b: np.ndarray, scale: float) -> np.ndarray:
-    """|a - b| in LSBs (integers; fails if the two are not on the same grid)."""
-    d = np.abs(a.astype(np.float64) - b.astype(np.float64)) / scale
-    r = np.rint(d)
-    assert np.all(np.abs(d - r) < 1e-3), "outputs are off the LSB grid"
-    return r.astype(np.int64)
 
 
 def teacher_forced_max_lsb(model: nn.Module, proto: onnx.ModelProto, x: torch.Tensor, run) -> dict:

@@ -14,9 +14,9 @@ import torch
 import dal
 import dal.sparsity as sp
 from dal.zoo import MnistCNN
-from sparsity_qat_helpers import (calibrated_frozen, initializers, lsb_diff, max_nonzeros_per_group,
-                                  mnist_batches, npu_sparse_kernel_weights, output_scale,
-                                  run_ort, teacher_forced_max_lsb, weight_codes)
+from oracles import lsb_diff, output_scale, run_ort
+from sparsity_qat_helpers import (calibrated_frozen, initializers, max_nonzeros_per_group, mnist_batches,
+                                  npu_sparse_kernel_weights, teacher_forced_max_lsb, weight_codes)
 
 
 def _check_file(model, proto):
