@@ -1,6 +1,6 @@
 """INT32 (the bias format) saturates like ONNX QuantizeLinear: ``clip(round_half_even(x / s) + zp)``.
 
-onnxruntime has no int32 QuantizeLinear and onnx.reference wraps beyond 2**31 (FACTS.md), so the
+onnxruntime has no int32 QuantizeLinear and onnx.reference wraps beyond 2**31 (it casts to int32 before clipping), so the
 oracle is the spec's formula in float64 numpy, written here.
 """
 import numpy as np

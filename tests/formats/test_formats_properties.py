@@ -49,7 +49,7 @@ def case(draw, fmts):
     s_full = gran.expand(torch.from_numpy(scale), shape).expand(shape).numpy().astype(np.float64)
     use_scaled = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n))).reshape(shape)
     x = np.where(use_scaled, v * s_full, v)
-    # onnx.reference wraps for |x / scale| >= 2^31 (FACTS.md): keep inside for it
+    # onnx.reference wraps for |x / scale| >= 2^31 (it casts rint(x/s) to int32 before clipping): keep inside for it
     x = np.clip(x, -(2.0 ** 30) * s_full, 2.0 ** 30 * s_full).astype(np.float32)
     return fmt, gran, axis, block, x, scale, zp
 
