@@ -1,6 +1,6 @@
 """Biases of integer layers -> int32 initializer + DequantizeLinear (scale = s_in * s_w).
 
-The QAT modules (``dal.nn.QATMixin``) fake-quantize the bias to int32 with
+The QAT modules (``dal.nn.QATModule``) fake-quantize the bias to int32 with
 ``scale = float32(s_in) * float32(s_w)`` whenever input and weight are integer-quantized; constant
 folding leaves that float bias in the graph. Here it becomes what integer hardware stores:
 ``b_q = round_half_even(b / scale)`` (int32, zero point 0) and ``DequantizeLinear(b_q, scale)``,
