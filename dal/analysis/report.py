@@ -1,243 +1,359 @@
 """build_report: one self-contained HTML file about a QAT model (``dal report`` / ``dal.report``).
 
-Sections (each only when its inputs are given): a text summary; per-layer output error
-(``layerwise``: table and bars); weight histograms with each weight quantizer's clipping range;
-activation histograms (one batch, the tensor entering each activation quantizer) with its
-clipping range; the sensitivity ranking; the parity summary of an exported ONNX file
-(``dal.verify``). Images are PNGs embedded as ``data:`` URIs: the file can be mailed or attached
-to a CI run and opens anywhere, with nothing to fetch.
+What a person reads, in order (short sections first, the one-row-per-layer ones last):
 
-Clipping range of a quantizer with scale ``s`` and zero point ``z``: integers
-``[s (q_min - z), s (q_max - z)]``; FP8 ``[-s m, s m]`` with ``m`` the format's largest finite value.
-Per channel the widest range is drawn solid and the median channel's dashed.
+1. **Summary**: a verdict (``ParityReport.meets_criterion()`` when an ONNX file is given, and the
+   end-to-end output cosine vs float against ``cosine_target``), the worst layers by per-layer
+   output cosine (``layerwise``), and parity in one table: end to end and layer by layer, as
+   codes differing and max LSB (``report_parity``).
+2. **Parity** detail: the layers that differ, first divergences, dal.verify's text report.
+3. **Sensitivity** of the ``sensitivity_layers`` worst layers (``sensitivity`` costs 2 passes over
+   the data per layer: of every layer it dominated the report's time).
+4. **Per-layer output error** of every layer (bars in execution order, table with the rank).
+5. **Histograms, worst layers first**: per layer its weight and the tensors entering its
+   activation quantizers, with each quantizer's clipping range (``report_panels``).
+6. What ``prepare_qat`` did (folded).
+
+Images are PNGs embedded as ``data:`` URIs: the file can be mailed or attached to a CI run and
+opens anywhere, with nothing to fetch.
 """
 from __future__ import annotations
 
-import argparse
+import contextlib
 import html
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
 
-from ..calibration.batches import cached_inputs, run_model
+from ..calibration.batches import cached_inputs
 from ..prepare.handle import find_prepared
 from ..prepare.state import quantizers
+from . import report_html as H
 from .common import active_layers, evaluating
+from .report_panels import activation_panels, clip_range, weight_panels, worst_first
+
+__all__ = ["build_report", "clip_range"]
 
 
 def _cached(batch):
     return batch  # batches already unpacked to (args, kwargs) by cached_inputs
 
 
-def clip_range(q) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lo, hi) per scale element of a calibrated scaled quantizer (see the module docstring)."""
-    s, z = q.effective_qparams()
-    s = s.float()
-    if q.fmt.is_float8:
-        return -s * q.fmt.max_value, s * q.fmt.max_value
-    z = z.float()  # a learnable zero point rounded, as the forward rounds it
-    return s * (q.qmin - z), s * (q.qmax - z)
-
-
-def _ranges(q) -> list:
-    lo, hi = clip_range(q)
-    if lo.numel() == 1:
-        return [(float(lo), float(hi), "-")]
-    width = (hi - lo).flatten()
-    mid = int(width.argsort()[len(width) // 2])
-    return [(float(lo.min()), float(hi.max()), "-"), (float(lo.flatten()[mid]), float(hi.flatten()[mid]), "--")]
-
-
-def _weight_panels(layers, limit: int) -> list:
-    panels = []
-    for name, mod in layers:
-        q = getattr(mod, "weight_quant", None)
-        if q is None or not q.fmt.is_scaled or not q.initialized:
-            continue
-        w = mod.folded_weight_and_bias()[0] if hasattr(mod, "folded_weight_and_bias") else mod.weight
-        panels.append((f"{name} ({q.fmt.name})", w.detach().float().flatten().numpy(), _ranges(q)))
-        if len(panels) >= limit:
-            break
-    return panels
-
-
-def _keep(seen: dict, name: str, q, x) -> None:
-    # A pre-hook's return value would replace the input: return None explicitly.
-    seen.setdefault(name, (q, x.detach().float().flatten()))
-    return None
-
-
-def _activation_panels(model, args, kwargs, limit: int) -> list:
-    seen: dict = {}
-    hooks = []
-    for name, q in quantizers(model):
-        if q.fmt.is_scaled and q.initialized and q.state in ("quantize", "frozen") and "weight_quant" not in name:
-            hooks.append(q.register_forward_pre_hook(lambda m, a, name=name: _keep(seen, name, m, a[0])))
-    try:
-        run_model(model, args, kwargs)
-    finally:
-        for h in hooks:
-            h.remove()
-    return [(f"{n} ({q.fmt.name})", x.numpy(), _ranges(q)) for n, (q, x) in list(seen.items())[:limit]]
-
-
-def _table(rows: list, columns: list) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = []
-    for r in rows:
-        cells = []
-        for c in columns:
-            v = r.get(c, "")
-            cells.append(f"<td>{v:.6g}</td>" if isinstance(v, float) else f"<td>{html.escape(str(v))}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
-
-
-def _img(uri: str, alt: str) -> str:
-    return f'<img alt="{html.escape(alt)}" src="{uri}">'
-
-
-_STYLE = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;font-size:12px}"
-          "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#eee}"
-          "td:first-child{text-align:left}pre{background:#f6f6f6;padding:1em;overflow-x:auto;font-size:12px}"
-          "img{max-width:100%}")
-
-
 def build_report(model: nn.Module, data: Optional[Iterable] = None, float_model: Optional[nn.Module] = None,
                  onnx_path=None, out="report.html", *, num_batches: int = 4, sensitivity: bool = True,
-                 input_fn: Optional[Callable] = None, title: Optional[str] = None, max_histograms: int = 24,
-                 progress: bool = True) -> Path:
+                 sensitivity_layers: Optional[int] = 5, input_fn: Optional[Callable] = None,
+                 title: Optional[str] = None, max_histograms: Optional[int] = None, worst: int = 5,
+                 cosine_target: float = 0.99, progress: bool = True) -> Path:
     """Write the HTML report of a calibrated / trained QAT ``model`` to ``out``; return its path.
 
     Args:
         data: batches to analyse (layer-wise error, activation histograms, sensitivity and the
-            parity inputs need it; without it only the summary and weight histograms are made).
+            parity inputs need it; without it only the weight histograms are made).
         float_model: the float model for ``layerwise`` (default: ``model`` with quantizers off).
-        onnx_path: an exported QDQ ONNX file: ``dal.verify`` on the first batch's first 16 samples.
-        sensitivity: include the sensitivity ranking (2 L + 2 forward passes of ``num_batches``).
+        onnx_path: an exported QDQ ONNX file: ``dal.verify`` on the first batch's first 16 samples
+            (as many as the file's batch size when it is fixed).
+        sensitivity: include the sensitivity ranking, of the ``sensitivity_layers`` layers with
+            the largest per-layer error (None: every layer; 2 L + 2 passes over ``num_batches``).
+        max_histograms: histograms of this many layers, worst first (None: every layer).
+        worst: how many of the worst layers the summary names.
+        cosine_target: the end-to-end output cosine vs float the verdict asks for.
 
     Example:
         >>> dal.analysis.report.build_report(qat, loader, float_model=net, onnx_path="m.onnx")  # doctest: +SKIP
     """
     from . import plots
-    from .layerwise import layerwise
-    from .sensitivity import sensitivity as run_sensitivity
 
     plots.require_matplotlib("build_report")  # fail fast: before minutes of analysis
-    t0 = time.time()
-    layers = active_layers(model)
-    handle = find_prepared(model)
-    prep = handle.report if handle is not None else None
-    title = title or f"dal report: {type(model).__name__}"
-    summary = [f"model: {type(model).__name__}; recipe: {getattr(prep, 'recipe', '?')}; "
-               f"hardware: {getattr(prep, 'hardware', '?')}",
-               f"quantized layers: {len(layers)}; quantizers: {sum(1 for _ in quantizers(model))}"]
-    sections = []
-    if prep is not None:
-        sections.append(f"<h2>What prepare_qat did</h2><pre>{html.escape(str(prep))}</pre>")
+    t0 = time.perf_counter()
     inputs = cached_inputs(data, num_batches, input_fn=input_fn) if data is not None else []
-    if inputs:
-        lw = layerwise(float_model, model, inputs, None, input_fn=_cached, progress=progress)
-        worst = lw.worst(3)
-        summary.append("largest per-layer errors (cosine): " +
-                       ", ".join(f"{r['layer']} {r['cosine']:.5f}" for r in worst))
-        sections.append("<h2>Per-layer output error</h2><p>Each quantized layer's output against the float "
-                        "model's at the same point (fused Conv+BN(+ReLU): after BN and the activation).</p>" +
-                        _img(plots.layer_error_bars(lw.rows), "per-layer error") +
-                        _table(lw.rows, ["layer", "type", "cosine", "psnr", "mse", "mae", "max_abs", "reference"]) +
-                        "".join(f"<p>note: {html.escape(n)}</p>" for n in lw.notes))
-    weights = _weight_panels(layers, max_histograms)
-    if weights:
-        sections.append("<h2>Weight histograms and clipping ranges</h2><p>Red: the quantizer's clipping range "
-                        "(per channel: widest solid, median channel dashed). Conv+BN weights are folded.</p>" +
-                        _img(plots.histograms(weights, "Weights"), "weight histograms"))
-    if inputs:
-        with evaluating(model):
-            acts = _activation_panels(model, *inputs[0], max_histograms)
-        if acts:
-            sections.append("<h2>Activation histograms and clipping ranges</h2><p>The tensor entering each "
-                            "activation quantizer on the first batch.</p>" +
-                            _img(plots.histograms(acts, "Activations (first batch)"), "activation histograms"))
-        if sensitivity:
-            sens = run_sensitivity(model, inputs, "cosine", None, input_fn=_cached, progress=progress)
-            top = sens.ranked[:3]
-            summary.append(f"output cosine vs float: {sens.all_quantized:.6f}; most sensitive: " +
-                           ", ".join(f"{r['layer']} (drop {r['drop']:.2e})" for r in top))
-            sections.append("<h2>Sensitivity</h2><p>drop: output cosine lost when only this layer is quantized; "
-                            "gain: cosine won back when only this layer is left in float.</p>" +
-                            _img(plots.sensitivity_bars(sens.ranked), "sensitivity") +
-                            _table(sens.ranked, ["layer", "type", "only_quantized", "drop", "only_float", "gain"]))
-    if onnx_path is not None:
-        sections.append(_parity_section(model, onnx_path, inputs, summary))
-    summary.append(f"report built in {time.time() - t0:.1f} s")
-    body = (f"<h1>{html.escape(title)}</h1><h2>Summary</h2><ul>" +
-            "".join(f"<li>{html.escape(s)}</li>" for s in summary) + "</ul>" + "".join(sections))
-    doc = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-           f"<style>{_STYLE}</style></head><body>{body}</body></html>\n")
+    f = _analyse(model, inputs, float_model, onnx_path, sensitivity, sensitivity_layers, progress)
+    drawable = [n for n in f.order if n in f.weights or n in f.acts]
+    shown = drawable[:max_histograms]  # histograms, worst first
+    drawn = set(shown)
+    with _timed(f.took, "figures"):
+        # The short sections first, the one-per-layer ones after.
+        body = [_summary(f.order, f.rows, f.weights, drawn, {r["layer"]: r for r in f.sens.rows} if f.sens else {},
+                         f.end_cosine, cosine_target, f.parity, worst, inputs)]
+        if onnx_path is not None:
+            body.append(_parity_section(f.parity))
+        if f.sens is not None:
+            body.append(_sensitivity_section(f.sens, len(f.layers), drawn, plots))
+        if f.lw is not None:
+            body.append(_error_section(f.lw, f.rank, drawn, plots))
+        body.append(_histogram_section(shown, len(drawable) - len(shown), f.rows, f.rank, f.weights, f.acts, plots))
+        if f.prep is not None:
+            body.append('<h2 id="prepare">What prepare_qat did</h2><details><summary>every module and functional '
+                        f"op: quantized, fused, or left in float and why</summary><pre>{H.esc(str(f.prep))}</pre>"
+                        "</details>")
+    title = title or f"dal report: {type(model).__name__}"
+    meta = (f"model {type(model).__name__}; recipe {getattr(f.prep, 'recipe', '?')}; hardware "
+            f"{getattr(f.prep, 'hardware', '?')}; {len(f.layers)} quantized layers, "
+            f"{sum(1 for _ in quantizers(model))} quantizers; {_batches(inputs)}. Built in "
+            f"{time.perf_counter() - t0:.1f} s (" + ", ".join(f"{k} {v:.1f} s" for k, v in f.took.items()) + ").")
+    links = [("summary", "Summary", True), ("parity", "Parity", onnx_path is not None),
+             ("sensitivity", "Sensitivity", f.sens is not None), ("error", "Per-layer error", f.lw is not None),
+             ("histograms", "Histograms", True), ("prepare", "prepare_qat", f.prep is not None)]
+    nav = "<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t, on in links if on) + "</nav>"
     path = Path(out)
-    path.write_text(doc, encoding="utf-8")
+    path.write_text(H.page(title, f'<h1>{H.esc(title)}</h1><p class="meta">{H.esc(meta)}</p>{nav}' + "".join(body)),
+                    encoding="utf-8")
     return path
 
 
-def _parity_section(model, onnx_path, inputs, summary) -> str:
+@dataclass
+class _Findings:
+    """What the report shows, measured once; ``took``: seconds per step, shown in the report."""
+
+    layers: list
+    prep: object = None
+    lw: object = None            # LayerwiseReport
+    rows: dict = field(default_factory=dict)    # layer -> layerwise row
+    order: list = field(default_factory=list)   # layer paths, worst first
+    rank: dict = field(default_factory=dict)    # layer -> 1-based rank (measured layers)
+    weights: dict = field(default_factory=dict)  # layer -> Panel
+    acts: dict = field(default_factory=dict)     # layer -> [Panel]
+    sens: object = None          # SensitivityReport
+    end_cosine: Optional[float] = None
+    parity: object = None        # ParityReport, or the text of why it could not run
+    took: dict = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def _timed(took: dict, key: str):
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        took[key] = took.get(key, 0.0) + time.perf_counter() - t
+
+
+def _analyse(model, inputs, float_model, onnx_path, sensitivity, sensitivity_layers, progress) -> _Findings:
+    handle = find_prepared(model)
+    f = _Findings(active_layers(model), handle.report if handle is not None else None)
+    names = [n for n, _ in f.layers]
+    if inputs:
+        from .layerwise import layerwise
+
+        with _timed(f.took, "layerwise"):
+            f.lw = layerwise(float_model, model, inputs, None, input_fn=_cached, progress=progress)
+        f.rows = {r["layer"]: r for r in f.lw.rows}
+    f.order = worst_first(names, f.lw.rows if f.lw is not None else None)
+    f.rank = {n: i for i, n in enumerate(f.order, 1) if n in f.rows}
+    with _timed(f.took, "histograms"):
+        f.weights = weight_panels(f.layers)
+        if inputs:
+            with evaluating(model):
+                f.acts = activation_panels(model, *inputs[0], names)
+    if inputs and sensitivity:
+        from .sensitivity import sensitivity as run_sensitivity
+
+        measured = [n for n in f.order if n in f.rows]
+        chosen = measured[:sensitivity_layers] if sensitivity_layers is not None else None
+        with _timed(f.took, "sensitivity"):
+            f.sens = run_sensitivity(model, inputs, "cosine", None, layers=chosen, input_fn=_cached,
+                                     progress=progress)
+        f.end_cosine = f.sens.all_quantized
+    elif inputs:
+        from .evaluator import Evaluator
+
+        with _timed(f.took, "output cosine"), evaluating(model):
+            f.end_cosine = Evaluator(model, inputs, "cosine", None, _cached)()
+    if onnx_path is not None:
+        with _timed(f.took, "parity"):
+            f.parity = _run_parity(model, onnx_path, inputs)
+    return f
+
+
+def _batches(inputs) -> str:
+    if not inputs:
+        return "no data"
+    shapes = sorted({"x".join(map(str, a.shape)) for args, _ in inputs for a in args if torch.is_tensor(a)})
+    return f"{len(inputs)} batch(es) of {', '.join(shapes)}"
+
+
+def _file_batch(onnx_path) -> list:
+    """The fixed batch size of each graph input of the file (None where dynamic or unreadable)."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - dal.verify names what is wrong with the file
+        return []
+    weights = {i.name for i in graph.initializer}
+    sizes = []
+    for gi in graph.input:
+        if gi.name not in weights:
+            dims = gi.type.tensor_type.shape.dim
+            sizes.append(dims[0].dim_value if dims and dims[0].HasField("dim_value") else None)
+    return sizes
+
+
+def _run_parity(model, onnx_path, inputs):
+    """The ParityReport of the first batch's first 16 samples (or as many as the file's fixed batch
+    size), or the error text it raised."""
     from ..verification import verify
 
     if not inputs:
-        return "<h2>Parity</h2><p>no data given: pass data to run dal.verify on it</p>"
+        return "no data given: pass data to run dal.verify on it"
     args, _ = inputs[0]
-    args = tuple(a[:16] if torch.is_tensor(a) else a for a in args)
+    sizes = _file_batch(onnx_path)
+    # An export has a fixed batch size unless made with dynamic_batch=True: feed it exactly that.
+    args = tuple(a[:(sizes[i] if i < len(sizes) and sizes[i] else 16)] if torch.is_tensor(a) else a
+                 for i, a in enumerate(args))
     try:
-        rep = verify(str(onnx_path), model, args)
+        return verify(str(onnx_path), model, args)
     except Exception as err:  # noqa: BLE001 - the report says what failed instead of failing whole
-        summary.append(f"parity: dal.verify failed: {type(err).__name__}: {err}")
-        return f"<h2>Parity</h2><pre>dal.verify failed: {html.escape(f'{type(err).__name__}: {err}')}</pre>"
-    rows = []
-    for name, pairs in rep.outputs.items():
-        for pair, a in pairs.items():
-            rows.append({"output": name, "pair": pair, "elements": a.elements, "identical": a.identical,
-                         "1 LSB": a.off_by_one, ">1 LSB": a.off_by_more, "cosine": a.cosine, "psnr": a.psnr})
-    summary.append(f"parity ({rep.requantizer} requantizer): bit-exact vs onnxruntime: {rep.bit_exact_vs_ort}")
-    return ("<h2>Parity: NPU reference vs torch and onnxruntime</h2>" +
-            _table(rows, ["output", "pair", "elements", "identical", "1 LSB", ">1 LSB", "cosine", "psnr"]) +
-            f"<pre>{html.escape(str(rep))}</pre>")
+        return f"dal.verify failed: {type(err).__name__}: {err}"
 
 
-def _shape(text: str) -> tuple:
-    try:
-        return tuple(int(v) for v in text.replace("x", ",").split(",") if v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a shape like 1,3,224,224") from None
+# ---- sections ------------------------------------------------------------------------------------
+
+def _link(layer: str, drawn) -> str:
+    """The layer's name, linked to its histograms where it has any."""
+    name = H.esc(layer)
+    return f'<a href="#{H.anchor(layer)}">{name}</a>' if layer in drawn else name
 
 
-def main(argv=None) -> int:
-    """``dal report``: the HTML report of a dal checkpoint (see ``--help``)."""
-    p = argparse.ArgumentParser(prog="dal report", description="Write one self-contained HTML report of a QAT "
-                                "model: per-layer error, histograms with clipping ranges, sensitivity, parity.")
-    p.add_argument("--model", required=True, help="model factory package.module:function (the float model)")
-    p.add_argument("--checkpoint", required=True, help="dal checkpoint (dal.save_checkpoint) of the QAT model")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", help="package.module:function returning an iterable of batches")
-    src.add_argument("--random-input", type=_shape, metavar="SHAPE", help="N(0,1) batches of this shape")
-    p.add_argument("--onnx", help="exported QDQ ONNX file: adds the dal.verify parity summary")
-    p.add_argument("--out", default="report.html", help="output file (default report.html)")
-    p.add_argument("--num-batches", type=int, default=4, help="batches analysed (default 4)")
-    p.add_argument("--no-sensitivity", action="store_true", help="skip the sensitivity ranking")
-    p.add_argument("--seed", type=int, default=0, help="seed for --random-input")
-    args = p.parse_args(argv)
-    from ..checkpoint import load_checkpoint, resolve_factory
+def _summary(order, rows, weights, drawn, gains, end_cosine, target, parity, worst, inputs) -> str:
+    from .report_parity import parity_rows, verdict
 
-    if args.data:
-        data = resolve_factory(args.data)()
-        example = cached_inputs(data, 1)[0][0]
-    else:
-        g = torch.Generator().manual_seed(args.seed)
-        data = [torch.randn(args.random_input, generator=g) for _ in range(args.num_batches)]
-        example = (data[0],)
-    model = load_checkpoint(args.checkpoint, args.model, example_inputs=tuple(example))
-    path = build_report(model, data, None, args.onnx, args.out, num_batches=args.num_batches,
-                        sensitivity=not args.no_sensitivity, progress=False)
-    print(f"wrote {path}")
-    return 0
+    lines, kinds = [], []
+    if end_cosine is not None:
+        ok = end_cosine >= target
+        kinds.append("pass" if ok else "warn")
+        lines.append(f"Output cosine vs float (the model with its quantizers off) {end_cosine:.6f}: "
+                     f"{'meets' if ok else 'BELOW'} the target {target:g}" +
+                     ("." if ok else "; the worst layers are listed below, and dal.analysis.auto_fallback finds the "
+                                     "fewest to keep in FP16."))
+    if isinstance(parity, str):
+        kinds.append("fail")
+        lines.append(f"Parity not checked: {parity}")
+    elif parity is not None:
+        kind, text = verdict(parity)
+        kinds.append(kind)
+        lines.append(text)
+    if not inputs:
+        lines.append("No data given: only weight histograms. Pass data for per-layer error, activation histograms, "
+                     "sensitivity and parity.")
+    kind = next((k for k in ("fail", "warn", "pass") if k in kinds), "none")
+    out = ['<h2 id="summary">Summary</h2>', H.verdict_box(kind, lines)]
+    measured = [n for n in order if n in rows][:worst]
+    if measured:
+        cols = [("#", lambda n: str(order.index(n) + 1)), ("<layer", lambda n: ("html", _link(n, drawn))),
+                ("<type", lambda n: rows[n]["type"]),
+                ("cosine", lambda n: rows[n]["cosine"]), ("PSNR dB", lambda n: rows[n]["psnr"]),
+                ("max abs err", lambda n: rows[n]["max_abs"]),
+                ("<weight", lambda n: weights[n].fmt if n in weights else "-"),
+                ("weights clipped", lambda n: _pct(weights[n].clipped) if n in weights else "-")]
+        if gains:
+            cols.append(("sensitivity gain", lambda n: gains[n]["gain"] if n in gains else "-"))
+        out.append(f"<h3>Worst layers (per-layer output cosine vs float, {len(rows)} layers measured)</h3>" +
+                   H.table(measured, cols, name="worst"))
+    if parity is not None and not isinstance(parity, str):
+        out.append(f"<h3>Parity (requantizer: {H.esc(parity.requantizer)}; codes = LSBs of each tensor's scale)</h3>" +
+                   H.table(parity_rows(parity), [
+                       ("<view", lambda r: r.view), ("<compared", lambda r: r.compared), ("<what", lambda r: r.what),
+                       ("codes differing", lambda r: f"{r.differ}/{r.elements}"),
+                       ("fraction", lambda r: f"{r.fraction:.2g}"),
+                       ("within 1 LSB", lambda r: "-" if r.within is None else f"{100 * r.within:.4g}%"),
+                       ("max LSB", lambda r: "-" if r.max_lsb is None else f"{r.max_lsb:.3g}"),
+                       ("<required", lambda r: r.bound), ("<status", lambda r: r.status)],
+                       cls=lambda r, h: _STATUS.get(r.status, "warn") if h == "<status" else None, name="parity"))
+    return "".join(out)
+
+
+_STATUS = {"pass": "pass", "fail": "fail", "info": "info"}  # anything else: a pass with a caveat
+
+
+def _pct(v: float) -> str:
+    return "-" if v != v else (f"{100 * v:.3g}%" if v else "0")
+
+
+def _error_section(lw, rank, drawn, plots) -> str:
+    cols = [("<layer", lambda r: ("html", _link(r["layer"], drawn))),
+            ("rank", lambda r: str(rank.get(r["layer"], "-"))), ("<type", lambda r: r["type"])]
+    cols += [(h, lambda r, k=k: r[k]) for h, k in (("cosine", "cosine"), ("PSNR dB", "psnr"), ("MSE", "mse"),
+                                                    ("MAE", "mae"), ("max abs", "max_abs"))]
+    cols.append(("<reference", lambda r: r["reference"]))
+    return ('<h2 id="error">Per-layer output error</h2><p>Each quantized layer\'s output against the float model\'s '
+            "at the same point (fused Conv+BN(+ReLU): after BN and the activation), in execution order; rank 1 is "
+            "the worst.</p>" + H.img(plots.layer_error_bars(lw.rows), "per-layer error") +
+            "<details><summary>the table</summary>" + H.table(lw.rows, cols, name="layers") + "</details>" +
+            "".join(f'<p class="note">note: {H.esc(n)}</p>' for n in lw.notes))
+
+
+def _histogram_section(shown, left, rows, rank, weights, acts, plots) -> str:
+    plotter = plots.HistogramPlotter()
+
+    def render(p):
+        note = f"; clipped {_pct(p.clipped)}" if p.clipped == p.clipped else ""
+        if p.nonfinite:
+            note += f"; {p.nonfinite} non-finite"
+        return H.img(plotter.plot(p.counts, p.edges, p.ranges, p.title + note), f"{p.layer}: {p.title}")
+
+    info = {}
+    for n in shown:
+        r = rows.get(n)
+        text = f"<b>{H.esc(n)}</b>"
+        if r is not None:
+            text += (f"<br>#{rank[n]} {H.esc(r['type'])}<br>cosine {H.num(r['cosine'])}, "
+                     f"PSNR {H.num(r['psnr'])} dB<br>max abs err {H.num(r['max_abs'])}")
+        info[n] = text
+    body = H.histogram_rows(shown, info, {n: render(weights[n]) for n in shown if n in weights},
+                            {n: [render(p) for p in acts[n]] for n in shown if n in acts})
+    other = acts.get("", [])
+    if other:
+        body += "<h3>Activation quantizers outside any layer</h3><div class=\"hrow\">" + \
+            "".join(render(p) for p in other) + "</div>"
+    return ('<h2 id="histograms">Histograms with clipping ranges, worst layers first</h2><p>Grey: counts (log '
+            "scale); red: the quantizer's clipping range (per channel or group: widest solid, median dashed); "
+            "clipped: share of values outside it. Conv+BN weights are folded; activations are the tensors "
+            "entering each activation quantizer on the first batch.</p>" + body +
+            (f'<p class="note">{left} more layer(s) not shown (max_histograms={len(shown)}).</p>' if left else ""))
+
+
+def _sensitivity_section(sens, n_layers, drawn, plots) -> str:
+    scope = (f"the {len(sens.rows)} layers with the largest per-layer error (of {n_layers}; "
+             "build_report(sensitivity_layers=None) for all)" if len(sens.rows) < n_layers else "every layer")
+    return ('<h2 id="sensitivity">Sensitivity</h2>'
+            f"<p>Of {scope}. Output cosine vs float, all quantized: {sens.all_quantized:.6f}. drop: output cosine "
+            "lost when only this layer is quantized; gain: cosine won back when only this layer is left in float.</p>"
+            + H.img(plots.sensitivity_bars(sens.ranked), "sensitivity") +
+            H.table(sens.ranked, [("<layer", lambda r: ("html", _link(r["layer"], drawn))),
+                                  ("<type", lambda r: r["type"]), ("only quantized", lambda r: r["only_quantized"]),
+                                  ("drop", lambda r: r["drop"]), ("only float", lambda r: r["only_float"]),
+                                  ("gain", lambda r: r["gain"])], name="sensitivity"))
+
+
+def _parity_section(parity) -> str:
+    from .report_parity import differing_layers
+
+    head = '<h2 id="parity">Parity: NPU reference vs torch and onnxruntime</h2>'
+    if isinstance(parity, str):
+        return head + f"<pre>{H.esc(parity)}</pre>"
+    parts = [head, "<p>End to end, each engine runs on its own upstream values, so one near-tie flip in an early "
+             "layer can cascade; layer by layer, each layer runs from the other engine's quantized inputs and must "
+             "agree within 1 LSB on near-ties only (at most 1e-5 of the codes).</p>"]
+    cols = [("<tensor", lambda r: r["tensor"]), ("<node", lambda r: r["node"]), ("codes differing", lambda r: r["differ"]),
+            ("max LSB", lambda r: r["max LSB"])]
+    for label, rows, first in (("NPU reference from onnxruntime's inputs", parity.layers_forced,
+                                parity.first_forced_divergence),
+                               ("torch QAT from the NPU reference's values", parity.torch_layers, None),
+                               ("end to end, NPU reference vs onnxruntime (cascades)", parity.layers,
+                                parity.first_divergence)):
+        if not rows:
+            continue
+        bad = differing_layers(rows)
+        n_bad = sum(1 for r in rows if r.differ)
+        parts.append(f"<h3>{H.esc(label)}: {n_bad} of {len(rows)} differ</h3>")
+        if first:
+            parts.append(f"<p>first divergence: {H.esc(first)}</p>")
+        if bad:
+            parts.append(H.table(bad, cols) + (f'<p class="note">the {len(bad)} largest of {n_bad} shown</p>'
+                                               if len(bad) < n_bad else ""))
+    parts.append(f"<details><summary>dal.verify's text report</summary><pre>{html.escape(str(parity))}</pre></details>")
+    return "".join(parts)
