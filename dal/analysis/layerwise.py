@@ -91,11 +91,12 @@ def _plan(float_model, qat_model, layers):
 
 
 def _hook_outputs(model: nn.Module, paths: Iterable[str], store: dict) -> list:
+    # A copy: a residual ``out += identity`` after the layer would otherwise change the stored output.
     hooks = []
     for p in set(paths):
         mod = model.get_submodule(p)
         hooks.append(mod.register_forward_hook(
-            lambda m, i, o, p=p: store.setdefault(p, []).append(o.detach()) if hasattr(o, "detach") else None))
+            lambda m, i, o, p=p: store.setdefault(p, []).append(o.detach().clone()) if hasattr(o, "detach") else None))
     return hooks
 
 

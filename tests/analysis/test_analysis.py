@@ -191,3 +191,32 @@ def test_import_dal_analysis_does_not_import_matplotlib():
     code = "import sys, dal.analysis; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_layerwise_reference_survives_an_in_place_residual_add():
+    """ResNet's ``out += identity`` runs in place on the last conv's output: the float reference
+    of that conv must be the conv's output, not the sum (checked against the float conv itself)."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x):
+            out = self.conv(x)
+            out += x
+            return out
+
+    torch.manual_seed(0)
+    net = Block().eval()
+    q = dal.prepare_qat(copy.deepcopy(net), recipe="int8_balanced", hardware="a2000",
+                        example_inputs=(torch.randn(2, 4, 8, 8),))
+    data = [torch.randn(8, 4, 8, 8) for _ in range(2)]
+    dal.calibrate(q, data, progress=False)
+    row = {r["layer"]: r for r in layerwise(net, q, data, progress=False).rows}["conv"]
+    x = torch.cat(data)
+    with torch.no_grad():
+        got, ref = q.eval().get_submodule("conv")(x), net.conv(x)
+    cos = float(torch.nn.functional.cosine_similarity(got.flatten().double(), ref.flatten().double(), dim=0))
+    assert row["cosine"] == pytest.approx(cos, abs=1e-9) and cos > 0.99
