@@ -28,7 +28,7 @@ from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
 from ..nn.registry import OP_CLASSES, QAT_MODULES, op_class_of
 from ..quantizer import FakeQuantizer
 from .float_ops import FloatOp, classify_module, classify_node
-from .functional_ops import functional_kind
+from .functional_ops import functional_kind, is_tensor_node
 
 FUNCTIONAL_CLASSES = {"add": "QAdd", "mul": "QMul", "matmul": "QMatMul", "cat": "QCat"}
 ACTIONS = ("quantize", "fuse", "functional", "ready-made", "passthrough", "float")
@@ -149,7 +149,7 @@ def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, 
                                   built=FUNCTIONAL_CLASSES[kind], after=after))
             continue
         op = classify_node(node)
-        if op is not None:
+        if op is not None and is_tensor_node(node):  # not x.shape[0] and the like
             steps.append(Step(name, op.function, op.op_class, op.kind, None,
                               "exact on integer codes" if op.kind == "passthrough" else "", owner, node.name,
                               float_op=op, after=after))

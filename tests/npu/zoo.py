@@ -67,7 +67,11 @@ def torchvision_qdq(arch: str, directory: str | None = None, *, hw: int = 64,
     if not os.path.exists(out):
         fp = os.path.join(directory, f"{arch}_{hw}.float.onnx")
         if not os.path.exists(fp):
-            export_torchvision(arch, fp, hw)
+            # Written aside and renamed: another xdist worker may be reading this shared cache
+            # (a half-written file failed to parse there).
+            tmp_fp = fp + f".{os.getpid()}.tmp.onnx"
+            export_torchvision(arch, tmp_fp, hw)
+            os.replace(tmp_fp, fp)
         tmp = out + f".{os.getpid()}.tmp.onnx"
         quantize_qdq(fp, tmp, activation=activation, per_channel=per_channel,
                      shape=(1, 3, hw, hw))
