@@ -42,8 +42,13 @@ ACTIVATION_FUNCTIONS: tuple[str, ...] = (
 
 RESIZE_MODES: tuple[str, ...] = ("nearest", "linear", "bilinear", "bicubic", "trilinear")
 
-_ACTIVATION_TYPES = ("ReLU", "ReLU6", "LeakyReLU", "PReLU", "ELU", "SELU", "CELU", "GELU", "SiLU",
-                     "Sigmoid", "Tanh", "Hardswish", "Hardsigmoid", "Hardtanh", "Mish", "Softplus")
+#: torch.nn activation class name -> the function it computes, as hardware models spell it in
+#: ``fp16_ops`` / ``lut_ops`` (one table: prepare's float-op check and the LUT rule read it).
+ACTIVATION_OF_TYPE: dict[str, str] = {
+    "ReLU": "relu", "ReLU6": "relu6", "Hardtanh": "hardtanh", "LeakyReLU": "leaky_relu", "PReLU": "prelu",
+    "ELU": "elu", "CELU": "elu", "SELU": "selu", "GELU": "gelu", "SiLU": "silu", "Sigmoid": "sigmoid",
+    "Tanh": "tanh", "Hardswish": "hardswish", "Hardsigmoid": "hardsigmoid", "Mish": "mish", "Softplus": "softplus",
+}
 
 #: torch.nn class name -> op class; the default mapping for recipe rules written with
 #: ``type: Conv2d``. The prepare step may know more types (its own QAT modules, functions).
@@ -54,7 +59,7 @@ MODULE_OP_CLASSES: dict[str, str] = {
     "Embedding": "embedding", "EmbeddingBag": "embedding",
     **{f"{k}Pool{d}d": "pool" for k in ("Max", "Avg", "AdaptiveMax", "AdaptiveAvg", "LP")
        for d in (1, 2, 3)},
-    **{t: "activation" for t in _ACTIVATION_TYPES},
+    **{t: "activation" for t in ACTIVATION_OF_TYPE},
     "Softmax": "softmax", "LogSoftmax": "softmax",
     "LayerNorm": "layernorm",
     "Upsample": "resize", "UpsamplingNearest2d": "resize", "UpsamplingBilinear2d": "resize",

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..hardware.op_classes import ACTIVATION_OF_TYPE
+
 #: module types that are exact on codes
 PASSTHROUGH_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
                        nn.Dropout3d, nn.AlphaDropout, nn.Flatten, nn.Unflatten, nn.MaxPool1d, nn.MaxPool2d,
@@ -31,12 +33,9 @@ PASSTHROUGH_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Identity, nn.Dropout, 
                        nn.ChannelShuffle, nn.PixelShuffle, nn.PixelUnshuffle, nn.ZeroPad2d)
 
 #: module type -> (op class, function) for float ops
+#: (activations come from ``dal.hardware.op_classes.ACTIVATION_OF_TYPE``, by class name)
 FLOAT_MODULES: dict[type, tuple[str, str]] = {
-    nn.SiLU: ("activation", "silu"), nn.Sigmoid: ("activation", "sigmoid"), nn.Tanh: ("activation", "tanh"),
-    nn.GELU: ("activation", "gelu"), nn.Hardswish: ("activation", "hardswish"),
-    nn.Hardsigmoid: ("activation", "hardsigmoid"), nn.ELU: ("activation", "elu"), nn.SELU: ("activation", "selu"),
-    nn.CELU: ("activation", "elu"), nn.LeakyReLU: ("activation", "leaky_relu"), nn.PReLU: ("activation", "prelu"),
-    nn.Mish: ("activation", "mish"), nn.Softplus: ("activation", "softplus"),
+    **{getattr(nn, name): ("activation", fn) for name, fn in ACTIVATION_OF_TYPE.items()},
     nn.AvgPool1d: ("pool", "average"), nn.AvgPool2d: ("pool", "average"), nn.AvgPool3d: ("pool", "average"),
     nn.AdaptiveAvgPool1d: ("pool", "average"), nn.AdaptiveAvgPool2d: ("pool", "average"),
     nn.AdaptiveAvgPool3d: ("pool", "average"),

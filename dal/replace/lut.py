@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats import dequantize, fake_quantize, quantize
+from ..hardware.op_classes import ACTIVATION_OF_TYPE
 from ..nn.adopt import adopt
 from ..nn.base import QATModule
 from ..nn.registry import register_qat_module
@@ -37,8 +38,8 @@ from ..nn.spec import SimpleTensorSpec, make_quantizer, role_specs
 from .registry import rule
 
 #: torch.nn type -> (function name as hardware models spell it in ``lut_ops``)
-_TYPES = {nn.GELU: "gelu", nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh",
-          nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid"}
+_TYPES = {getattr(nn, name): fn for name, fn in ACTIVATION_OF_TYPE.items()
+          if fn in ("gelu", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid")}  # the tables built here
 FUNCTIONS = tuple(_TYPES.values())
 
 
