@@ -204,8 +204,12 @@ def _run_parity(model, onnx_path, inputs):
     # An export has a fixed batch size unless made with dynamic_batch=True: feed it exactly that.
     args = tuple(a[:(sizes[i] if i < len(sizes) and sizes[i] else 16)] if torch.is_tensor(a) else a
                  for i, a in enumerate(args))
+    from ..verification.inputs import VerifyInputError
+
     try:
         return verify(str(onnx_path), model, args)
+    except (VerifyInputError, FileNotFoundError):
+        raise  # a wrong --onnx file is the caller's to fix, not a line inside a finished report
     except Exception as err:  # noqa: BLE001 - the report says what failed instead of failing whole
         return f"dal.verify failed: {type(err).__name__}: {err}"
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..verification.report import LAYER_LSB, MAX_LSB, WITHIN, ParityReport
+
 NEAR_TIE_FRACTION = 1e-5  # layer by layer: float vs integer engines differ on near-ties only
 PAIRS = {"npu_vs_torch": "NPU reference vs torch QAT", "npu_vs_ort": "NPU reference vs onnxruntime"}
 
@@ -36,7 +38,7 @@ class ParityRow:
         return self.differ / max(self.elements, 1)
 
 
-def _layer_row(view: str, compared: str, unit: str, rows: list, layer_lsb: float = 1.0) -> ParityRow:
+def _layer_row(view: str, compared: str, unit: str, rows: list, layer_lsb: float = LAYER_LSB) -> ParityRow:
     elements = sum(r.elements for r in rows)
     differ = sum(r.differ for r in rows)
     worst = max((r.max_abs for r in rows), default=0.0)
@@ -46,7 +48,7 @@ def _layer_row(view: str, compared: str, unit: str, rows: list, layer_lsb: float
         status = "pass (above 1e-5 of codes)"
     n_diff = sum(1 for r in rows if r.differ)
     return ParityRow(view, compared, f"{len(rows)} {unit}, {n_diff} differ", elements, differ, worst,
-                     f"<= {layer_lsb:g} LSB, <= 1e-5 of codes", status, 1.0 if worst <= 1.0 else None)
+                     f"<= {layer_lsb:g} LSB, <= 1e-5 of codes", status, None)
 
 
 def parity_rows(rep) -> list[ParityRow]:
@@ -54,11 +56,9 @@ def parity_rows(rep) -> list[ParityRow]:
     rows = []
     for name, pairs in rep.outputs.items():
         for pair, a in pairs.items():
-            if a.lsb is None:
-                ok, bound = a.off_by_more == 0, "identical (float output)"
-            else:
-                ok = a.within_one_lsb_fraction >= 0.9999 and (a.max_lsb or 0.0) <= 2.0 + 1e-6
-                bound = ">= 99.99% within 1 LSB, none > 2"
+            ok = ParityReport.output_meets(a)
+            bound = "identical (float output)" if a.lsb is None else \
+                f">= {WITHIN:.2%} within 1 LSB, none > {MAX_LSB:g}"
             rows.append(ParityRow("end to end", PAIRS.get(pair, pair), name, a.elements, a.elements - a.identical,
                                   a.max_lsb, bound, "pass" if ok else "fail",
                                   a.within_one_lsb_fraction if a.lsb is not None else None))
@@ -68,8 +68,7 @@ def parity_rows(rep) -> list[ParityRow]:
                               f"{len(rep.layers)} intermediate tensors, {sum(1 for r in rep.layers if r.differ)} "
                               "differ", elements, sum(r.differ for r in rep.layers),
                               max((r.max_abs for r in rep.layers), default=0.0),
-                              "none (a near-tie flip cascades)", "info",
-                              1.0 if all(r.max_abs <= 1.0 for r in rep.layers) else None))
+                              "none (a near-tie flip cascades)", "info", None))
     if rep.layers_forced:
         rows.append(_layer_row("layer by layer", "NPU reference from onnxruntime's inputs", "tensors",
                                rep.layers_forced))
@@ -87,8 +86,8 @@ def verdict(rep) -> tuple[str, str]:
                 "; ".join(f"{r.compared}: {r.differ}/{r.elements}" for r in extra) +
                 "): more than near-ties, read the layer rows below." if extra else "")
         return ("warn" if extra else "pass"), ("Parity PASSES the exporter's criterion (ParityReport.meets_criterion): "
-                                               "outputs >= 99.99% within 1 LSB and none beyond 2; layer by layer "
-                                               "within 1 LSB." + note)
+                                               f"outputs >= {WITHIN:.2%} within 1 LSB and none beyond {MAX_LSB:g}; "
+                                               f"layer by layer within {LAYER_LSB:g} LSB." + note)
     rows = parity_rows(rep)
     failed = [r for r in rows if r.status == "fail"]
     text = ("Parity FAILS the exporter's criterion (ParityReport.meets_criterion): " +

@@ -6,6 +6,10 @@ from typing import Optional
 
 from .metrics import Agreement
 
+#: the exporter's parity criterion (``ParityReport.meets_criterion``'s defaults): outputs at least
+#: WITHIN of their elements within 1 LSB and none beyond MAX_LSB; every layer-by-layer row within LAYER_LSB
+WITHIN, MAX_LSB, LAYER_LSB = 0.9999, 2.0, 1.0
+
 
 @dataclass
 class LayerParity:
@@ -37,19 +41,21 @@ class ParityReport:
     first_forced_divergence: Optional[str] = None
     torch_layers: list = field(default_factory=list)
 
-    def meets_criterion(self, within: float = 0.9999, max_lsb: float = 2.0, layer_lsb: float = 1.0) -> bool:
+    @staticmethod
+    def output_meets(a: Agreement, within: float = WITHIN, max_lsb: float = MAX_LSB) -> bool:
+        """One output pair's half of the criterion: a float output (no LSB) must match exactly."""
+        if a.lsb is None:
+            return not a.off_by_more
+        return a.within_one_lsb_fraction >= within and (a.max_lsb or 0.0) <= max_lsb + 1e-6
+
+    def meets_criterion(self, within: float = WITHIN, max_lsb: float = MAX_LSB, layer_lsb: float = LAYER_LSB) -> bool:
         """The exporter's parity criterion: for every output and every pair compared (NPU vs
         torch, NPU vs onnxruntime), at least ``within`` of the elements within 1 LSB of the
         output format and none beyond ``max_lsb``; every layer-by-layer row (NPU from
         onnxruntime's inputs, torch from the NPU's) within ``layer_lsb``. An output without a
         per-tensor LSB (a float output) must match exactly."""
-        for pairs in self.outputs.values():
-            for a in pairs.values():
-                if a.lsb is None:
-                    if a.off_by_more:
-                        return False
-                elif a.within_one_lsb_fraction < within or (a.max_lsb or 0.0) > max_lsb + 1e-6:
-                    return False
+        if not all(self.output_meets(a, within, max_lsb) for pairs in self.outputs.values() for a in pairs.values()):
+            return False
         return self.max_layer_lsb_forced <= layer_lsb and self.max_torch_layer_lsb <= layer_lsb
 
     @property

@@ -203,3 +203,13 @@ def test_a_deep_model_has_every_layer_worst_first_no_blank_band_and_no_parity_wi
     for src in charts:
         band, height = _blank_band(src)
         assert band <= 12, f"a blank band of {band} px in a chart {height} px tall"
+
+
+def test_a_truncated_onnx_file_is_named_not_buried_in_the_report(mnist_report, tmp_path):
+    from dal.verification.inputs import VerifyInputError
+
+    net, frozen, data, onnx_path, _ = mnist_report
+    bad = tmp_path / "cut.onnx"
+    bad.write_bytes(onnx_path.read_bytes()[:1000])
+    with pytest.raises(VerifyInputError, match=r"cut\.onnx is not a readable ONNX file"):
+        dal.report(frozen, data, net, bad, tmp_path / "r.html", num_batches=1, sensitivity=False, progress=False)
