@@ -9,7 +9,7 @@
 - ``vocabulary``: words both schemas use (``GRANULARITIES``);
 - ``nm_pattern``: the one parser of N:M sparsity patterns (``"2:4"``).
 
-This layer sits at the top, next to ``dal.formats``: it imports nothing else from dal, and
+This layer sits at the top, next to ``dal.formats``: it imports only ``dal.formats.qformat`` from dal, and
 nothing here imports torch.
 
     >>> from dal.config import parse_nm_pattern

@@ -89,8 +89,11 @@ def nm_pattern_problem(pattern: Any) -> str | None:
     if isinstance(pattern, NMPattern):
         return None
     if not isinstance(pattern, str):
-        hint = (" (YAML reads an unquoted 2:4 as the base-60 number 124: write it in quotes, \"2:4\")"
-                if isinstance(pattern, int) and not isinstance(pattern, bool) else "")
+        hint = ""
+        if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 60:
+            # YAML 1.1 reads an unquoted N:M as the base-60 number 60 * N + M (2:4 -> 124)
+            n, m = divmod(pattern, 60)
+            hint = f" (YAML read an unquoted {n}:{m} as the base-60 number {pattern}: write it in quotes, \"{n}:{m}\")"
         return f"a sparsity pattern is a string such as \"2:4\", got {type(pattern).__name__} {pattern!r}{hint}"
     found = _TEXT.fullmatch(pattern)
     if found is None:

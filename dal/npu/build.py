@@ -147,7 +147,11 @@ def cache_key(sources, cflags=(), ldflags=(), cxx: str | None = None, depends=No
     >>> cache_key(["a.cpp"], ["-O3"])["cflags"]      # doctest: +SKIP
     ['-O3']
     """
-    cxx = os.path.abspath(cxx or find_compiler())  # first: a missing compiler fails fast
+    cxx = cxx or find_compiler()  # first: a missing compiler fails fast
+    found = shutil.which(cxx)
+    if found is None:
+        raise BuildError(f"C++ compiler {cxx!r} not found (on PATH or as a path): install g++ or set CXX")
+    cxx = os.path.abspath(found)
     import torch
     cpp_extension = import_cpp_extension()
     depends = _headers_beside(sources) if depends is None else depends

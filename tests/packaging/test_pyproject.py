@@ -1,6 +1,9 @@
 """pyproject.toml declares what the code needs: ninja, and extras whose union is ``all``."""
-import tomllib
 from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11; the project supports 3.10
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
