@@ -49,6 +49,7 @@ class _HalfRegions:
         self.new_after = {}    # id(node) -> nodes to insert after it
         self.new_before = {}
         self.replaced = set()  # placeholders fully handled
+        self.half_out = {}     # id(placeholder) -> the reduced-precision tensor that closed a region at it
 
     def fmt_of(self, placeholder):
         return site_of(placeholder, self.sites).quantizer.fmt
@@ -115,7 +116,10 @@ class _HalfRegions:
         """The operator joins the reduced-precision region: its inputs become casts / initializers."""
         for k, (i, kind) in enumerate(zip(node.input, kinds)):
             if kind == "act":
-                node.input[k] = self.cast_in(self.ph[i].input[0], fmt, node)
+                p = self.ph[i]
+                # a placeholder that already closed an earlier region (two FP16 layers in a row):
+                # its source was renamed to that region's half tensor, which this op reads as is
+                node.input[k] = self.half_out.get(id(p)) or self.cast_in(p.input[0], fmt, node)
             elif kind == "weight":
                 p, perm, _ = (self.ph[i], None, None) if i in self.ph else self.ph_const(i)
                 value = self.const(p.input[0])
@@ -142,6 +146,7 @@ class _HalfRegions:
                 self.new_after.setdefault(id(u), []).append(
                     graph.make_node("Cast", [half], [u.output[0]], f"{u.name}/Cast_float", to=TensorProto.FLOAT))
                 self.replaced.add(id(u))
+                self.half_out[id(u)] = half
                 return
             others = [i for i in u.input if i and i != out]
             if u.op_type not in HALF_TAIL_OPS or len(u.output) != 1 or any(self.input_kind(i, fmt) != "const"

@@ -194,3 +194,35 @@ def test_explicit_higher_opset_and_dynamic_batch():
             ref = model(x3).numpy()
         assert out.shape == (3, 10)
         assert_lsb_parity(lsb_stats(out, ref, output_scale(proto)), f"opset {opset}")
+
+
+def test_two_fp16_layers_in_a_row_share_one_fp16_tensor(tmp_path):
+    """Two FP16-fallback Conv+BN+ReLU layers back to back: the second reads the first's float16
+    output directly (no Cast pair between them), the graph is topologically sorted, and both
+    onnxruntime (optimizations off) agrees with the QAT model in LSBs of the int8 output."""
+    import yaml
+
+    import dal
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1))
+    randomize_bn(model)
+    recipe = yaml.safe_load(open("recipes/int8_balanced.yaml"))
+    recipe["name"] = "two_fp16"
+    recipe["rules"] = [{"match": ["0", "3"], "fallback": "fp16"}] + recipe["rules"]
+    path = tmp_path / "two_fp16.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    x = torch.randn(2, 3, 12, 12)
+    model = dal.prepare_qat(model, recipe=str(path), hardware="a2000", example_inputs=(x,))
+    dal.calibrate(model, [x, x * 1.5], progress=False)
+    model.eval()
+    proto = export_onnx(model, (x,))
+    check_valid(proto)
+    convs = [n for n in proto.graph.node if n.op_type == "Conv"]
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    feed = producers[convs[1].input[0]]
+    assert feed.op_type == "Relu", f"the second fp16 conv must read the first's fp16 Relu, got {feed.op_type}"
+    with torch.no_grad():
+        ref = model(x).numpy()
+    scale = output_scale(proto)
+    assert_lsb_parity(lsb_stats(run_ort(proto, {"input": x.numpy()})[0], ref, scale), "onnxruntime")
