@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from .errors import NPUError, UnsupportedNode
 
-__all__ = ["run", "load", "Session", "UnsupportedNode", "NPUError"]
+__all__ = ["run", "load", "Session", "UnsupportedNode", "NPUError", "info"]
 
 
 def __getattr__(name):  # lazy: importing dal.npu loads neither onnx nor torch
     if name in ("run", "load", "Session"):
         from . import session
         return getattr(session, name)
+    if name == "info":
+        from .dispatch import info
+        return info
     raise AttributeError(f"module 'dal.npu' has no attribute {name!r}")

@@ -7,17 +7,18 @@ a tiny source.
 
 **Cache key.** A build is named ``<prefix>_<hash>``, the hash covering everything that changes
 the binary (:func:`cache_key`): the content of the sources and of the headers beside them, the
-compile and link flags (the CPU-dependent ones included, so a host without AVX-VNNI never loads
-a VNNI build), the compiler (resolved path and ``--version``), torch (version, git revision,
+compile and link flags (none depends on the CPU: see Flags), the compiler (resolved path and ``--version``), torch (version, git revision,
 ``_GLIBCXX_USE_CXX11_ABI``, include and library paths) and Python (version, extension suffix,
 include path). Two checkouts with the same sources and venv share one build; two venvs never
 collide. Builds live in ``cache_dir`` if given, else ``$XDG_CACHE_HOME/dal/npu`` (default
 ``~/.cache/dal/npu``); build_cache.py says how concurrent and killed builds are handled (private
 build folders, an atomic rename, a flock the kernel releases when its holder dies).
 
-**Flags.** ``-O3 -fopenmp -ffp-contract=off`` always (the float requantizer must round exactly
-where the formula says: no fused multiply-add); ``-mavx2 -mfma -DDAL_NPU_AVX2`` when
-/proc/cpuinfo lists avx2 and fma, plus ``-mavxvnni -DDAL_NPU_VNNI`` with avx_vnni.
+**Flags.** ``-O3 -fopenmp -ffp-contract=off`` (the float requantizer must round exactly where
+the formula says: no fused multiply-add), and no ``-m`` flag: the library is built for the
+x86-64 baseline whatever the build machine, and every faster kernel variant (AVX2, AVX-VNNI,
+AVX-512 VNNI) is compiled in with a per-function target attribute and chosen at run time from
+the CPU's cpuid (csrc/isa.h, :func:`dal.npu.info`). One build serves every x86-64 CPU.
 ``sanitize=True`` builds a separate AddressSanitizer variant (used by ``mk/asan.mk``).
 """
 from __future__ import annotations
@@ -36,7 +37,8 @@ from contextlib import contextmanager
 from . import build_cache
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = ("gemm_s16.cpp", "conv_s16.cpp", "requant.cpp", "qconv.cpp", "pool_codes.cpp", "module.cpp")
+_SOURCES = ("isa.cpp", "gemm_s16.cpp", "conv_s16.cpp", "requant.cpp", "qconv.cpp", "pool_codes.cpp",
+            "module.cpp")
 _HEADER_EXTS = (".h", ".hpp", ".hh", ".inc")
 _LIB_EXT = ".pyd" if os.name == "nt" else ".so"
 _PROTOCOL = "1"  # bump when the way a build is made changes (it is part of every key)
@@ -87,12 +89,14 @@ def cpu_has_avx_vnni() -> bool:
     return cpu_has_avx2() and "avx_vnni" in _cpu_flags()
 
 
-def _flags(avx2: bool, sanitize: bool) -> list[str]:
+def cpu_flags() -> set:
+    """The flags /proc/cpuinfo lists (Linux; empty elsewhere): what :func:`dal.npu.info` reports
+    next to the kernel chosen from cpuid."""
+    return set(_cpu_flags())
+
+
+def _flags(sanitize: bool) -> list[str]:
     flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
-    if avx2:
-        flags += ["-mavx2", "-mfma", "-DDAL_NPU_AVX2"]
-        if cpu_has_avx_vnni():
-            flags += ["-mavxvnni", "-DDAL_NPU_VNNI"]
     if sanitize:
         flags += ["-fsanitize=address", "-fno-omit-frame-pointer", "-g", "-O1"]
     return flags
@@ -281,7 +285,7 @@ def kernels(sanitize: bool = False, cache_dir: str | None = None):
     keeps each build it loaded, calling ``kernels(cache_dir=d)`` once, before anything else
     uses dal.npu, makes every later ``kernels()`` of that process use the build from ``d``.
     """
-    flags = _flags(cpu_has_avx2(), sanitize)
+    flags = _flags(sanitize)
     ldflags = ["-fopenmp"] + (["-fsanitize=address"] if sanitize else [])
     depends = [os.path.join(_CSRC, n) for n in sorted(os.listdir(_CSRC)) if n.endswith((".cpp", ".h"))]
     return build_extension(f"dal_npu{'_asan' if sanitize else ''}", [os.path.join(_CSRC, s) for s in _SOURCES],

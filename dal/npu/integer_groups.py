@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kernels, quant
+from . import accumulator, kernels, quant
+from .dispatch import has_vnni
+from .bias_overflow import acc_bound, bias_overflow_error
 from .errors import NPUError
-from .metadata import fixed_point_params
+from .metadata import requant_params
 from .sparse import check_24, compress_rows
 
 _CODES = {np.dtype(np.int8), np.dtype(np.uint8)} | quant.INT4
+_X_CODES = _CODES | accumulator.WIDE_CODES  # 16-bit inputs: accumulator.py, exact int64
 _OUT_CODES = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16)} | quant.INT4
 
 
@@ -53,34 +56,37 @@ class FusedStep:
         self.hi = min(qmax, q(plan["act_hi"])) if plan["act_hi"] is not None else qmax
         c = plan["channels"]
         self.mult = np.broadcast_to(np.float64(plan["x_scale"]) * plan["w_scale"].astype(np.float64).reshape(-1), (c,)).copy()
-        if requantizer.kind == "fixed_point":
+        if requantizer.integer:
             if plan["bias_f"] is not None:
-                raise NPUError(f"node {node.name!r}: the fixed-point requantizer needs an int32 "
+                raise NPUError(f"node {node.name!r}: the {requantizer.kind} requantizer needs an int32 "
                                "bias with scale s_x*s_w and zero point 0")
-            mn = [fixed_point_params(float(m / np.float64(ys)), requantizer.multiplier_bits) for m in self.mult]
+            mn = [requant_params(requantizer, float(m / np.float64(ys)), node.name) for m in self.mult]
             self.fp_m = np.array([v[0] for v in mn], dtype=np.int64)
             self.fp_n = np.array([v[1] for v in mn], dtype=np.int64)
         self.fast = False
-        if plan["w_fast"] is not None:
+        # accumulator width / 16-bit inputs: modelled in accumulator.py (exact, then saturate or wrap)
+        self.acc_model = accumulator.attach(g, self, requantizer)
+        if plan["w_fast"] is not None and self.acc_model is None:
             self._pack_fast(plan["w_fast"])
 
     def _pack_fast(self, wd, allow_vnni=True):
         """One C++ call per run (csrc/qconv.cpp): weights packed into panels here, once.
 
-        int8 panels (vpdpbusd, exact u8 x s8 sums in int32) when the build has AVX-VNNI, the
+        int8 panels (vpdpbusd, exact u8 x s8 sums in int32) when the kernel variant has VNNI, the
         input codes are 8-bit and every weight minus its zero point lies in [-128, 127]; else
         int16 panels (vpmaddwd). Both give the same exact int32 accumulators."""
         import torch
         from .build import kernels as lib
         c = self.channels
         k_total = int(np.prod(wd.shape[1:]))
-        vnni = (allow_vnni and lib().has_vnni_build() and np.dtype(self.x_dtype).itemsize == 1
+        vnni = (allow_vnni and has_vnni(self.isa) and np.dtype(self.x_dtype).itemsize == 1
                 and str(np.dtype(self.x_dtype)) in ("int8", "uint8") and wd.size > 0
                 and wd.min() >= -128 and wd.max() <= 127 and (k_total + 64) * 255 * 128 < 2**31)
         step = 4 if vnni else 2
         if self.op == "Conv":
-            # few input channels: an explicit patch matrix beats 2-element inner loops
-            self.implicit = wd.shape[1] >= 16
+            # few input channels: an explicit patch matrix beats 2-element int16 inner loops;
+            # the int8 panels read 4 channels per step and gain nothing from it (measured)
+            self.implicit = wd.shape[1] >= 16 or vnni
             wm = kernels.conv_weight_matrix(wd, self.implicit, step)
         else:
             wm = np.pad(wd, ((0, 0), (0, (-wd.shape[1]) % step)))
@@ -98,7 +104,7 @@ class FusedStep:
         else:
             self.fast_bq = empty(torch.int32)
         self.fast_bf = kernels.pad_channels(self.bias_f, c, np.float32) if self.bias_f is not None else empty(torch.float32)
-        if self.rq.kind == "fixed_point":
+        if self.rq.integer:
             self.fast_m = kernels.pad_channels(self.fp_m, c, np.int64)
             self.fast_n = kernels.pad_channels(self.fp_n, c, np.int64)
             self.fast_round = kernels.ROUNDING[self.rq.rounding]
@@ -122,18 +128,18 @@ class FusedStep:
             _, _, kh, kw = self.conv_w.shape
             x, zx = kernels.code_tensor(xq, self.x_zp)
             n = xq.shape[0]
-            accs = torch.empty((n, c, oh * ow) if want_extra else (n, 0), dtype=torch.int32)
-            qs = [lib().qconv(x[b], zx, self.fast_b, self.fast_wsum, c, kh, kw, strides[0], strides[1], dil[0], dil[1],
-                              pads[0], pads[1], oh, ow, self.implicit, *rq, accs[b], threads)
-                  for b in range(n)]
-            q = np.stack([t.numpy() for t in qs]).reshape(n, c, oh, ow)  # not torch.stack (slow)
+            accs = torch.empty((n, c, oh * ow) if want_extra else (0,), dtype=torch.int32)
+            # the whole batch in one call: its pixels share the threads and the weight streams
+            q = lib().qconv(x, zx, self.fast_b, self.fast_wsum, c, kh, kw, strides[0], strides[1], dil[0], dil[1],
+                            pads[0], pads[1], oh, ow, self.implicit, *rq, accs, threads,
+                            self.isa).numpy().reshape(n, c, oh, ow)
             self._shape = (n, c, oh, ow)
             rows = accs.numpy().transpose(1, 0, 2).reshape(c, -1) if want_extra else None
         else:
             x2 = xq.reshape(-1, self.k)
             x, zx = kernels.code_tensor(x2, self.x_zp)
             acc = torch.empty((x2.shape[0], c) if want_extra else (0,), dtype=torch.int32)
-            q = lib().qgemm(x, zx, self.fast_b, self.fast_wsum, c, *rq, acc, threads).numpy()
+            q = lib().qgemm(x, zx, self.fast_b, self.fast_wsum, c, *rq, acc, threads, self.isa).numpy()
             q = q.reshape(xq.shape[:-1] + (c,))
             rows = np.ascontiguousarray(acc.numpy().T) if want_extra else None
         if q.dtype != self.y_dtype:
@@ -141,7 +147,7 @@ class FusedStep:
         return q, rows
 
     def _check_x(self, xq):
-        if xq.dtype not in _CODES or xq.dtype != self.x_dtype:
+        if xq.dtype not in _X_CODES or xq.dtype != self.x_dtype:
             raise NPUError(f"node {self.node_name!r}: input codes are {xq.dtype}, the zero point "
                            f"says {self.x_dtype}")
         if self.op != "Conv" and (xq.ndim < 1 or xq.shape[-1] != self.k):
@@ -170,8 +176,15 @@ class FusedStep:
     def run(self, ins, threads, want_extra=False):
         xq = ins[0]
         self._check_x(xq)
+        if self.acc_model is not None:
+            return self.acc_model.run(xq, threads, want_extra)
         if self.fast:
-            q, rows = self._run_fast(xq, threads, want_extra)
+            try:
+                q, rows = self._run_fast(xq, threads, want_extra)
+            except RuntimeError as e:  # the kernel's overflow flag: recheck exactly, name the numbers
+                if "accumulator plus bias overflows int32" not in str(e):
+                    raise
+                raise self._bias_overflow(xq, threads) from None
             out = {self.q_out: q}
             if want_extra:
                 self._extra(out, rows, xq)
@@ -185,10 +198,10 @@ class FusedStep:
         if self.bias_q is not None:
             r64 = rows.astype(np.int64) + self.bias_q.reshape(-1, 1)
             if r64.size and (r64.min() < -2**31 or r64.max() >= 2**31):
-                raise NPUError(f"node {self.node_name!r}: accumulator plus bias overflows int32")
+                raise self._bias_overflow(xq, threads, rows)
             rows = r64.astype(np.int32)
         rows = np.ascontiguousarray(rows)
-        if self.rq.kind == "fixed_point":
+        if self.rq.integer:
             q = kernels.requant_fixed(rows, self.fp_m, self.fp_n, self.y_zp, self.lo, self.hi,
                                       self.rq.rounding, threads)
         else:
@@ -199,6 +212,19 @@ class FusedStep:
         if want_extra:
             self._extra(out, rows, xq)
         return out
+
+    def _bias_overflow(self, xq, threads, rows=None) -> NPUError:
+        """The overflow error with its numbers, from the exact accumulators of the int16 path
+        (independent of the fused kernel that raised the flag)."""
+        if rows is None:
+            acc = self._acc(xq, threads)
+            rows = np.moveaxis(acc, 1, 0).reshape(self.channels, -1) if self.op == "Conv" else acc
+        t = rows.astype(np.int64) + self.bias_q.reshape(-1, 1)
+        if not (t.size and (t.min() < -2**31 or t.max() >= 2**31)):
+            return NPUError(f"node {self.node_name!r}: the fused kernel ({self.isa}) flagged an int32 "
+                            "overflow the exact accumulators do not have (a kernel fault; please report)")
+        bound = acc_bound(self.w_fast, self.x_dtype, self.x_zp)
+        return bias_overflow_error(self.node_name, rows, self.bias_q, self.x_scale, self.w_scale, bound)
 
     def _extra(self, out, rows, xq):
         """The float values of the op (and Relu/Clip) outputs, from the int32 accumulators."""
@@ -233,6 +259,9 @@ def match(g, node, sparse24: dict):
             "x_scale": np.float32(xs.reshape(())), "x_zp": int(xz.reshape(-1)[0]),
             "lin_sparse": None, "lin_b": None, "conv_w": None, "w_fast": None}
     sparse_axis = sparse24.get(dqw.input[0])
+    if wz.size > 1 and (wq.ndim < 1 or wz.size != wq.shape[w_axis % max(wq.ndim, 1)]):
+        raise NPUError(f"node {dqw.name!r}: weight zero point of {wz.size} elements does not match "
+                       f"axis {w_axis} of weight {dqw.input[0]!r} {list(wq.shape)}")
     wd = wq.astype(np.int32) - (wz.astype(np.int32).reshape(_pc_shape(wq.ndim, w_axis, wz.size)) if wz.size > 1 else wz.astype(np.int32))
     if sparse_axis is not None:
         check_24(wd, sparse_axis, dqw.input[0])
@@ -261,7 +290,7 @@ def _input_dequantizers(g, node):
         return None
     xs, xz = g.const(dqx.input[1]), g.const_opt(dqx, 2)
     wq, ws, wz = g.const(dqw.input[0]), g.const(dqw.input[1]), g.const_opt(dqw, 2)
-    if xs is None or xz is None or xs.size != 1 or xz.size != 1 or xz.dtype not in _CODES:
+    if xs is None or xz is None or xs.size != 1 or xz.size != 1 or xz.dtype not in _X_CODES:
         return None
     if wq is None or ws is None or wq.dtype not in _CODES or xs.dtype != np.float32 or ws.dtype != np.float32:
         return None
@@ -283,7 +312,7 @@ def _plan_conv_weights(g, node, a, plan, wq, wz, wd, w_name, sparse_axis):
     x_shape = g.shape_of(node.input[0])
     if a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET") and x_shape is None:
         return None
-    strides, dil, pads, group = conv_attrs(ctx, x_shape or (1, 1, 1, 1), wq.shape, a)
+    strides, dil, pads, group = conv_attrs(ctx, x_shape, wq.shape, a)
     if sparse_axis is not None and sparse_axis % 4 != 1:
         raise NPUError(f"sparse initializer {w_name!r}: a Conv weight is 2:4 along axis 1, not {sparse_axis}")
     plan["conv_w"] = kernels.ConvWeights(wq, _per_channel(wz, channels), group,

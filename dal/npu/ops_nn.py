@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .validate import check_group
 from .errors import NPUError, UnsupportedNode
 from .ops_float import op
 from .tensors import as_compute_type, is_float
@@ -25,6 +26,10 @@ def conv_attrs(ctx, x_shape, w_shape, a):
     dil = list(a.get("dilations") or [1] * nd)
     pads = list(a.get("pads") or [0] * (2 * nd))
     group = a.get("group", 1)
+    check_group(ctx.node, group, x_shape[1] if x_shape is not None and len(x_shape) > 1 else None, w_shape)
+    if max(strides + dil, default=1) > 1 << 16 or max(pads, default=0) > 1 << 16:
+        raise NPUError(f"node {ctx.node.name!r}: strides {strides}, dilations {dil} and pads {pads} "
+                       "must be at most 65536")
     if len(strides) != nd or len(dil) != nd or len(pads) != 2 * nd:
         raise NPUError(f"node {ctx.node.name!r}: strides/dilations/pads have wrong length")
     if min(strides) < 1 or min(dil) < 1 or min(pads) < 0:

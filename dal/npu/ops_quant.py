@@ -14,6 +14,7 @@ from . import kernels, quant
 from .errors import NPUError, UnsupportedNode
 from .ops_float import op
 from .ops_nn import conv_attrs
+from .validate import check_scale
 
 DQ_INPUTS = quant.INTEGER_Q | quant.FLOAT8
 FLOAT_IN = {np.dtype(np.float32), np.dtype(np.float16)}
@@ -31,6 +32,7 @@ def _dq(ctx, ins, a):
         raise UnsupportedNode(ctx.node, _types(ins), "DequantizeLinear element types")
     if zp is not None and zp.dtype != x.dtype:
         raise NPUError(f"node {ctx.node.name!r}: zero point type {zp.dtype} != input type {x.dtype}")
+    check_scale(s, ctx.node)
     out = s.dtype
     if a.get("output_dtype"):
         from .tensors import np_dtype
@@ -45,6 +47,7 @@ def _q(ctx, ins, a):
     zp = ins[2] if len(ins) > 2 else None
     if x.dtype not in FLOAT_IN or s.dtype not in FLOAT_IN:
         raise UnsupportedNode(ctx.node, _types(ins), "QuantizeLinear element types")
+    check_scale(s, ctx.node)
     if zp is not None:
         out = zp.dtype
     elif a.get("output_dtype"):

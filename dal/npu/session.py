@@ -21,6 +21,15 @@ import numpy as np
 from .errors import NPUError, UnsupportedNode
 from .graph import Graph, load_model
 from .metadata import read_requantizer, read_sparse24
+from .dispatch import NAMES as dispatch_names, resolve as resolve_kernel
+from .validate import check_claimed_types, check_quant_nodes, precheck
+
+
+def named(e: NPUError, node) -> NPUError:
+    """``e`` with its message prefixed by the node's name and op type, unless it names it."""
+    if f"{node.name!r}" not in str(e):
+        e.args = (f"node {node.name!r} ({node.op_type}): {e}",) + tuple(e.args[1:])
+    return e
 
 
 class NodeStep:
@@ -34,6 +43,7 @@ class NodeStep:
 
     def run(self, ins, threads, want_extra=False):
         ctx = SimpleNamespace(node=self.node, opset=self.g.opset, threads=threads)
+        precheck(self.node, ins, self.g.attrs(self.node))
         outs = self.fn(ctx, ins, self.g.attrs(self.node))
         return {name: np.asarray(v) for name, v in zip(self.outputs, outs) if name}
 
@@ -48,16 +58,23 @@ def _default_threads():
 class Session:
     """A parsed model. ``run`` is re-entrant for different inputs (weights are read-only)."""
 
-    def __init__(self, model, *, semantics: str = "integer", threads: int | None = None):
+    def __init__(self, model, *, semantics: str = "integer", threads: int | None = None,
+                 kernel: str | None = None):
         if semantics not in ("integer", "onnx"):
             raise NPUError(f"semantics must be 'integer' or 'onnx', got {semantics!r}")
-        from . import ops_float, ops_nn, ops_quant  # noqa: F401  (registers the ops)
+        from . import ops_cast, ops_float, ops_nn, ops_quant, ops_reduce  # noqa: F401  (registers the ops)
+        from . import ops_dense  # noqa: F401  (after ops_nn: its Resize adds linear to the nearest kernel)
         from .fused_codes import match as match_codes
         from .integer_groups import FusedStep, match
         self.model = load_model(model)
         self.semantics = semantics
+        # kernel variant (dispatch.py): None = the best this CPU's cpuid allows
+        self.isa = resolve_kernel(kernel) if semantics == "integer" else -1
+        self.kernel = dispatch_names[self.isa] if self.isa >= 0 else None
         self.threads = threads or _default_threads()
         g = self.graph = Graph(self.model)
+        check_claimed_types(g)
+        check_quant_nodes(g)
         self.requantizer = read_requantizer(self.model)
         self.sparse24 = read_sparse24(self.model)
         for name in self.sparse24:
@@ -73,11 +90,12 @@ class Session:
             if semantics == "integer":
                 try:
                     plan = match(g, n, self.sparse24)
-                except NPUError:
-                    raise
+                except NPUError as e:
+                    raise named(e, n)
                 except Exception as e:
                     raise NPUError(f"node {n.name!r} ({n.op_type}): {type(e).__name__}: {e}") from None
             if plan is not None:
+                plan["isa"] = self.isa
                 steps.append(FusedStep(g, n, plan, self.requantizer, self.threads))
                 for o in [plan["op_out"], plan["act_out"]]:
                     if o:
@@ -167,8 +185,8 @@ class Session:
     def _exec(self, step, ins, want_extra):
         try:
             return step.run(ins, self.threads, want_extra)
-        except NPUError:
-            raise
+        except NPUError as e:
+            raise named(e, step.node)
         except Exception as e:  # numpy / torch / C++ (TORCH_CHECK) errors -> named ValueError
             raise NPUError(f"node {step.node_name!r} ({step.node.op_type}) failed: "
                            f"{type(e).__name__}: {e}") from None
@@ -188,6 +206,29 @@ class Session:
             values = {k: v for k, v in env.items() if k not in self.graph.inputs}
             return outs, values
         return outs
+
+    def profile(self, inputs, *, repeat: int = 5) -> list[dict]:
+        """Where the time goes: each step's median wall time over ``repeat`` runs of ``inputs``,
+        slowest first, as dicts {node, op, kind ("fused" integer group, "codes" table/pool
+        group, "node"), ms, share (of the sum)}. The steps run exactly as in ``run``."""
+        import time
+        times = [[] for _ in self.steps]
+        consts = self.graph.consts
+        for _ in range(max(1, repeat)):
+            env = self._feed(inputs)
+            for k, (step, live) in enumerate(zip(self.steps, self._live)):
+                if not live:
+                    continue
+                ins = [None if not i else env[i] if i in env else consts[i] for i in step.inputs]
+                t0 = time.perf_counter()
+                env.update(self._exec(step, ins, False))
+                times[k].append(time.perf_counter() - t0)
+        rows = [{"node": st.node_name, "op": st.node.op_type, "kind": st.kind,
+                 "ms": float(np.median(t)) * 1e3} for st, t in zip(self.steps, times) if t]
+        total = sum(r["ms"] for r in rows) or 1.0
+        for r in rows:
+            r["share"] = r["ms"] / total
+        return sorted(rows, key=lambda r: -r["ms"])
 
     def run_layerwise(self, values: dict) -> dict:
         """Run every step on the given tensor values (e.g. an oracle's intermediates) instead of
@@ -219,9 +260,12 @@ class Session:
         return own
 
 
-def load(model, *, semantics: str = "integer", threads: int | None = None) -> Session:
-    """Parse ``model`` (path, bytes or onnx.ModelProto) once; see Session."""
-    return Session(model, semantics=semantics, threads=threads)
+def load(model, *, semantics: str = "integer", threads: int | None = None,
+         kernel: str | None = None) -> Session:
+    """Parse ``model`` (path, bytes or onnx.ModelProto) once; see Session. ``kernel`` forces a
+    kernel variant ("portable", "avx2", "avx_vnni", "avx512_vnni"; None: the best this CPU runs,
+    see dal.npu.info()); every variant gives the same exact results."""
+    return Session(model, semantics=semantics, threads=threads, kernel=kernel)
 
 
 def run(model, inputs, *, return_intermediates: bool = False, threads: int | None = None,

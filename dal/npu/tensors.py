@@ -6,9 +6,20 @@ import numpy as np
 from .errors import NPUError, UnsupportedNode
 
 
+# ONNX element types no dal format uses: refused by name rather than half supported.
+NOT_CLAIMED = {25: "UINT2", 26: "INT2", 23: "FLOAT4E2M1", 24: "FLOAT8E8M0", 27: "FLOAT6E2M3",
+               28: "FLOAT6E3M2"}
+
+
 def np_dtype(elem_type: int, node=None) -> np.dtype:
-    """numpy dtype of an ONNX TensorProto element type; UnsupportedNode/NPUError if none."""
+    """numpy dtype of an ONNX TensorProto element type; UnsupportedNode/NPUError if none, or
+    if it is one of NOT_CLAIMED (int2, uint2, float4e2m1, float8e8m0, float6)."""
     from onnx import helper
+    if int(elem_type) in NOT_CLAIMED:
+        why = f"element type {NOT_CLAIMED[int(elem_type)]} is not a dal format (dal.npu does not implement it)"
+        if node is not None:
+            raise UnsupportedNode(node, [], why)
+        raise NPUError(why)
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(int(elem_type)))
     except Exception:

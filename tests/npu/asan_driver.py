@@ -1,5 +1,6 @@
 """Driver for `make -f mk/asan.mk asan`: runs every C++ kernel of an AddressSanitizer build
-on edge sizes and on small test models. Exit 0 means ASan found nothing."""
+on edge sizes, on small test models and on the fuzz corpus (tests/npu/fuzz_corpus.py, 12
+cases per mutation kind; `make -f mk/asan.mk asan ASAN_FUZZ=N` for more). Exit 0 means ASan found nothing."""
 from __future__ import annotations
 
 import os
@@ -47,6 +48,10 @@ def main():
                                       (graphs.linear_model(seed=1, op="Gemm", m=7, k=33, n=1000), (7, 33))]):
         npu.run(mod, {"x": rng.standard_normal(shape).astype(np.float32)})
         npu.load(mod).run({"x": rng.standard_normal(shape).astype(np.float32)}, return_intermediates=True)
+    # the never-a-crash fuzz corpus (tests/npu/fuzz_corpus.py), every case through the ASan build
+    import fuzz_corpus
+    per_kind = int(sys.argv[1]) if len(sys.argv) > 1 else 12
+    fuzz_corpus.child_main(per_kind, 0, limit_memory=False, reference=False)
     print("asan: all kernels ran clean")
 
 

@@ -184,14 +184,10 @@ def test_npu_kernels_load_from_the_keyed_cache(npu_lib):
     folder = os.path.dirname(npu_lib.__file__)
     key = json.loads(open(os.path.join(folder, "key.json")).read())
     assert os.path.basename(folder) == npu_lib.__name__ == "dal_npu_" + key_digest(key)
-    # The CPU-dependent flags are in the key; expected from /proc/cpuinfo read here, not by build.py.
-    flags = set()
-    if os.path.exists("/proc/cpuinfo"):
-        line = next((ln for ln in open("/proc/cpuinfo") if ln.startswith("flags")), "flags:")
-        flags = set(line.split(":", 1)[1].split())
-    avx2 = {"avx2", "fma"} <= flags
-    assert ("-mavx2" in key["cflags"]) == avx2
-    assert ("-mavxvnni" in key["cflags"]) == (avx2 and "avx_vnni" in flags)
+    # No CPU-dependent flag: the build is for the x86-64 baseline, the kernel variants are chosen
+    # at run time from cpuid (tests/npu/test_dispatch.py), so one build serves every CPU.
+    assert not [f for f in key["cflags"] if f.startswith("-m") or f.startswith("-DDAL_NPU_")], key["cflags"]
+    assert "-ffp-contract=off" in key["cflags"]
     assert os.path.dirname(folder) == default_cache_dir()
 
 

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
+import fuzz_corpus
 import graphs
 
 X = np.random.default_rng(0).standard_normal((1, 8, 12, 12)).astype(np.float32)
@@ -38,6 +39,75 @@ def _expect_error(model, feed=None, semantics="integer"):
     {"dilations": [100, 100]}, {"auto_pad": "FOO"}])
 def test_absurd_conv_attributes(attrs, semantics, npu_lib):
     _expect_error(_conv_with(**attrs), semantics=semantics)
+
+
+def test_structured_corpus(npu_lib):
+    """Every mutation of the corpus (fuzz_corpus.KINDS) ends in an NPUError naming the culprit or
+    in a run that agrees with onnxruntime; the cases run in a child process, so a signal or a
+    runaway allocation (the child's address space is capped) shows as a failure naming the case."""
+    recs, died_in, rc, err = fuzz_corpus.run_child(per_kind=12, seed=0)
+    counts = fuzz_corpus.summary(recs)
+    print(f"fuzz corpus: {len(recs)} cases, {counts['named']} named NPUErrors, {counts['clean']} clean runs, "
+          f"{len(recs) - counts['named'] - counts['clean']} other; child exit {rc}")
+    assert rc == 0 and died_in is None, f"the child died (exit {rc}) in case {died_in}: {err}"
+    assert len(recs) == 12 * len(fuzz_corpus.KINDS)
+    wrong = [(r["case"], r["result"], r.get("message")) for r in recs if r["result"] not in ("named", "clean")]
+    assert not wrong, wrong
+    assert counts["named"] > 0 and counts["clean"] > 0
+
+
+@pytest.mark.parametrize("group", [1 << 30, 1 << 62, -(1 << 31), 16 * 1024])
+def test_huge_group_refused_before_allocating(group, npu_lib):
+    import dal.npu as npu
+    m = _conv_with(group=group)
+    conv = next(n.name for n in m.graph.node if n.op_type == "Conv")
+    for semantics in ("integer", "onnx"):
+        with pytest.raises(npu.NPUError, match=f"{conv}.*group"):
+            npu.load(m, semantics=semantics).run({"x": X})
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), -0.0])
+@pytest.mark.parametrize("which", ["QuantizeLinear", "DequantizeLinear"])
+def test_bad_scale_refused_naming_node(bad, which, npu_lib):
+    import dal.npu as npu
+    m = graphs.conv_model(seed=0)
+    node = [n for n in m.graph.node if n.op_type == which][-1]
+    scale = node.input[1]
+    for i, t in enumerate(m.graph.initializer):
+        if t.name == scale:
+            a = onnx.numpy_helper.to_array(t).copy()
+            a.reshape(-1)[0] = bad
+            m.graph.initializer[i].CopyFrom(onnx.numpy_helper.from_array(a, scale))
+    with pytest.raises(npu.NPUError, match=f"node .*scale {scale!r} must be finite and > 0"):
+        npu.load(m)
+
+
+@pytest.mark.parametrize("scales", [[1, 1, 1e9, 1e9], [1, 1, 2, float("nan")], [1, 1, -2, 2]])
+def test_resize_refused_before_allocating(scales, npu_lib):
+    """A Resize scale read from a mistyped tensor (1.0f as int32 is 1065353216) must not try to
+    allocate the output: refused first, naming the node (validate.precheck)."""
+    import dal.npu as npu
+    m = graphs.mixed_model(seed=0)
+    rz = next(n for n in m.graph.node if n.op_type == "Resize")
+    for i, t in enumerate(m.graph.initializer):
+        if t.name == rz.input[2]:
+            m.graph.initializer[i].CopyFrom(onnx.numpy_helper.from_array(np.array(scales, np.float32), t.name))
+    with pytest.raises(npu.NPUError, match=f"{rz.name}.*(finite|over)"):
+        npu.run(m, {"x": np.zeros((1, 4, 16, 16), np.float32)})
+
+
+def test_runtime_scale_checked(npu_lib):
+    """A scale computed in the graph (not a constant) is checked when the node runs."""
+    import dal.npu as npu
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4])
+    s = helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT, [])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.UINT8, [4])
+    g = helper.make_graph([helper.make_node("QuantizeLinear", ["x", "s"], ["y"], name="q")], "g", [x, s], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    sess = npu.load(m)
+    assert sess.run([np.ones(4, np.float32), np.float32(0.5)])[0].tolist() == [2, 2, 2, 2]
+    with pytest.raises(npu.NPUError, match="'q'.*finite and > 0"):
+        sess.run([np.ones(4, np.float32), np.float32(np.nan)])
 
 
 def test_truncated_and_garbage_files(npu_lib):

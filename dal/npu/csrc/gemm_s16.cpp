@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cstring>
 #include <vector>
-#ifdef DAL_NPU_AVX2
 #include <immintrin.h>
-#endif
+
+#include "isa.h"
 
 namespace dal_npu {
 
@@ -14,14 +14,6 @@ static inline int32_t load_pair(const int16_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);  // two consecutive int16 (k, k+1) as one int32 lane for vpmaddwd
   return v;
-}
-
-bool has_avx2_build() {
-#ifdef DAL_NPU_AVX2
-  return true;
-#else
-  return false;
-#endif
 }
 
 namespace {
@@ -32,10 +24,11 @@ constexpr int NR = 24;  // columns per micro tile (3 vectors of 8 int32)
 using MicroFn = void (*)(const int16_t*, int64_t, const int16_t*, int64_t, int64_t, int32_t*,
                          int64_t, int64_t);
 
-#ifdef DAL_NPU_AVX2
+// AVX2 forms carry their target attribute (isa.h); which form runs is decided per call from
+// the CPU (cpu_supports_isa), never from the build machine.
 // 12 int32x8 accumulators + 3 B vectors + 1 broadcast = 16 ymm registers.
 template <int R, int V>
-void micro(const int16_t* A, int64_t lda, const int16_t* B, int64_t ldb, int64_t K2, int32_t* C,
+DAL_TARGET_AVX2 void micro_avx2(const int16_t* A, int64_t lda, const int16_t* B, int64_t ldb, int64_t K2, int32_t* C,
            int64_t ldc, int64_t ncols) {
   __m256i acc[R][V];
   for (int r = 0; r < R; ++r)
@@ -62,7 +55,7 @@ void micro(const int16_t* A, int64_t lda, const int16_t* B, int64_t ldb, int64_t
 }
 // The full 4x24 tile with named accumulators: GCC keeps these in ymm registers, whereas the
 // array form above spills them to the stack (measured 29 GOP/s vs ~3x that).
-void micro_4x3(const int16_t* A, int64_t lda, const int16_t* B, int64_t ldb, int64_t K2, int32_t* C,
+DAL_TARGET_AVX2 void micro_4x3(const int16_t* A, int64_t lda, const int16_t* B, int64_t ldb, int64_t K2, int32_t* C,
                int64_t ldc, int64_t ncols) {
   __m256i c00 = _mm256_setzero_si256(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
   __m256i c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
@@ -96,10 +89,8 @@ void micro_4x3(const int16_t* A, int64_t lda, const int16_t* B, int64_t ldb, int
     std::memcpy(C + r * ldc, tmp, sizeof(int32_t) * ncols);
   }
 }
-#endif
-#ifndef DAL_NPU_AVX2
 template <int R, int V>
-void micro(const int16_t* A, int64_t lda, const int16_t* B, int64_t ldb, int64_t K2, int32_t* C,
+void micro_portable(const int16_t* A, int64_t lda, const int16_t* B, int64_t ldb, int64_t K2, int32_t* C,
            int64_t ldc, int64_t ncols) {
   int32_t acc[R][8 * V] = {};
   for (int64_t k2 = 0; k2 < K2; ++k2) {
@@ -111,22 +102,45 @@ void micro(const int16_t* A, int64_t lda, const int16_t* B, int64_t ldb, int64_t
   }
   for (int r = 0; r < R; ++r) std::memcpy(C + r * ldc, acc[r], sizeof(int32_t) * ncols);
 }
-#endif
 
 template <int R>
-MicroFn pick_v(int v) {
-  return v == 1 ? micro<R, 1> : v == 2 ? micro<R, 2> : micro<R, 3>;
+MicroFn pick_v(int v, bool avx2) {
+  if (avx2) return v == 1 ? micro_avx2<R, 1> : v == 2 ? micro_avx2<R, 2> : micro_avx2<R, 3>;
+  return v == 1 ? micro_portable<R, 1> : v == 2 ? micro_portable<R, 2> : micro_portable<R, 3>;
 }
-MicroFn pick(int r, int v) {
+MicroFn pick(int r, int v, bool avx2) {
   switch (r) {
-    case 1: return pick_v<1>(v);
-    case 2: return pick_v<2>(v);
-    case 3: return pick_v<3>(v);
+    case 1: return pick_v<1>(v, avx2);
+    case 2: return pick_v<2>(v, avx2);
+    case 3: return pick_v<3>(v, avx2);
     default:
-#ifdef DAL_NPU_AVX2
-      if (v == 3) return micro_4x3;
-#endif
-      return pick_v<4>(v);
+      if (avx2 && v == 3) return micro_4x3;
+      return pick_v<4>(v, avx2);
+  }
+}
+
+// One row of the 2:4 sparse product on AVX2: only the two kept rows of each group are
+// touched; vpmaddwd on the interleaved rows is exact.
+DAL_TARGET_AVX2 void sparse_row_avx2(const int16_t* v, const uint8_t* ps, const int16_t* b, int64_t G,
+                                     int64_t Np, int64_t n0, int64_t ncols, int32_t* out) {
+  const int nchunks = static_cast<int>((ncols + 15) / 16);  // Np % 16 == 0: never reads past B
+  __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  __m256i hi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t p = ps[g];
+    const int16_t* r0 = b + (4 * g + (p & 3)) * Np + n0;
+    const int16_t* r1 = b + (4 * g + ((p >> 2) & 3)) * Np + n0;
+    const __m256i a = _mm256_set1_epi32(load_pair(v + g * 2));
+    for (int ch = 0; ch < nchunks; ++ch) {
+      const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + 16 * ch));
+      const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + 16 * ch));
+      lo[ch] = _mm256_add_epi32(lo[ch], _mm256_madd_epi16(a, _mm256_unpacklo_epi16(x0, x1)));
+      hi[ch] = _mm256_add_epi32(hi[ch], _mm256_madd_epi16(a, _mm256_unpackhi_epi16(x0, x1)));
+    }
+  }
+  for (int ch = 0; ch < nchunks; ++ch) {  // undo the in-lane interleave of unpack{lo,hi}
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16 * ch), _mm256_permute2x128_si256(lo[ch], hi[ch], 0x20));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16 * ch + 8), _mm256_permute2x128_si256(lo[ch], hi[ch], 0x31));
   }
 }
 
@@ -148,6 +162,7 @@ torch::Tensor gemm_s16(const torch::Tensor& A, const torch::Tensor& Bp, int64_t 
   const int16_t* a = A.data_ptr<int16_t>();
   const int16_t* bsrc = Bp.data_ptr<int16_t>();
   int32_t* c = C.data_ptr<int32_t>();
+  const bool avx2 = cpu_supports_isa(kAvx2);
   const int64_t npanels = (N + NR - 1) / NR, mtiles = (M + MR - 1) / MR, ntasks = npanels * mtiles;
   // Repack B panel-major ([panel][K2][24][2]) so a micro tile streams one contiguous block
   // instead of striding by Np*4 bytes per k pair (cache lines and TLB entries wasted).
@@ -169,7 +184,7 @@ torch::Tensor gemm_s16(const torch::Tensor& A, const torch::Tensor& Bp, int64_t 
     const int64_t ncols = std::min<int64_t>(NR, N - j0);
     const int rows = static_cast<int>(std::min<int64_t>(MR, M - i0));
     const int nv = static_cast<int>((ncols + 7) / 8);
-    pick(rows, nv)(a + i0 * 2 * K2, 2 * K2, b + panel * K2 * NR * 2, 2 * NR, K2, c + i0 * N + j0, N, ncols);
+    pick(rows, nv, avx2)(a + i0 * 2 * K2, 2 * K2, b + panel * K2 * NR * 2, 2 * NR, K2, c + i0 * N + j0, N, ncols);
   }
   return C;
 }
@@ -193,34 +208,18 @@ torch::Tensor sparse24_gemm_s16(const torch::Tensor& vals, const torch::Tensor& 
   const uint8_t* ps = pos.data_ptr<uint8_t>();
   const int16_t* b = B.data_ptr<int16_t>();
   int32_t* c = C.data_ptr<int32_t>();
+  const bool avx2 = cpu_supports_isa(kAvx2);
   const int64_t nblocks = (N + 31) / 32, ntasks = M * nblocks;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t t = 0; t < ntasks; ++t) {
     const int64_t m = t / nblocks, n0 = (t % nblocks) * 32;
     const int64_t ncols = std::min<int64_t>(32, N - n0);
     alignas(32) int32_t out[32];
-#ifdef DAL_NPU_AVX2
-    // Only the two kept rows of each group are touched; vpmaddwd on the interleaved rows is exact.
-    const int nchunks = static_cast<int>((ncols + 15) / 16);  // Np % 16 == 0: never reads past B
-    __m256i lo[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    __m256i hi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int64_t g = 0; g < G; ++g) {
-      const uint8_t p = ps[m * G + g];
-      const int16_t* r0 = b + (4 * g + (p & 3)) * Np + n0;
-      const int16_t* r1 = b + (4 * g + ((p >> 2) & 3)) * Np + n0;
-      const __m256i a = _mm256_set1_epi32(load_pair(v + (m * G + g) * 2));
-      for (int ch = 0; ch < nchunks; ++ch) {
-        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + 16 * ch));
-        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + 16 * ch));
-        lo[ch] = _mm256_add_epi32(lo[ch], _mm256_madd_epi16(a, _mm256_unpacklo_epi16(x0, x1)));
-        hi[ch] = _mm256_add_epi32(hi[ch], _mm256_madd_epi16(a, _mm256_unpackhi_epi16(x0, x1)));
-      }
+    if (avx2) {
+      sparse_row_avx2(v + m * G * 2, ps + m * G, b, G, Np, n0, ncols, out);
+      std::memcpy(c + m * N + n0, out, sizeof(int32_t) * ncols);
+      continue;
     }
-    for (int ch = 0; ch < nchunks; ++ch) {  // undo the in-lane interleave of unpack{lo,hi}
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16 * ch), _mm256_permute2x128_si256(lo[ch], hi[ch], 0x20));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16 * ch + 8), _mm256_permute2x128_si256(lo[ch], hi[ch], 0x31));
-    }
-#else
     for (int n = 0; n < 32; ++n) out[n] = 0;
     for (int64_t g = 0; g < G; ++g) {
       const uint8_t p = ps[m * G + g];
@@ -229,7 +228,6 @@ torch::Tensor sparse24_gemm_s16(const torch::Tensor& vals, const torch::Tensor& 
       const int32_t a0 = v[(m * G + g) * 2], a1 = v[(m * G + g) * 2 + 1];
       for (int n = 0; n < ncols; ++n) out[n] += a0 * int32_t(r0[n]) + a1 * int32_t(r1[n]);
     }
-#endif
     std::memcpy(c + m * N + n0, out, sizeof(int32_t) * ncols);
   }
   return C;

@@ -49,6 +49,4 @@ torch::Tensor requant_fixed(const torch::Tensor& acc, const torch::Tensor& m, co
                             const torch::Tensor& zp, int64_t qmin, int64_t qmax, int64_t rounding,
                             int64_t nthreads);
 
-bool has_avx2_build();
-
 }  // namespace dal_npu

@@ -14,6 +14,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qgemm", &dal_npu::qgemm, "fused integer gemm: codes in, codes out");
   m.def("maxpool_codes", &dal_npu::maxpool_codes, "max pool of codes + lookup table");
   m.def("lut2_codes", &dal_npu::lut2_codes, "binary op of two code tensors by lookup table");
-  m.def("has_vnni_build", &dal_npu::has_vnni_build, "built with AVX-VNNI (vpdpbusd) kernels");
-  m.def("has_avx2_build", &dal_npu::has_avx2_build, "built with AVX2 kernels");
+  m.def("cpu_supports_isa", &dal_npu::cpu_supports_isa, "this CPU runs kernel variant isa (cpuid)");
+  m.def("best_isa", &dal_npu::best_isa, "the fastest kernel variant this CPU runs");
+  m.def("isa_name", [](int64_t isa) { return std::string(dal_npu::isa_name(isa)); }, "name of a kernel variant");
 }

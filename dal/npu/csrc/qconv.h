@@ -12,18 +12,20 @@
 // round_up(O, 16) entries; empty tensors mean "absent". out_code: 0 int32, 1 uint8, 2 int8.
 // acc_out (int32, optional): receives acc (+ bias_q) in the output's layout.
 // int8 panels [ceil(O/16), K/4, 16, 4] (weights minus zero point within [-128, 127], 8-bit
-// input codes, AVX-VNNI builds): vpdpbusd on u = code - base (base 0 for uint8, -128 for int8)
+// input codes; chosen at load when the kernel variant has VNNI): vpdpbusd on u = code - base (base 0 for uint8, -128 for int8)
 // with the image padded by uz = zx - base, and acc -= uz * wsum[o] (wsum[o] = sum_k Wd[o, k],
 // int32 [round_up(O, 16)]); exact modulo 2^32, hence exact whenever the true sum fits int32.
 #pragma once
 #include <torch/extension.h>
 
+#include "isa.h"
+
 namespace dal_npu {
 
-// built with AVX-VNNI: qconv / qgemm accept int8 panels
-bool has_vnni_build();
-
-// X: codes [C, H, W] (uint8 / int8 / int16) -> codes [O, OH*OW]
+// isa (last argument): the kernel variant of isa.h, -1 = the best this CPU runs; a variant
+// the CPU lacks is refused. int8 panels run on any variant (portable code below avx_vnni).
+// X: codes [C, H, W] (uint8 / int8 / int16) -> codes [O, OH*OW]; or a batch [N, C, H, W] ->
+// [N, O, OH*OW] in one call (acc_out then holds N*O*P values in the same layout)
 torch::Tensor qconv(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, const torch::Tensor& wsum,
                     int64_t O,
                     int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
@@ -31,7 +33,7 @@ torch::Tensor qconv(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp,
                     const torch::Tensor& mult, const torch::Tensor& bias_q, const torch::Tensor& bias_f,
                     const torch::Tensor& fp_m, const torch::Tensor& fp_n, int64_t rounding, double ys,
                     int64_t zy, int64_t lo, int64_t hi, int64_t out_code, const torch::Tensor& acc_out,
-                    int64_t nthreads);
+                    int64_t nthreads, int64_t isa);
 
 // X: codes [M, K] -> codes [M, O]
 torch::Tensor qgemm(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, const torch::Tensor& wsum,
@@ -39,7 +41,7 @@ torch::Tensor qgemm(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp,
                     const torch::Tensor& mult, const torch::Tensor& bias_q, const torch::Tensor& bias_f,
                     const torch::Tensor& fp_m, const torch::Tensor& fp_n, int64_t rounding, double ys,
                     int64_t zy, int64_t lo, int64_t hi, int64_t out_code, const torch::Tensor& acc_out,
-                    int64_t nthreads);
+                    int64_t nthreads, int64_t isa);
 
 // MaxPool of codes [C, H, W] over valid (unpadded) positions, then out = lut[max - lut_base].
 torch::Tensor maxpool_codes(const torch::Tensor& X, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
