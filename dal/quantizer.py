@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from .formats import PER_TENSOR, Granularity, code_range, fake_quantize, get_format
-from .formats.qparams import MIN_SCALE
+from .formats.autograd import pow2_scale_ste
+from .formats.qparams import MIN_SCALE, check_pow2_rounding, power_of_two_scale
 from .observers import make_observer
 
 
@@ -115,6 +116,10 @@ class FakeQuantizer(nn.Module):
         else:
             self.register_buffer("scale", torch.empty(0))
             self.register_buffer("zero_point", torch.empty(0, dtype=torch.int32))
+        #: "nearest" / "cover" when every scale must be 2^k (``constrain_power_of_two``), else None
+        self.power_of_two = None
+        if getattr(self.observer, "power_of_two", None) is not None:
+            self.constrain_power_of_two(self.observer.power_of_two)
         self._mirror(QState.OBSERVE)
 
     # ---- state -------------------------------------------------------------------------
@@ -164,6 +169,25 @@ class FakeQuantizer(nn.Module):
 
     # ---- parameters --------------------------------------------------------------------
     @torch.no_grad()
+    def constrain_power_of_two(self, rounding: str = "cover") -> "FakeQuantizer":
+        """From now on every scale is exactly ``2^k`` (``rounding``: "nearest" in the log domain or
+        "cover", see ``dal.formats.qparams.POW2_ROUNDINGS``): the observer proposes such scales and
+        ``set_qparams`` rounds any other. A learnable scale becomes LSQ on ``log2_scale`` (a
+        Parameter; ``scale`` turns into a buffer holding ``2^round(log2_scale)`` as last applied),
+        so call this before the optimizer is built, as ``prepare_qat`` does."""
+        self.power_of_two = check_pow2_rounding(rounding)
+        if self.observer is not None:
+            self.observer.power_of_two = rounding
+        if self.learnable and "log2_scale" not in self._parameters:
+            scale = self.scale.detach().clone()
+            del self._parameters["scale"]
+            self.register_buffer("scale", scale)
+            self.log2_scale = nn.Parameter(torch.log2(scale) if scale.numel() else torch.empty(0))
+        if self.initialized:
+            self.set_qparams(*self.effective_qparams())
+        return self
+
+    @torch.no_grad()
     def compute_qparams(self) -> None:
         """(scale, zero_point) <- the observer's proposal (``observer.calculate_qparams()``)."""
         if self.observer is None or not self.observer.has_data:
@@ -174,7 +198,16 @@ class FakeQuantizer(nn.Module):
 
     @torch.no_grad()
     def set_qparams(self, scale: torch.Tensor, zero_point: torch.Tensor) -> None:
-        """Make ``(scale, zero_point)`` this quantizer's (copies; a new shape is adopted)."""
+        """Make ``(scale, zero_point)`` this quantizer's (copies; a new shape is adopted). Under
+        ``power_of_two`` the scale is rounded to ``2^k`` first and an integer affine zero point
+        moved so that the range's low end ``(qmin - zp) * s`` stays put."""
+        if self.power_of_two is not None and self.fmt.is_scaled:
+            scale, zero_point = self._pow2_qparams(scale, zero_point)
+            if self.learnable:
+                self.log2_scale.data = torch.log2(scale.double()).float()
+                self.scale = scale.clone().float()
+                self.zero_point.data = zero_point.clone().float()
+                return
         if self.learnable:
             self.scale.data = scale.clone().float()
             self.zero_point.data = zero_point.clone().float()
@@ -185,10 +218,24 @@ class FakeQuantizer(nn.Module):
             self.scale.copy_(scale)
             self.zero_point.copy_(zero_point)
 
+    def _pow2_qparams(self, scale, zero_point):
+        scale = scale.detach().float()
+        new = power_of_two_scale(scale, self.power_of_two)
+        if self.symmetric or not self.fmt.is_integer or bool((new == scale).all()):
+            return new, zero_point
+        zp = torch.round(zero_point.double()) if zero_point.is_floating_point() else zero_point.double()
+        low = (self.qmin - zp) * scale.double()
+        zp = torch.clamp(self.qmin - torch.round(low / new.double()), self.qmin, self.qmax)
+        return new, zp.to(zero_point.dtype)
+
     @torch.no_grad()
     def clear_qparams(self) -> None:
         """Back to the uncalibrated state's empty scale and zero point."""
-        if self.learnable:
+        if self.learnable and "log2_scale" in self._parameters:
+            self.log2_scale.data = torch.empty(0, device=self.scale.device)
+            self.scale = torch.empty(0, device=self.scale.device)
+            self.zero_point.data = torch.empty(0, device=self.scale.device)
+        elif self.learnable:
             self.scale.data = torch.empty(0, device=self.scale.device)
             self.zero_point.data = torch.empty(0, device=self.scale.device)
         else:
@@ -249,14 +296,21 @@ class FakeQuantizer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One branch per state, decided at the state change (_mirror): no per-call checks.
         if self._fake_quant:
+            scale, zero_point = self.scale, self.zero_point
             if self._tracks_range and self.training and self.observer.updates_during_training:
                 self.observer(x)
                 self.compute_qparams()
+                # A module called several times in one forward (a detection head once per pyramid
+                # level) has ONE set of statistics: the observer sees every call, as the deployed
+                # head, compiled once, has one scale. compute_qparams writes the buffers in place,
+                # so this call's fake quantization gets copies: autograd saved them for backward,
+                # and the next call's update must not change what this call used.
+                scale, zero_point = self.scale.clone(), self.zero_point.clone()
             elif not self.initialized:
                 raise RuntimeError(f"quantizer {self.name or '<unnamed>'} has no scale: calibrate first")
             if self.learnable:
                 return self._learnable_forward(x)
-            return fake_quantize(x, self.fmt, self.scale, self.zero_point, self.granularity, self.narrow_range,
+            return fake_quantize(x, self.fmt, scale, zero_point, self.granularity, self.narrow_range,
                                  check=False)
         if self._cast:
             return fake_quantize(x, self.fmt, check=False)
@@ -269,15 +323,25 @@ class FakeQuantizer(nn.Module):
         # LSQ: g = 1 / sqrt(N_per_scale * qmax) keeps the scale's step size comparable to the weights'.
         per_scale = max(x.numel() // max(self.scale.numel(), 1), 1)
         grad_scale = 1.0 / math.sqrt(per_scale * max(abs(self.qmax), 1.0))
-        return fake_quantize(x, self.fmt, self.scale, self.zero_point, self.granularity, self.narrow_range,
+        scale = self.scale
+        if self.power_of_two is not None:
+            if not bool(torch.isfinite(self.log2_scale).all()):
+                raise ValueError(f"quantizer {self.name or '<unnamed>'}: the learned log2 scale is not finite: "
+                                 "the training diverged; lower the learning rate of the scales")
+            scale = pow2_scale_ste(self.log2_scale, self.power_of_two)
+            with torch.no_grad():
+                self.scale.copy_(scale)  # what export and the integer model read: exactly 2^k
+        return fake_quantize(x, self.fmt, scale, self.zero_point, self.granularity, self.narrow_range,
                              learnable=True, grad_scale=grad_scale, check=False)
 
     # ---- persistence -------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
         # Scale and zero point are sized by calibration; a fresh quantizer adopts the checkpoint's shapes.
-        for name in ("scale", "zero_point"):
+        for name in ("scale", "zero_point", "log2_scale"):
             key = prefix + name
+            if not hasattr(self, name):
+                continue
             if key in state_dict:
                 value = state_dict[key]
                 current = getattr(self, name)

@@ -7,6 +7,8 @@ Keys (values are strings; JSON where structured):
 * ``dal.hardware``    the hardware model's name (or JSON), "" if none;
 * ``dal.requantizer`` JSON, the hardware's requantizer: ``{"kind": "float"}`` (ONNX semantics, the
   default) or e.g. ``{"kind": "fixed_point", "multiplier_bits": 31, "rounding": "half_up"}``;
+* ``dal.accumulator`` JSON, the hardware's accumulator ``{"bits": B, "overflow": "saturate" | "wrap"}``;
+  absent when the model was prepared without a hardware model (exact accumulation);
 * ``dal.sparse_24``   JSON object ``{codes initializer name: reduction axis}`` for weights trained
   with a 2:4 mask whose stored codes are 2:4 along that axis (at most 2 non-zero codes in every
   group of 4 consecutive elements).
@@ -68,6 +70,15 @@ def requantizer_json(hardware) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def accumulator_json(hardware) -> Optional[str]:
+    """``{"bits": accumulator_bits, "overflow": accumulator_overflow}`` of the hardware model, or None."""
+    bits = getattr(hardware, "accumulator_bits", None)
+    if bits is None:
+        return None
+    return json.dumps({"bits": int(bits), "overflow": getattr(hardware, "accumulator_overflow", "saturate")},
+                      sort_keys=True)
+
+
 def is_24_sparse(codes: np.ndarray, zero_point: np.ndarray, axis: int, zp_axis: Optional[int]) -> bool:
     """At most 2 of every 4 consecutive codes along ``axis`` differ from the zero point."""
     if codes.shape[axis] % 4:
@@ -119,6 +130,10 @@ def write_metadata(model: onnx.ModelProto, torch_model, infos: dict[str, DQInfo]
         "dal.requantizer": requantizer_json(hardware),
         "dal.sparse_24": json.dumps(sparse_24(infos), sort_keys=True),
     }
+    if accumulator_json(hardware) is not None:
+        props["dal.accumulator"] = accumulator_json(hardware)
+        from ..prepare.accumulator_width import check_accumulators
+        check_accumulators(torch_model, hardware)  # warns, naming each layer, with the trained codes
     for key, value in (extra or {}).items():
         props[str(key)] = value if isinstance(value, str) else json.dumps(_jsonable(value), sort_keys=True)
     del model.metadata_props[:]

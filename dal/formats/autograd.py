@@ -106,3 +106,36 @@ class _CastRoundTrip(torch.autograd.Function):
 def fp_cast_fake_quantize(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Round ``x`` to ``dtype`` and back (overflow becomes +-inf, as ONNX Cast does)."""
     return _CastRoundTrip.apply(x, dtype)
+
+
+class _Pow2FromLog2(torch.autograd.Function):
+    """s = 2^r(t) with r = round (nearest) or ceil (cover); straight-through: ds/dt = s * ln 2."""
+
+    @staticmethod
+    def forward(ctx, log2_scale, cover: bool):
+        k = torch.ceil(log2_scale) if cover else torch.round(log2_scale)
+        s = torch.pow(2.0, k)
+        ctx.save_for_backward(s)
+        return s
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (s,) = ctx.saved_tensors
+        return grad_out * s * 0.6931471805599453, None
+
+
+def pow2_scale_ste(log2_scale: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:
+    """LSQ with power-of-two scales: the learned parameter is ``t = log2 s``; the forward uses
+    ``s = 2^round(t)`` ("nearest") or ``2^ceil(t)`` ("cover"), exactly a power of two, and the
+    backward passes the gradient straight through the rounding in the log domain
+    (``ds/dt = s ln 2``), so ``t`` accumulates small steps until the exponent changes.
+
+    Learning ``t`` rather than ``s`` keeps the update relative (a step moves the scale by a
+    factor, whatever its size), which is what makes a rounded exponent train stably.
+
+    >>> pow2_scale_ste(torch.tensor([-3.4, -3.6])).tolist()
+    [0.125, 0.0625]
+    """
+    if rounding not in ("nearest", "cover"):
+        raise ValueError(f"rounding={rounding!r} is not allowed (allowed: nearest, cover)")
+    return _Pow2FromLog2.apply(log2_scale, rounding == "cover")

@@ -22,7 +22,9 @@ from dal.hardware.op_classes import (ACTIVATION_FUNCTIONS, OP_CLASS_ROLES, OP_CL
                                      ROLES)
 
 NARROW_RANGE = ("required", "allowed", "forbidden")
-REQUANTIZER_KINDS = ("float", "fixed_point")
+REQUANTIZER_KINDS = ("float", "fixed_point", "power_of_two")
+SCALE_CONSTRAINTS = ("any", "power_of_two")  # power_of_two: every scale is exactly 2^k
+ACCUMULATOR_OVERFLOW = ("saturate", "wrap")
 ROUNDINGS = ("half_up", "half_even", "half_away")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
@@ -53,6 +55,12 @@ def _formats(obj, name: str, problems: list[Problem]) -> None:
 
 def _names(values) -> str:
     return ", ".join(getattr(v, "name", str(v)) for v in values) or "(none)"
+
+
+def _scale_constraint(obj, problems: list[Problem]) -> None:
+    if obj.scale_constraint not in SCALE_CONSTRAINTS:
+        problems.append(Problem(f"{obj.scale_constraint!r} is not allowed (allowed: {', '.join(SCALE_CONSTRAINTS)})",
+                                ("scale_constraint",)))
 
 
 @dataclass(frozen=True)
@@ -127,11 +135,13 @@ class WeightRules:
     granularities: tuple[str, ...] = ("per_tensor", "per_channel")
     group_sizes: tuple[int, ...] = ()
     narrow_range: str = "allowed"
+    scale_constraint: str = "any"
 
     def __post_init__(self):
         problems: list[Problem] = []
         _as_tuple(self, "granularities")
         _as_tuple(self, "group_sizes")
+        _scale_constraint(self, problems)
         if not isinstance(self.symmetric_required, bool):
             problems.append(Problem(f"expected true or false, got {self.symmetric_required!r}", ("symmetric_required",)))
         bad = [g for g in self.granularities if g not in GRANULARITIES]
@@ -170,10 +180,12 @@ class ActivationRules:
     symmetric: bool = True
     affine: bool = True
     granularities: tuple[str, ...] = ("per_tensor",)
+    scale_constraint: str = "any"
 
     def __post_init__(self):
         problems: list[Problem] = []
         _as_tuple(self, "granularities")
+        _scale_constraint(self, problems)
         for name in ("symmetric", "affine"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(Problem(f"expected true or false, got {getattr(self, name)!r}", (name,)))
@@ -204,6 +216,8 @@ class Requantizer:
     ``kind="float"``: ONNX semantics, ``round_half_even(acc * s_in * s_w / s_out) + zp``.
     ``kind="fixed_point"``: ``acc * M >> shift`` with an integer multiplier of
     ``multiplier_bits`` bits and the given ``rounding`` (half_up, half_even, half_away).
+    ``kind="power_of_two"``: shift only, ``round_shift(acc, n)`` with ``s_in * s_w / s_out = 2^-n``
+    exactly (needs ``scale_constraint: power_of_two`` for weights and activations).
     """
 
     kind: str = "float"
@@ -222,6 +236,8 @@ class Requantizer:
             if isinstance(mb, bool) or not isinstance(mb, int) or not 8 <= mb <= 31:
                 problems.append(Problem(f"a fixed_point requantizer needs multiplier_bits, an integer "
                                         f"from 8 to 31; got {mb!r}", ("multiplier_bits",)))
+        elif self.multiplier_bits is not None and self.kind == "power_of_two":
+            problems.append(Problem("a power_of_two requantizer only shifts; remove multiplier_bits", ("multiplier_bits",)))
         elif self.kind == "float":
             if self.multiplier_bits is not None:
                 problems.append(Problem("multiplier_bits is only for kind: fixed_point; remove it", ("multiplier_bits",)))
@@ -237,6 +253,10 @@ class HardwareModel:
 
     Attributes beyond the sub-dataclasses:
         accumulator_bits: width of the matrix engine accumulator (e.g. 32).
+        accumulator_overflow: "saturate" (the exact sum clamps to the accumulator's range) or
+            "wrap" (two's complement modulo 2^accumulator_bits).
+        shared_scale: op classes whose inputs and output must share one scale and zero point
+            (a concat or add that does not requantize).
         channel_alignment: channel counts are padded to a multiple of this on the chip.
         lut_size: entries in the activation lookup table (needed when ``lut_ops`` is set).
         sparse_ops: op classes whose weights may follow ``sparsity_patterns`` (e.g. "2:4").
@@ -255,6 +275,8 @@ class HardwareModel:
     activation_rules: ActivationRules = field(default_factory=ActivationRules)
     requantizer: Requantizer = field(default_factory=Requantizer)
     accumulator_bits: int = 32
+    accumulator_overflow: str = "saturate"
+    shared_scale: tuple[str, ...] = ()
     channel_alignment: int = 1
     lut_size: int | None = None
     sparse_ops: tuple[str, ...] = ()
@@ -263,11 +285,12 @@ class HardwareModel:
     lut_ops: tuple[str, ...] = ()
     replace_rules_needed: tuple[str, ...] = ()
     resize_modes: tuple[str, ...] = ()
+    cost: object = None  # a dal.hardware.cost.CostModel (the YAML's cost: section), or None
     source: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         for name in ("engines", "ops", "sparse_ops", "sparsity_patterns", "fp16_ops", "lut_ops",
-                     "replace_rules_needed", "resize_modes"):
+                     "replace_rules_needed", "resize_modes", "shared_scale"):
             _as_tuple(self, name)
         problems: list[Problem] = []
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -326,6 +349,14 @@ class HardwareModel:
         self._check_names(problems, "fp16_ops", OP_CLASSES + ACTIVATION_FUNCTIONS, "op classes or activation functions")
         self._check_names(problems, "lut_ops", ACTIVATION_FUNCTIONS, "activation functions")
         self._check_names(problems, "resize_modes", RESIZE_MODES, "resize modes")
+        self._check_names(problems, "shared_scale", OP_CLASSES, "op classes")
+        if self.accumulator_overflow not in ACCUMULATOR_OVERFLOW:
+            problems.append(Problem(f"{self.accumulator_overflow!r} is not allowed (allowed: "
+                                    f"{', '.join(ACCUMULATOR_OVERFLOW)})", ("accumulator_overflow",)))
+        if isinstance(self.requantizer, Requantizer) and self.requantizer.kind == "power_of_two" and not (
+                self.weight_rules.scale_constraint == self.activation_rules.scale_constraint == "power_of_two"):
+            problems.append(Problem("a power_of_two (shift-only) requantizer needs scale_constraint: power_of_two "
+                                    "in both weight_rules and activation_rules", ("requantizer", "kind")))
         if "resize" in seen and not self.resize_modes:
             problems.append(Problem("the resize op needs resize_modes (e.g. [nearest])", ("resize_modes",)))
         for i, r in enumerate(self.replace_rules_needed):
@@ -380,6 +411,8 @@ class HardwareModel:
         def plain(v):
             if isinstance(v, QFormat):
                 return v.name
+            if hasattr(v, "to_dict"):  # the cost model
+                return v.to_dict()
             if isinstance(v, (tuple, list)):
                 return [plain(x) for x in v]
             if isinstance(v, dict):

@@ -7,17 +7,19 @@ from __future__ import annotations
 
 from dal.config.fields import Checker
 from dal.config.yaml_lines import YamlDoc
+from dal.hardware.cost import parse_cost
 from dal.hardware.errors import HardwareModelError
 from dal.hardware.model import (ActivationRules, Engine, HardwareModel, OpSupport, Requantizer,
                                 WeightRules)
 
 TOP_KEYS = ("name", "description", "engines", "ops", "weight_rules", "activation_rules", "requantizer",
             "accumulator_bits", "channel_alignment", "lut_size", "sparse_ops", "sparsity_patterns",
-            "fp16_ops", "lut_ops", "replace_rules_needed", "resize_modes")
+            "fp16_ops", "lut_ops", "replace_rules_needed", "resize_modes", "shared_scale",
+            "accumulator_overflow", "cost")
 ENGINE_KEYS = ("description", "formats")
 OP_KEYS = ("engine", "weight_formats", "input_formats", "output_formats")
-WEIGHT_RULE_KEYS = ("symmetric_required", "granularities", "group_sizes", "narrow_range")
-ACTIVATION_RULE_KEYS = ("symmetric", "affine", "granularities")
+WEIGHT_RULE_KEYS = ("symmetric_required", "granularities", "group_sizes", "narrow_range", "scale_constraint")
+ACTIVATION_RULE_KEYS = ("symmetric", "affine", "granularities", "scale_constraint")
 REQUANTIZER_KEYS = ("kind", "multiplier_bits", "rounding")
 
 
@@ -37,7 +39,9 @@ def parse_hardware(doc: YamlDoc) -> HardwareModel:
             kw[key] = None  # explicit "no lookup table"
         elif key in data:
             kw[key] = c.integer(data[key], (key,), lo)
-    for key in ("sparse_ops", "fp16_ops", "lut_ops", "replace_rules_needed", "resize_modes"):
+    if "accumulator_overflow" in data:
+        kw["accumulator_overflow"] = c.string(data["accumulator_overflow"], ("accumulator_overflow",))
+    for key in ("sparse_ops", "fp16_ops", "lut_ops", "replace_rules_needed", "resize_modes", "shared_scale"):
         if key in data:
             kw[key] = () if data[key] is None else c.strings(data[key], (key,))
     if "sparsity_patterns" in data:
@@ -50,6 +54,8 @@ def parse_hardware(doc: YamlDoc) -> HardwareModel:
                            ("requantizer", Requantizer, REQUANTIZER_KEYS)):
         if key in data:
             kw[key] = _section(c, data[key], (key,), cls, keys)
+    if "cost" in data:
+        kw["cost"] = parse_cost(c, data["cost"], data.get("engines"))
     # Cross-checks (engines of ops, sparse ops, ...) run even when some fields were bad, so
     # that one run reports everything; what depends on a bad field is not reported twice.
     first = list(c.problems)

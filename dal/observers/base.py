@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from ..formats import PER_TENSOR, Granularity, choose_qparams, get_format
+from ..formats.qparams import check_pow2_rounding
 
 
 def finite_only(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -66,11 +67,25 @@ class Observer(nn.Module):
     range into (scale, zero_point) with ``dal.formats.choose_qparams``. State lives in buffers
     (so it is saved, loaded and moved with the module); buffers are created lazily at the first
     batch because per-channel shapes are only known then.
+
+    ``power_of_two`` ("nearest" / "cover", recipe ``observer_args``; set by prepare for hardware
+    with ``scale_constraint: power_of_two``): every proposed scale is exactly ``2^k``, rounded in
+    the log domain to the nearest power or up to the one that covers the range.
+    ``fixed_scale`` (a positive float): the scale is that value whatever the data (zero point
+    from the observed range for affine formats); the hardware check refuses one that is not a
+    power of two where scales must be.
     """
 
     def __init__(self, fmt="int8", granularity: Granularity = PER_TENSOR, symmetric: bool = True,
-                 narrow_range: bool = False):
+                 narrow_range: bool = False, power_of_two: str | None = None, fixed_scale: float | None = None):
         super().__init__()
+        if power_of_two is not None:
+            check_pow2_rounding(power_of_two)
+        if fixed_scale is not None and (isinstance(fixed_scale, bool) or not isinstance(fixed_scale, (int, float))
+                                        or not float(fixed_scale) > 0):
+            raise ValueError(f"fixed_scale={fixed_scale!r} must be a positive number")
+        self.power_of_two = power_of_two
+        self.fixed_scale = None if fixed_scale is None else float(fixed_scale)
         self.fmt = get_format(fmt)
         self.granularity = granularity
         self.symmetric = symmetric
@@ -105,7 +120,12 @@ class Observer(nn.Module):
         lo = torch.where(torch.isfinite(lo), lo, torch.zeros_like(lo))
         hi = torch.where(torch.isfinite(hi), hi, torch.zeros_like(hi))
         # Finite and ordered by construction: choose_qparams need not check again.
-        return choose_qparams(lo, torch.maximum(hi, lo), self.fmt, self.symmetric, self.narrow_range, check=False)
+        scale, zp = choose_qparams(lo, torch.maximum(hi, lo), self.fmt, self.symmetric, self.narrow_range,
+                                   check=False, power_of_two=self.power_of_two)
+        if self.fixed_scale is not None:
+            from .fixed import fixed_qparams
+            scale, zp = fixed_qparams(self, lo, hi, scale, zp)
+        return scale, zp
 
     def _lazy_buffer(self, name: str, value: torch.Tensor) -> None:
         self.register_buffer(name, value)

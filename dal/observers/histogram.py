@@ -142,7 +142,8 @@ class MSEObserver(HistogramObserver):
     def _error(self, values: torch.Tensor, weights: torch.Tensor, lo: float, hi: float) -> float:
         from ..formats import choose_qparams
 
-        scale, zp = choose_qparams(torch.tensor(lo), torch.tensor(hi), self.fmt, self.symmetric, self.narrow_range)
+        scale, zp = choose_qparams(torch.tensor(lo), torch.tensor(hi), self.fmt, self.symmetric, self.narrow_range,
+                                   power_of_two=self.power_of_two)
         q = fake_quantize(values, self.fmt, scale, zp, narrow_range=self.narrow_range, check=False)
         return float((weights * (q - values) ** 2).sum())
 
@@ -186,7 +187,8 @@ class MSEObserver(HistogramObserver):
             if self.symmetric:
                 t = torch.maximum(-lo, hi)
                 lo, hi = -t, t
-            scale, zp = choose_qparams(lo, hi, self.fmt, self.symmetric, self.narrow_range)
+            scale, zp = choose_qparams(lo, hi, self.fmt, self.symmetric, self.narrow_range,
+                                       power_of_two=self.power_of_two)
             q = fake_quantize(rows, self.fmt, scale, zp, per_channel(0), self.narrow_range, check=False)
             err = ((q - rows).double() ** 2).sum(dim=1)
             better = err < best_err
