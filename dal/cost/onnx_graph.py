@@ -1,0 +1,203 @@
+"""The layers of an exported QDQ ONNX file as the cost model sees them, read from the graph alone.
+
+Shapes come from ``onnx.shape_inference`` (a symbolic dimension counts as 1). Formats come from
+the element types: a compute node's input produced by a ``DequantizeLinear`` runs in the type
+that DQ reads (``uint8``, ``int4``, ``float8e4m3fn``...); a ``float16`` tensor is FP16; a float32
+input not produced by a DQ is a float op (FP16 where the hardware runs that op class in FP16,
+else off the NPU), except for ops exact on integer codes (max pool), which take the format of
+the layer before them, as in ``dal.cost.choices``. A node's output feeding a QuantizeLinear
+is stored in that Q's type, else in its input format. 2:4 weights are those whose codes have at
+most 2 non-zero values in every group of 4 along the reduction axis (checked on the codes).
+
+Layer names are the module paths dal's exporter writes into Q/DQ node names
+(``stem.0.weight_quant/DequantizeLinear`` -> ``stem.0``), else the ONNX node name. Node types
+and MAC counts follow ``dal.cost.torch_graph``:
+
+    Conv           out.numel() * prod(W.shape[1:])            (W: [C_out, C_in/g, k...])
+    ConvTranspose  in.numel()  * prod(W.shape[1:])            (W: [C_in, C_out/g, k...])
+    Gemm, MatMul   out.numel() * K
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+from ..formats import FP16, get_format
+from .roofline import Choice, LayerGeom
+
+ELEM_FORMATS = {2: "uint8", 3: "int8", 5: "int16", 10: "fp16", 17: "fp8_e4m3", 19: "fp8_e5m2", 21: "uint4", 22: "int4"}
+MATRIX_OPS = {"Conv": "conv", "ConvTranspose": "conv_transpose", "Gemm": "linear", "MatMul": "matmul"}
+VECTOR_OPS = {"Add": "add", "Mul": "mul", "Concat": "cat", "MaxPool": "pool", "AveragePool": "pool",
+              "GlobalAveragePool": "pool", "GlobalMaxPool": "pool", "Softmax": "softmax",
+              "LayerNormalization": "layernorm", "Resize": "resize", "Sigmoid": "activation", "Tanh": "activation",
+              "Gelu": "activation", "HardSwish": "activation", "HardSigmoid": "activation", "Exp": "activation"}
+PASSTHROUGH = ("MaxPool", "GlobalMaxPool")
+
+
+class _Graph:
+    def __init__(self, path):
+        import onnx
+
+        model = onnx.load(str(path))
+        try:
+            model = onnx.shape_inference.infer_shapes(model)
+        except Exception:  # noqa: BLE001 - shapes then come only from what the file declares
+            pass
+        self.meta = {p.key: p.value for p in model.metadata_props}
+        g = model.graph
+        self.nodes = list(g.node)
+        self.inits = {t.name: t for t in g.initializer}
+        self.producer = {o: n for n in g.node for o in n.output}
+        self.consumers: dict = {}
+        for n in g.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+        self.types, self.shapes = {}, {}
+        for vi in list(g.value_info) + list(g.input) + list(g.output):
+            t = vi.type.tensor_type
+            self.types[vi.name] = t.elem_type
+            self.shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim]
+        for name, t in self.inits.items():
+            self.types[name], self.shapes[name] = t.data_type, list(t.dims)
+
+    def numel(self, name: str) -> int:
+        return math.prod(self.shapes.get(name, [0])) if name in self.shapes else 0
+
+    def dq_source(self, name: str):
+        """(DQ node, format) when ``name`` is produced by a DequantizeLinear, else (None, None)."""
+        node = self.producer.get(name)
+        if node is None or node.op_type != "DequantizeLinear":
+            return None, None
+        fmt = ELEM_FORMATS.get(self.types.get(node.input[0]))
+        return node, get_format(fmt) if fmt else None
+
+    def fmt(self, name: str):
+        node, fmt = self.dq_source(name)
+        if node is not None:
+            return fmt
+        return FP16 if self.types.get(name) == 10 else None
+
+    def weight_codes(self, name: str) -> Optional[np.ndarray]:
+        from onnx import numpy_helper
+
+        node, _ = self.dq_source(name)
+        src = node.input[0] if node is not None else name
+        t = self.inits.get(src)
+        return numpy_helper.to_array(t) if t is not None else None
+
+    def sparse_axis(self, name: str) -> int:
+        """The reduction axis the exporter recorded for these codes (``dal.sparse_24``), else 1."""
+        import json
+
+        node, _ = self.dq_source(name)
+        src = node.input[0] if node is not None else name
+        return int(json.loads(self.meta.get("dal.sparse_24") or "{}").get(src, 1))
+
+    def out_fmt(self, name: str):
+        qs = [n for n in self.consumers.get(name, []) if n.op_type == "QuantizeLinear"]
+        if len(qs) == 1:
+            fmt = ELEM_FORMATS.get(self.types.get(qs[0].output[0]))
+            return get_format(fmt) if fmt else None
+        return None
+
+
+def _layer_name(g: _Graph, node, weight: Optional[str]) -> str:
+    for src in ([weight] if weight else []) + list(node.input):
+        dq, _ = g.dq_source(src) if src else (None, None)
+        if dq is not None and "/" in dq.name:
+            base = dq.name.split("/")[0]
+            for suffix in (".weight_quant", ".input_quant", ".input_quants.0", ".input_quants.1", ".bias"):
+                if base.endswith(suffix):
+                    return base[: -len(suffix)]
+    return scope_path(node.name) or f"{node.op_type}_{node.output[0]}"
+
+
+def scope_path(node_name: str) -> str:
+    """The module path in a TorchScript-exported node name: ``/model/layer1/layer1.0/conv1/Conv``
+    -> ``layer1.0.conv1`` (each scope is either the full path so far or one more attribute)."""
+    parts = node_name.strip("/").split("/")[1:-1]
+    if not parts:
+        return node_name
+    path = parts[0]
+    for part in parts[1:]:
+        path = part if part.startswith(path + ".") else f"{path}.{part}"
+    return path
+
+
+def is_24(codes: Optional[np.ndarray], axis: int = 1) -> bool:
+    """At most 2 non-zero values in every group of 4 consecutive elements along ``axis``."""
+    if codes is None or codes.ndim < 2 or codes.shape[axis] % 4:
+        return False
+    moved = np.moveaxis(np.asarray(codes).astype(np.float32) != 0, axis, -1)
+    return bool((moved.reshape(-1, 4).sum(-1) <= 2).all())
+
+
+def _matrix(g: _Graph, node, op_class: str):
+    x, w = node.input[0], node.input[1]
+    out = node.output[0]
+    wshape = g.shapes.get(w, [])
+    weighted = g.weight_codes(w) is not None or w in g.inits
+    if op_class == "matmul" and weighted:
+        op_class = "linear"
+    if op_class == "conv":
+        macs, cin, cout = g.numel(out) * math.prod(wshape[1:]), g.shapes[x][1], wshape[0]
+    elif op_class == "conv_transpose":
+        macs, cin, cout = g.numel(x) * math.prod(wshape[1:]), wshape[0], g.shapes[out][1]
+    else:
+        trans_a = any(a.name == "transA" and a.i for a in node.attribute)
+        k = g.shapes[x][-2] if trans_a else g.shapes[x][-1]
+        macs, cin, cout = g.numel(out) * k, k, g.shapes[out][-1]
+    ins = g.numel(x) + (0 if weighted else g.numel(w))
+    geom = LayerGeom(_layer_name(g, node, w if weighted else None), op_class, int(macs),
+                     g.numel(w) if weighted else 0, int(ins), g.numel(out), int(cin), int(cout), type_name=node.op_type)
+    return geom, (w if weighted else None)
+
+
+def _float_choice(hw, op_class: str, weighted: bool) -> Optional[Choice]:
+    role = "weight" if weighted else "input"
+    if hw is None or not hw.supports_op(op_class) or FP16 not in hw.allowed_formats(op_class, role):
+        return None
+    return Choice(FP16 if weighted else None, FP16, FP16)
+
+
+def onnx_layers(path, hardware=None):
+    """(geometries, name -> Choice, the file's ``dal.hardware`` metadata or None) of an ONNX file."""
+    from ..hardware import load_hardware
+
+    g = _Graph(path)
+    meta_hw = g.meta.get("dal.hardware") or None
+    hw = load_hardware(hardware if hardware is not None else meta_hw) if (hardware or meta_hw) else None
+    geoms, choices, previous = [], {}, None
+    for node in g.nodes:
+        if node.op_type in MATRIX_OPS:
+            geom, w = _matrix(g, node, MATRIX_OPS[node.op_type])
+            x = g.fmt(node.input[0])
+            wf = g.fmt(w) if w is not None else None
+            if x is None and wf is None:
+                choice = _float_choice(hw, geom.op_class, w is not None)
+            else:
+                x = x or wf
+                sparse = (w is not None and hw is not None and hw.supports_sparsity(geom.op_class, "2:4")
+                          and is_24(g.weight_codes(w), g.sparse_axis(w)))
+                choice = Choice(wf, x, g.out_fmt(node.output[0]) or x, sparse=sparse)
+        elif node.op_type in VECTOR_OPS:
+            op_class = VECTOR_OPS[node.op_type]
+            data = [i for i in node.input if i and i not in g.inits and g.producer.get(i, node).op_type != "Constant"]
+            geom = LayerGeom(_layer_name(g, node, None), op_class, 0, 0, sum(g.numel(i) for i in data),
+                             g.numel(node.output[0]), type_name=node.op_type)
+            x = next((f for f in (g.fmt(i) for i in data) if f is not None), None)
+            if x is not None:
+                choice = Choice(None, x, g.out_fmt(node.output[0]) or x)
+            elif node.op_type in PASSTHROUGH and previous is not None:
+                choice = Choice(None, previous.output, previous.output)
+            else:
+                choice = _float_choice(hw, op_class, False)
+        else:
+            continue
+        geoms.append(geom)
+        choices[geom.name] = choice
+        if choice is not None:
+            previous = choice
+    return geoms, choices, meta_hw
