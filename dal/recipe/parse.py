@@ -11,13 +11,13 @@ from dal.config.problems import format_path
 from dal.config.vocabulary import GRANULARITIES
 from dal.config.yaml_lines import YamlDoc, from_data
 from dal.recipe.errors import RecipeError
-from dal.recipe.recipe import CALIBRATION_METHODS, Calibration, Recipe
+from dal.recipe.recipe import CALIBRATION_METHODS, PTQ_STEPS, Calibration, Recipe
 from dal.recipe.rule import Rule
 from dal.recipe.spec import OBSERVERS, TensorSpec, role_defaults
 
-TOP_KEYS = ("name", "description", "hardware", "calibration", "replace", "sparsity_schedule", "rules")
+TOP_KEYS = ("name", "description", "hardware", "calibration", "replace", "sparsity_schedule", "ptq", "rules")
 CALIBRATION_KEYS = ("method", "num_batches", "args")
-RULE_KEYS = ("match", "type", "weight", "input", "output", "fallback", "skip", "sparsity", "replace")
+RULE_KEYS = ("match", "type", "position", "weight", "input", "output", "fallback", "skip", "sparsity", "replace")
 SPEC_KEYS = ("format", "granularity", "axis", "group_size", "symmetric", "narrow_range", "observer",
              "observer_args", "learnable")
 
@@ -39,6 +39,8 @@ def parse_recipe(doc: YamlDoc) -> Recipe:
     if data.get("sparsity_schedule") is not None:
         kw["sparsity_schedule"] = _schedule(c, data["sparsity_schedule"])
         kw["sparsity_schedule_at"] = doc.where(("sparsity_schedule",))
+    if data.get("ptq") is not None:
+        kw["ptq"] = _ptq(c, data["ptq"])
     kw["rules"] = _rules(c, data.get("rules"), doc)
     c.raise_if_any(RecipeError, doc)
     c.build((), Recipe, source=doc.source, **kw)
@@ -69,6 +71,15 @@ def _calibration(c: Checker, raw):
     if "args" in raw:
         kw["args"] = c.scalar_args(raw["args"], path + ("args",))
     return None if len(c.problems) > before else c.build(path, Calibration, **kw)
+
+
+def _ptq(c: Checker, raw):
+    """``ptq: [equalize, adaround, bias_correction]``: names of dal.ptq steps, run in that order."""
+    if not isinstance(raw, list):
+        c.add(("ptq",), f"expected a list of PTQ steps (allowed: {', '.join(PTQ_STEPS)}), got {raw!r}")
+        return ()
+    out = [c.string(v, ("ptq", i), PTQ_STEPS) for i, v in enumerate(raw)]
+    return tuple(v for v in out if v is not None)
 
 
 def _schedule(c: Checker, raw):
@@ -121,6 +132,8 @@ def _rule(c: Checker, raw, path: tuple, doc: YamlDoc):
                                         "(to leave a layer in fp32, use skip: true)")
     if raw.get("skip") is not None:
         kw["skip"] = c.boolean(raw["skip"], path + ("skip",))
+    if raw.get("position") is not None:
+        kw["position"] = c.string(raw["position"], path + ("position",), ("first", "last"))
     if raw.get("sparsity") is not None:
         kw["sparsity"] = c.nm_pattern(raw["sparsity"], path + ("sparsity",))
     if len(c.problems) > before:

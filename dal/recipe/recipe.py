@@ -11,6 +11,9 @@ from dal.recipe.rule import Rule
 from dal.recipe.spec import LayerSpec
 
 CALIBRATION_METHODS = ("minmax", "percentile", "kl", "mse", "easyquant")
+#: dal.ptq steps a recipe may name (``ptq:``); the float-model ones run before prepare_qat, the
+#: others after calibration (dal.ptq.quantize_ptq)
+PTQ_STEPS = ("fold_bn", "equalize", "smooth_quant", "adaround", "bias_correction", "bn_reestimate")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Recipe:
         sparsity_schedule: when the 2:4 masks of the sparsity rules are (re)computed: a kind name
             (``"one_shot"``) or ``(("kind", "gradual"), ("steps", 2000), ...)`` pairs (YAML: a
             mapping); None = one shot. Resolved by ``dal.sparsity.resolve_schedule`` in prepare.
+        ptq: names of PTQ steps (``PTQ_STEPS``) that ``dal.ptq.quantize_ptq`` runs, in order.
         rules: ``Rule`` objects; the first that matches a layer decides for it.
         source: file it was loaded from (not compared: a saved and reloaded recipe is equal).
     """
@@ -62,6 +66,7 @@ class Recipe:
     calibration: Calibration = field(default_factory=Calibration)
     replace: tuple[str, ...] = ()
     sparsity_schedule: str | tuple | None = None
+    ptq: tuple[str, ...] = ()
     rules: tuple[Rule, ...] = ()
     source: str | None = field(default=None, compare=False, repr=False)
     sparsity_schedule_at: str | None = field(default=None, compare=False, repr=False)  # "file:line"
@@ -69,6 +74,7 @@ class Recipe:
     def __post_init__(self):
         object.__setattr__(self, "replace", tuple(self.replace))
         object.__setattr__(self, "rules", tuple(self.rules))
+        object.__setattr__(self, "ptq", tuple(self.ptq))
         if isinstance(self.sparsity_schedule, dict):  # hashable, order-free, as the parser stores it
             object.__setattr__(self, "sparsity_schedule", tuple(sorted(self.sparsity_schedule.items())))
         problems = []
@@ -76,6 +82,9 @@ class Recipe:
             problems.append(Problem(f"name must be a non-empty string, got {self.name!r}", ("name",)))
         if not isinstance(self.calibration, Calibration):
             problems.append(Problem(f"expected a Calibration, got {self.calibration!r}", ("calibration",)))
+        for i, step in enumerate(self.ptq):
+            if step not in PTQ_STEPS:
+                problems.append(Problem(f"{step!r} is not allowed (allowed: {', '.join(PTQ_STEPS)})", ("ptq", i)))
         for i, r in enumerate(self.rules):
             if not isinstance(r, Rule):
                 problems.append(Problem(f"expected a Rule, got {r!r}", ("rules", i)))
@@ -167,6 +176,26 @@ class Recipe:
         new = parse_rule_list(list(rules), f"<prepended to {self.name}>")
         return replace(self, rules=new + self.rules)
 
+    def bind_positions(self, modules: Iterable[tuple[str, str, str | None]]) -> "Recipe":
+        """A copy in which each ``position: first|last`` rule matches, by name, the first (last)
+        of ``modules`` (``(path, type name, op class)`` in registration order) that its other
+        conditions match; a positional rule that matches none is dropped. Unchanged (``self``)
+        when no rule is positional."""
+        if not any(r.position for r in self.rules):
+            return self
+        modules = list(modules)
+        rules = []
+        for r in self.rules:
+            if not r.position:
+                rules.append(r)
+                continue
+            free = replace(r, position=None)
+            hits = [name for name, type_name, op_class in modules if free.matches(name, type_name, op_class)]
+            if hits:
+                name = hits[0] if r.position == "first" else hits[-1]
+                rules.append(replace(free, match=(name,)))
+        return replace(self, rules=tuple(rules))
+
     def to_dict(self) -> dict:
         """The recipe in the YAML schema; ``load_recipe(recipe.to_dict()) == recipe``."""
         out: dict = {"name": self.name}
@@ -179,6 +208,8 @@ class Recipe:
             out["replace"] = list(self.replace)
         if self.sparsity_schedule is not None:
             out["sparsity_schedule"] = self.schedule_data()
+        if self.ptq:
+            out["ptq"] = list(self.ptq)
         out["rules"] = [r.to_dict() for r in self.rules]
         return out
 

@@ -9,6 +9,11 @@ Matching (all given conditions must hold; an absent condition matches everything
 - ``types``: any of which may equal the module's class name (``Conv2d``, globs allowed:
   ``Conv*``) or its op class (``conv``, ``linear``, ... see ``dal.hardware.OP_CLASSES``).
 
+- ``position``: "first" or "last": of the modules the other conditions match, only the first
+  (last) in registration order (``Recipe.bind_positions``, which ``prepare_qat`` calls, turns
+  it into a ``match`` of that module's name). W4 recipes keep the first conv and the last
+  linear at INT8 this way.
+
 Actions: tensor specs (``weight`` / ``input`` / ``output``), or ``fallback_fp16``, or ``skip``
 (leave the layer in float), plus optional ``sparsity`` ("2:4") and ``replace`` rule names.
 """
@@ -23,6 +28,7 @@ from dal.hardware.op_classes import OP_CLASSES, op_class_of_type
 from dal.recipe.errors import RecipeError
 from dal.recipe.spec import TensorSpec, canonical_sparsity
 
+POSITIONS = (None, "first", "last")
 _REPLACE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -47,6 +53,7 @@ class Rule:
     skip: bool = False
     sparsity: str | None = None
     replace: tuple[str, ...] = ()
+    position: str | None = None
     source: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -87,6 +94,8 @@ class Rule:
         if not (specs or self.fallback_fp16 or self.skip or self.sparsity or self.replace):
             problems.append(Problem("the rule asks for nothing; give weight/input/output, fallback: fp16, "
                                     "skip: true, sparsity or replace"))
+        if self.position not in POSITIONS:
+            problems.append(Problem(f"{self.position!r} is not allowed (allowed: first, last)", ("position",)))
         canonical_sparsity(self, problems)
         for i, r in enumerate(self.replace):
             if not isinstance(r, str) or not _REPLACE_NAME.match(r):
@@ -95,7 +104,10 @@ class Rule:
             raise RecipeError(problems)
 
     def matches(self, module_name: str, type_name: str, op_class: str | None) -> bool:
-        """True when the module satisfies every condition of the rule."""
+        """True when the module satisfies every condition of the rule. A ``position`` rule matches
+        nothing until ``Recipe.bind_positions`` has turned it into a rule by name."""
+        if self.position:
+            return False
         if self._patterns and not any(
                 p.fullmatch(module_name) if isinstance(p, re.Pattern) else fnmatchcase(module_name, p)
                 for p in self._patterns):
@@ -124,6 +136,8 @@ class Rule:
             cond.append("match " + "|".join(self.match))
         if self.types:
             cond.append("type " + "|".join(self.types))
+        if self.position:
+            cond.append(f"{self.position} of those")
         return ", ".join(cond) or "every layer"
 
     def to_dict(self) -> dict:
@@ -133,6 +147,8 @@ class Rule:
             out["match"] = self.match[0] if len(self.match) == 1 else list(self.match)
         if self.types:
             out["type"] = self.types[0] if len(self.types) == 1 else list(self.types)
+        if self.position:
+            out["position"] = self.position
         for role in ("weight", "input", "output"):
             spec = getattr(self, role)
             if spec is not None:
