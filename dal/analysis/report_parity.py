@@ -62,6 +62,12 @@ def parity_rows(rep) -> list[ParityRow]:
             rows.append(ParityRow("end to end", PAIRS.get(pair, pair), name, a.elements, a.elements - a.identical,
                                   a.max_lsb, bound, "pass" if ok else "fail",
                                   a.within_one_lsb_fraction if a.lsb is not None else None))
+    integer = getattr(rep, "integer", None)
+    if integer is not None and integer.error is None:
+        rows.append(ParityRow("end to end", "integer model (dal.convert) vs NPU reference",
+                              f"outputs + {integer.tensors} quantized tensors", integer.elements + integer.codes,
+                              integer.differ + integer.codes_differ, None, "identical",
+                              "pass" if integer.identical else "fail", None))
     if rep.layers:
         elements = sum(r.elements for r in rep.layers)
         rows.append(ParityRow("end to end", "NPU reference vs onnxruntime",
@@ -79,7 +85,14 @@ def parity_rows(rep) -> list[ParityRow]:
 
 
 def verdict(rep) -> tuple[str, str]:
-    """(css class, sentence) of ``rep.meets_criterion()``, naming what failed."""
+    """(css class, sentence) of ``rep.meets_criterion()``, naming what failed, after the stable
+    verdict ``rep.verdict()`` (integer model == NPU, layer by layer <= 1e-5 at 1 LSB), stated first."""
+    css, text = _criterion(rep)
+    first = rep.verdict_line() + ". " if hasattr(rep, "verdict_line") else ""
+    return css, first + text
+
+
+def _criterion(rep) -> tuple[str, str]:
     if rep.meets_criterion():
         extra = [r for r in parity_rows(rep) if r.status.startswith("pass (")]
         note = (" Layer by layer, more than 1e-5 of the codes differ by 1 LSB (" +

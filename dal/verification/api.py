@@ -9,6 +9,7 @@ import torch
 
 from ..nn.modes import eval_mode
 from .inputs import check_feed, load_onnx
+from .integer_model import integer_vs_npu
 from .metrics import agreement
 from .onnx_tools import ort_run_all, output_lsb, producers, require_onnxruntime
 from .report import LayerParity, ParityReport
@@ -38,7 +39,9 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
             each engine on its own upstream values) and layer by layer (``layers_forced``: every
             layer run from onnxruntime's integer inputs, so drift cannot cascade).
 
-    With ``torch_model`` the report also holds ``torch_layers``: every activation quantizer of the
+    With ``torch_model`` the report also holds ``integer``: ``dal.convert(torch_model)`` against
+    the NPU reference on every output element and every quantized tensor (both integer engines:
+    they must be identical), and ``torch_layers``: every activation quantizer of the
     torch model against the NPU reference's codes at the same point, torch teacher-forced to the
     NPU's values as it runs (dal.verification.torch_layers): the trained model and the chip,
     layer by layer.
@@ -48,7 +51,9 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
     engines that sum floats in different orders disagree on a near-tie now and then (one code,
     one LSB), and in a deep network such a flip feeds every later layer, so end to end a
     correct export can drift by a few LSB; the layer-by-layer view isolates each layer's own
-    disagreement, which should be at most one LSB on a few near-ties. Requantizer settings come
+    disagreement, which should be at most one LSB on a few near-ties. ``report.verdict()`` (what
+    ``dal verify --strict`` gates on, stated first when printed) is: integer model == NPU on every
+    element, and layer by layer within 1 LSB on at most 1e-5 of the codes. Requantizer settings come
     from the model's ``dal.requantizer`` metadata and are named in the report.
 
     A missing file raises FileNotFoundError; a truncated or invalid file, or inputs of the wrong
@@ -90,6 +95,8 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
         report.layers_forced, report.first_forced_divergence = _compare_integer_tensors(forced, ort_values, made_by)
     if torch_model is not None:
         report.torch_layers = torch_layers_vs_file(torch_model, model, inputs, npu_values)
+        # the two integer engines, derived independently (torch model / file): must be identical
+        report.integer = integer_vs_npu(torch_model, model, inputs, npu_outs, npu_values)
     return report
 
 

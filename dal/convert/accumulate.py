@@ -1,0 +1,80 @@
+"""Exact integer accumulation in torch: convolutions and matrix products of integer codes.
+
+The matrix engine computes ``acc[o] = sum_k (x_k - zp_x) * (w[o, k] - zp_w[o])`` in int32,
+exactly. torch has no fast exact int32 convolution, so the integer model runs the float
+kernels on integer-valued tensors, where they are exact by construction:
+
+* **CPU: float32 over channel chunks.** Every product of an 8-bit code difference and a weight
+  code difference is an integer of at most 255 * 255 < 2^16, exact in float32, and every partial
+  sum of one chunk is an integer of magnitude at most ``B = max|x - zp_x| * max_o sum_{k in
+  chunk} |w[o, k] - zp_w[o]|``. The chunks (slices of input channels, chosen once per layer from
+  the actual weights) keep ``B <= 2^24``, so whatever order the kernel sums in, every partial sum
+  is an integer float32 holds exactly. Chunk results (exact integers) are summed in float64
+  (exact below 2^53). Trained weights usually fit one or two chunks: the same FLOPs as the
+  float layer.
+* **CUDA: float64**, one call: exact while ``B < 2^53`` (always, for 8-bit codes and K < 2^37),
+  and TF32 / Winograd / FFT kernels never see float64.
+* Both results are finally rounded to the nearest integer, which repairs any kernel error
+  below 0.5 (none is expected: the bound above makes each result exact).
+
+A grouped convolution whose full reduction exceeds the float32 bound runs in float64 on the CPU
+too. The caller turns the exact float64 sums into the requantizer's input.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+#: integers up to this magnitude are exact in float32, and so is every sum that stays below it
+F32_EXACT = 2 ** 24
+
+
+def chunk_bounds(w_int: torch.Tensor, x_max: int) -> list[tuple[int, int]]:
+    """Slices ``[c0, c1)`` of axis 1 of ``w_int`` ([O, C, ...] weight codes minus zero point)
+    such that ``x_max * max_o sum_{c0 <= c < c1} sum_rest |w_int[o, c, ...]| <= 2^24``.
+
+    Returns ``[]`` when a single input channel already exceeds the bound (float64 needed)."""
+    per_c = w_int.abs().double().flatten(2).sum(2) * float(x_max)  # [O, C]
+    bounds, start, run = [], 0, torch.zeros(per_c.shape[0], dtype=torch.float64)
+    for c in range(per_c.shape[1]):
+        nxt = run + per_c[:, c]
+        if float(nxt.max()) > F32_EXACT:
+            if c == start:
+                return []
+            bounds.append((start, c))
+            start, run = c, per_c[:, c].clone()
+            if float(run.max()) > F32_EXACT:
+                return []
+        else:
+            run = nxt
+    bounds.append((start, per_c.shape[1]))
+    return bounds
+
+
+def conv_exact(x_int: torch.Tensor, w32: torch.Tensor, chunks: list, stride, padding, dilation,
+               groups: int) -> torch.Tensor:
+    """``conv2d(x_int, w32)`` exactly, as float64 (module docstring). ``x_int``: float32 codes
+    minus zero point [N, C, H, W] (zero padding is the zero point's code); ``w32``: float32
+    weight codes minus zero point [O, C/g, kh, kw]; ``chunks`` from :func:`chunk_bounds`
+    (``[]``: float64)."""
+    if x_int.is_cuda or not chunks:
+        return F.conv2d(x_int.double(), w32.double(), None, stride, padding, dilation, groups).round_()
+    if len(chunks) == 1:
+        return F.conv2d(x_int, w32, None, stride, padding, dilation, groups).round_().double()
+    acc = None
+    for c0, c1 in chunks:
+        part = F.conv2d(x_int[:, c0:c1], w32[:, c0:c1], None, stride, padding, dilation, groups)
+        acc = part.round_().double() if acc is None else acc.add_(part.round_())
+    return acc
+
+
+def linear_exact(x_int: torch.Tensor, w32: torch.Tensor, chunks: list) -> torch.Tensor:
+    """``x_int @ w32.T`` exactly, as float64; ``w32`` [O, K], ``chunks`` slices of K."""
+    if x_int.is_cuda or not chunks:
+        return torch.matmul(x_int.double(), w32.double().t()).round_()
+    acc = None
+    for k0, k1 in chunks:
+        xs, ws = (x_int, w32) if len(chunks) == 1 else (x_int[..., k0:k1], w32[:, k0:k1])
+        part = torch.matmul(xs, ws.t())
+        acc = part.round_().double() if acc is None else acc.add_(part.round_())
+    return acc

@@ -1,0 +1,205 @@
+"""dal.convert(qat_model): the deployed integer model in torch, bit-exact with the NPU.
+
+    int_model = dal.convert(model)            # a calibrated / trained QAT model
+    y = int_model(x)                          # what the chip computes (no autograd)
+    y, codes = int_model.run_with_codes(x)    # also {quantizer path: [integer codes per call]}
+    print(int_model.summary())                # which layers run as integer groups, which in float
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from ..formats import quantize
+from ..nn.base import QATModule, QWeightedModule
+from ..nn.conv_bn import QConvBn2d
+from ..quantizer import FakeQuantizer
+from .errors import ConvertError
+from .float_ops import NPUFloatOps
+from .layers import IntegerLayer
+from .probe import plan_groups, record
+
+
+class Requantizer:
+    """The hardware model's requantizer: kind "float" or "fixed_point" (bits, rounding)."""
+
+    def __init__(self, kind: str = "float", multiplier_bits: int = 31, rounding: str = "half_up"):
+        if kind not in ("float", "fixed_point"):
+            raise ConvertError(f"the hardware's requantizer kind {kind!r} has no integer model here "
+                               "(float and fixed_point do)")
+        self.kind, self.multiplier_bits, self.rounding = kind, int(multiplier_bits), rounding
+
+    def __repr__(self):
+        if self.kind == "float":
+            return "float requantizer (ONNX QuantizeLinear)"
+        return f"fixed-point requantizer ({self.multiplier_bits}-bit multiplier, {self.rounding})"
+
+
+def requantizer_of(model: nn.Module) -> Requantizer:
+    """The requantizer of the hardware ``model`` was prepared for (float when none)."""
+    from ..prepare.handle import find_prepared
+    handle = find_prepared(model)
+    rq = getattr(getattr(handle, "hardware", None), "requantizer", None)
+    if rq is None:
+        return Requantizer()
+    kind = getattr(rq, "kind", rq if isinstance(rq, str) else "float")
+    return Requantizer(kind, getattr(rq, "multiplier_bits", None) or 31, getattr(rq, "rounding", None) or "half_up")
+
+
+def _check_calibrated(model: nn.Module) -> None:
+    from ..export.errors import ExportError
+    from ..export.plan import make_plan
+    try:
+        make_plan(model)
+    except ExportError as e:
+        raise ConvertError(f"dal.convert: {e}".replace("before dal.export_onnx", "before dal.convert")) from None
+
+
+def _weighted(m: nn.Module) -> bool:
+    return isinstance(m, (QWeightedModule, QConvBn2d))
+
+
+def _slice_batch(args: tuple) -> tuple:
+    """The first sample of every batched tensor argument, when they all share dim 0 (probe)."""
+    ts = [a for a in args if isinstance(a, torch.Tensor)]
+    if ts and all(t.ndim > 0 and t.shape[0] == ts[0].shape[0] for t in ts) and ts[0].shape[0] > 1:
+        return tuple(a[:1] if isinstance(a, torch.Tensor) else a for a in args)
+    return args
+
+
+class IntegerModel(nn.Module):
+    """The converted model; ``forward`` takes and returns what the QAT model's does."""
+
+    def __init__(self, net: nn.Module, layers: dict, requantizer: Requantizer):
+        super().__init__()
+        self.net = net
+        self.requantizer = requantizer
+        self._layers = layers  # path -> IntegerLayer (also inside net)
+        self._planned = False
+
+    def _plan(self, args, kwargs) -> None:
+        layers = list(self._layers.values())
+        for lay in layers:
+            lay.probing = True
+        try:
+            events, outputs = record(self.net, _slice_batch(args), kwargs, layers)
+        finally:
+            for lay in layers:
+                lay.probing = False
+        plans = plan_groups(events, outputs)
+        for lay in layers:
+            lay.plans = plans.get(id(lay), [])
+        self._planned = True
+
+    def forward(self, *args, **kwargs):
+        with torch.no_grad():
+            if not self._planned:
+                self._plan(args, kwargs)
+            for lay in self._layers.values():
+                lay.calls = 0
+            with NPUFloatOps():
+                return self.net(*args, **kwargs)
+
+    def run_with_codes(self, *args, **kwargs) -> tuple[Any, dict]:
+        """(output, {quantizer path: [codes of each call]}): every integer tensor of the run, the
+        values the NPU's QuantizeLinear outputs hold (storage dtype of the format)."""
+        if not self._planned:
+            with torch.no_grad():
+                self._plan(args, kwargs)  # before the taps: the probe forward is not this run
+        taps: dict = {}
+        hooks = []
+
+        def hook(q, inputs, output):
+            if q.fmt.is_integer and q.state in ("quantize", "frozen"):
+                s, zp = q.effective_qparams()
+                taps.setdefault(q.name, []).append(quantize(inputs[0], q.fmt, s, zp, q.granularity))
+        for m in self.net.modules():
+            if isinstance(m, FakeQuantizer):
+                hooks.append(m.register_forward_hook(hook))
+        for lay in self._layers.values():
+            lay.taps = taps
+        try:
+            out = self(*args, **kwargs)
+        finally:
+            for h in hooks:
+                h.remove()
+            for lay in self._layers.values():
+                lay.taps = None
+        return out, taps
+
+    def layer_forms(self) -> dict[str, str]:
+        """{layer path: "integer" | "float: <why>"} (after the first forward)."""
+        forms = {}
+        for path, lay in self._layers.items():
+            if lay.why_not:
+                forms[path] = f"float: {lay.why_not}"
+            elif not lay.plans or not all(p.fused for p in lay.plans):
+                why = next((p.why for p in lay.plans if not p.fused), "never called")
+                forms[path] = f"float: output {why} (the NPU runs it in float too)"
+            elif any(r.startswith("float: ") for r in lay.ran):
+                forms[path] = next(r for r in lay.ran if r.startswith("float: "))
+            else:
+                forms[path] = "integer"
+        return forms
+
+    def summary(self) -> str:
+        forms = self.layer_forms()
+        n_int = sum(v == "integer" for v in forms.values())
+        lines = [f"integer model: {n_int} of {len(forms)} weighted layers as integer groups, {self.requantizer}"]
+        lines += [f"  {p}: {f}" for p, f in forms.items() if f != "integer"]
+        return "\n".join(lines)
+
+
+def _swap(parent: nn.Module, name: str, new: nn.Module) -> None:
+    if isinstance(parent, (nn.Sequential, nn.ModuleList)) and name.isdigit():
+        parent[int(name)] = new
+    else:
+        setattr(parent, name, new)
+
+
+def convert(model: nn.Module, example_inputs: Optional[tuple] = None) -> IntegerModel:
+    """The integer model of a calibrated QAT ``model``: what the NPU computes, in torch.
+
+    Every weighted layer (Conv2d, Linear, Conv+BN) whose output the NPU requantizes becomes an
+    integer group: exact integer accumulation (float32 over channel chunks that keep every
+    partial sum below 2^24 on the CPU, float64 on CUDA; see dal/convert/accumulate.py) and the
+    hardware model's requantizer (float scale, or fixed-point multiplier and shift with its
+    rounding; requant.py). Every other tensor follows ONNX Q/DQ semantics (the QAT model's
+    frozen quantizers) and export/SPEC.md's float-island rules (float_ops.py). The numbers come
+    from the torch model (scales, zero points, folded and masked weights, int32 bias codes),
+    not from an ONNX file. ``model`` is not changed. Structure (which layers are integer groups)
+    is read by one probe forward (probe.py) on the first call, or here on ``example_inputs``.
+
+    Not covered yet (they run as their QAT modules, and may differ from the NPU): FP16 regions
+    and the attention / LayerNorm / GELU / softmax replacements (export/SPEC.md §5a). A layer
+    without an integer form (per-group weights, Conv1d, ...) runs in float, as on the NPU, and
+    ``summary()`` lists it with the reason.
+
+    Raises ConvertError naming the quantizers of a model never calibrated or still observing.
+
+    >>> int_model = dal.convert(qat_model)          # doctest: +SKIP
+    >>> int_model(x).equal(torch.from_numpy(dal.npu.run(path, {"input": x.numpy()})[0]))  # doctest: +SKIP
+    True
+    """
+    _check_calibrated(model)
+    rq = requantizer_of(model)
+    net = copy.deepcopy(model).eval()
+    net.requires_grad_(False)
+    layers = {}
+    for path, mod in list(net.named_modules()):
+        if not (_weighted(mod) and isinstance(mod, QATModule)) or not path:
+            continue
+        parent_path, _, name = path.rpartition(".")
+        parent = net.get_submodule(parent_path) if parent_path else net
+        layers[path] = IntegerLayer(mod, path, rq)
+        _swap(parent, name, layers[path])
+    im = IntegerModel(net, layers, rq)
+    if example_inputs is not None:
+        args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+        with torch.no_grad():
+            im._plan(args, {})
+    return im

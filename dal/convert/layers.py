@@ -1,0 +1,203 @@
+"""IntegerLayer: one Conv / Linear QAT layer as the NPU computes it.
+
+Built from the trained QAT module (its quantizers' scales and zero points, the BN-folded and
+2:4-masked weight, the bias codes), never from an ONNX file. Two forms, chosen per call by the
+probe (probe.py) exactly where the NPU reference chooses between its integer group and its
+float path (dal/npu/README.md, "Numeric contract"):
+
+* **integer group** (the output goes, through at most one Relu/Clip, to one per-tensor integer
+  quantizer): input codes ``x_q = Q(x)``; ``acc = sum (x_q - zp_x)(w_q - zp_w) + b_q`` exactly
+  (accumulate.py); then the hardware's requantizer (requant.py). With the float requantizer the
+  layer returns ``v = float32(acc * s_x * s_w)`` (activation applied), and the consumer's own
+  QuantizeLinear rounds it, which is the NPU's ``clamp(round(v / s_y) + zp_y, lo, hi)`` exactly
+  (Q is monotone). With the fixed-point requantizer it computes the codes and returns their
+  dequantized value ``(q - zp_y) * s_y``, which the consumer quantizes back to ``q`` exactly.
+* **float** (SPEC.md, float islands): ``float32(float64 conv/matmul of the dequantized input and
+  weight)`` then the float32 bias, activation and output quantizer.
+
+The integer conditions are the NPU's: 8/4-bit per-tensor input codes, 8/4-bit weights per
+tensor or per output channel (not per group), a 2-D Conv weight, a Linear whose input is 2-D or
+that has no bias (torch exports a batched Linear with bias as MatMul + Add), a per-tensor
+consumer of 8/16/4-bit codes.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..formats import INT32, PER_TENSOR, per_channel, quantize
+from ..nn.base import apply_activation
+from .accumulate import chunk_bounds, conv_exact, linear_exact
+from .errors import ConvertError
+from .probe import GroupPlan
+from .requant import FixedPoint
+
+_IN_CODES = {"int8", "uint8", "int4", "uint4"}
+_OUT_CODES = {"int8", "uint8", "int16", "uint16", "int4", "uint4"}
+
+
+def _active(q) -> bool:
+    return q is not None and q.state in ("quantize", "frozen")
+
+
+def _act_bounds(activation) -> Optional[tuple]:
+    if activation is None:
+        return None
+    if activation == "relu":
+        return (0.0, None)
+    if activation == "relu6":
+        return (0.0, 6.0)
+    return (float(activation[1]), float(activation[2]))
+
+
+def weight_and_bias(qat: nn.Module) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The float weight (BN folded, 2:4 mask applied) and bias the exporter writes."""
+    if hasattr(qat, "folded_weight_and_bias"):
+        w, b = qat.folded_weight_and_bias()
+    else:
+        w, b = qat.weight, qat.bias
+    mask = getattr(qat, "weight_mask", None)
+    if mask is not None:
+        w = w * mask.to(w.dtype)
+    return w.detach().float(), None if b is None else b.detach().float()
+
+
+class IntegerLayer(nn.Module):
+    """A weighted QAT layer (``qat``) computed as the NPU does; see the module docstring."""
+
+    def __init__(self, qat: nn.Module, path: str, requantizer):
+        super().__init__()
+        self.qat, self.path, self.rq = qat, path, requantizer
+        self.kind = "conv" if isinstance(qat, nn.Conv2d) else "linear" if isinstance(qat, nn.Linear) else "other"
+        self.plans: list[GroupPlan] = []
+        self.calls = 0
+        self.taps = None
+        self.probing = False
+        self.ran: set = set()  # the forms calls took ("integer", "float", ...), for layer_forms
+        w, b = weight_and_bias(qat) if self.kind != "other" else (None, None)
+        self.register_buffer("w_dq", None if w is None else qat.quantized_weight(w).detach().clone())
+        self.register_buffer("b_dq", None if b is None else qat.quantized_bias(b).detach().float().clone())
+        self.why_not = self._integer_form(w, b)
+        self.fixed: dict[int, FixedPoint] = {}
+
+    # ---- convert time ---------------------------------------------------------------------
+    def _integer_form(self, w, b) -> str:
+        """Build the integer parameters; returns why the layer has none ("" if it has)."""
+        q_in, q_w = getattr(self.qat, "input_quant", None), getattr(self.qat, "weight_quant", None)
+        if self.kind == "other":
+            return f"{type(self.qat).__name__} has no integer group in the NPU"
+        if self.kind == "conv" and (w.ndim != 4 or getattr(self.qat, "padding_mode", "zeros") != "zeros"
+                                    or isinstance(self.qat.padding, str)):
+            return "not a zero-padded 2-D convolution"
+        if not (_active(q_in) and q_in.fmt.name in _IN_CODES and q_in.granularity.axis is None):
+            return "input is not per-tensor 8/4-bit integer codes"
+        if not (_active(q_w) and q_w.fmt.name in _IN_CODES and not q_w.granularity.block_size):
+            return "weight is not 8/4-bit integer codes per tensor or per channel"
+        s_x, zp_x = q_in.effective_qparams()
+        s_w, zp_w = q_w.effective_qparams()
+        self.s_x, self.zp_x, self.in_fmt = float(s_x.reshape(())), int(zp_x.reshape(())), q_in.fmt
+        codes = quantize(w, q_w.fmt, s_w.float(), zp_w, q_w.granularity, q_w.narrow_range)
+        shape = [-1] + [1] * (w.ndim - 1)
+        w_int = codes.float() - zp_w.float().reshape(shape if zp_w.numel() > 1 else ())
+        x_max = max(self.zp_x - q_in.qmin, q_in.qmax - self.zp_x)
+        self.register_buffer("w_int", w_int.contiguous())
+        self.chunks = chunk_bounds(w_int if w.ndim > 2 else w_int.unsqueeze(2), int(x_max))
+        if self.kind == "conv" and self.qat.groups > 1 and len(self.chunks) != 1:
+            self.chunks = []
+        s_w32 = s_w.float().reshape(-1)
+        self.register_buffer("mult", torch.tensor(self.s_x, dtype=torch.float64) * s_w32.double())
+        self.register_buffer("bias_q", None)
+        self.register_buffer("bias_f", None)
+        if b is not None:
+            if self.qat.bias_scale() is not None:
+                scale = (torch.tensor(self.s_x, dtype=torch.float32) * s_w32).float()
+                gran = per_channel(0) if scale.numel() > 1 else PER_TENSOR
+                bq = quantize(b, INT32, scale if scale.numel() > 1 else scale.reshape(()), None, gran)
+                self.bias_q = bq.double().reshape(-1)
+            else:
+                self.bias_f = b.float().reshape(-1)
+        if self.rq.kind == "fixed_point" and self.bias_f is not None:
+            raise ConvertError(f"{self.path}: the fixed-point requantizer needs an int32 bias with scale "
+                               "s_x * s_w (bias_mode='int32'), this layer has a float bias")
+        return ""
+
+    # ---- run time ---------------------------------------------------------------------------
+    def forward(self, x, *rest):
+        if self.probing or rest or self.kind == "other":
+            return self.qat(x, *rest)
+        plan = self.plans[self.calls % len(self.plans)] if self.plans else GroupPlan(False)
+        self.calls += 1
+        if plan.fused and not self.why_not and (self.kind == "conv" or x.ndim == 2 or self.b_dq is None):
+            self.ran.add("integer")
+            return self._integer(x, plan)
+        self.ran.add("float" if not plan.fused or self.why_not else "float: batched Linear with bias (MatMul + Add)")
+        return self._float(x)
+
+    def _float(self, x):
+        q_in = self.qat.input_quant
+        xd = q_in(x) if q_in is not None else x
+        if self.kind == "conv":
+            ph, pw = self.qat.padding
+            xp = F.pad(xd.double(), (pw, pw, ph, ph))
+            y = F.conv2d(xp, self.w_dq.double(), None, self.qat.stride, 0, self.qat.dilation, self.qat.groups)
+            y = y.float()
+            if self.b_dq is not None:
+                y = y + self.b_dq.reshape(1, -1, 1, 1)
+        else:
+            y = torch.matmul(xd.double(), self.w_dq.double().t()).float()
+            if self.b_dq is not None:
+                y = y + self.b_dq
+        y = apply_activation(y, self.qat.activation)
+        q_out = self.qat.output_quant
+        return q_out(y) if q_out is not None else y
+
+    def _integer(self, x, plan: GroupPlan):
+        if self.taps is not None:
+            self.taps.setdefault(self.qat.input_quant.name, []).append(
+                quantize(x, self.in_fmt, self.s_x, self.zp_x))
+        # x_q - zp_x directly: clamp(round(x / s_x), qmin - zp, qmax - zp) is ONNX Q minus the
+        # zero point (float32 division, half-even rounding; NaN -> the zero point, as dal.formats)
+        lo, hi = self.in_fmt.qmin - self.zp_x, self.in_fmt.qmax - self.zp_x
+        s_x = torch.tensor(self.s_x, dtype=torch.float32, device=x.device)
+        xi = torch.round(x.float() / s_x).nan_to_num_(0.0).clamp_(lo, hi)
+        if self.kind == "conv":
+            q = self.qat
+            acc = conv_exact(xi, self.w_int, self.chunks, q.stride, q.padding, q.dilation, q.groups)
+            axis = 1
+        else:
+            acc = linear_exact(xi, self.w_int, self.chunks)
+            axis = acc.ndim - 1
+        shape = [1] * acc.ndim
+        shape[axis] = -1
+        if self.bias_q is not None:
+            acc.add_(self.bias_q.reshape(shape))  # exact: integers below 2^53
+        if self.rq.kind == "fixed_point":
+            return self._fixed(acc, axis, plan)
+        v = acc.mul_(self.mult.reshape(shape)).float()  # one rounding: float64 product -> float32
+        if self.bias_f is not None:
+            v = v + self.bias_f.reshape(shape)
+        y = apply_activation(v, self.qat.activation)
+        q_out = self.qat.output_quant
+        return q_out(y) if q_out is not None else y
+
+    def _fixed(self, acc, axis, plan: GroupPlan):
+        q = plan.consumer
+        s_y, zp_y = q.effective_qparams()
+        s_y, zp_y = float(s_y.reshape(())), int(zp_y.reshape(()))
+        key = id(q)
+        if key not in self.fixed:
+            self.fixed[key] = FixedPoint(self.mult.cpu(), s_y, self.rq.multiplier_bits, self.rq.rounding, self.path)
+        fp = self.fixed[key].to(acc.device)
+        bounds = _act_bounds(self.qat.activation) or plan.act or (None, None)
+        lo, hi = int(q.fmt.qmin), int(q.fmt.qmax)  # the ONNX type's range (no narrow range)
+        if bounds[0] is not None:
+            lo = max(lo, int(quantize(torch.tensor(bounds[0]), q.fmt, s_y, zp_y)))
+        if bounds[1] is not None:
+            hi = min(hi, int(quantize(torch.tensor(bounds[1]), q.fmt, s_y, zp_y)))
+        codes = fp(acc, axis, zp_y, int(lo), int(hi))
+        y = (codes.float() - float(zp_y)) * torch.tensor(s_y, dtype=torch.float32, device=acc.device)
+        # Q(DQ(q)) == q: the layer's own output quantizer (if it is the consumer) changes nothing
+        return q(y) if q is self.qat.output_quant else y

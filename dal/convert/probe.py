@@ -1,0 +1,189 @@
+"""Which weighted layers the NPU runs as one integer group: a probe forward of the QAT model.
+
+The NPU fuses ``DQ -> Conv/Gemm/MatMul [-> Relu/Clip] -> Q`` when the layer's output (after at
+most one Relu/Clip) is read by exactly one QuantizeLinear and is no graph output; a layer whose
+output also feeds a float op (ResNet's stem: Conv -> Relu -> MaxPool) runs in float. The same
+structure is read here from the torch model itself, with no ONNX file: one forward of the QAT
+model under a ``TorchFunctionMode`` records every torch function called at the top level (not
+inside a quantizer or a weighted layer) and which tensors it read and wrote, plus every
+FakeQuantizer and weighted-layer call (module hooks). In-place functions (``relu_``) write a
+new version of their input. Calls whose result is not a tensor (``x.shape``, ``x.size()``) are
+shape queries, which the ONNX graph does not have, and are ignored.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from ..quantizer import FakeQuantizer
+
+#: functions the exporter writes as Relu / Clip, with their (lo, hi) from the call's arguments
+_ACT = {F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", torch.Tensor.relu: "relu",
+        torch.Tensor.relu_: "relu", F.relu6: "relu6", F.hardtanh: "hardtanh", torch.clamp: "clamp",
+        torch.Tensor.clamp: "clamp", torch.clip: "clamp", torch.Tensor.clip: "clamp",
+        torch.Tensor.clamp_: "clamp", torch.clamp_: "clamp"}
+#: functions that leave no node in an eval-mode export (the value passes through)
+_PASS = {F.dropout, F.dropout1d, F.dropout2d, torch.Tensor.contiguous, torch.Tensor.detach}
+
+
+@dataclass
+class Event:
+    kind: str          # "func", "quant" or "layer"
+    obj: Any           # the function, the FakeQuantizer, or the weighted layer
+    ins: list          # value keys read
+    outs: list         # value keys written
+    args: tuple = ()
+    kwargs: Optional[dict] = None
+
+
+@dataclass
+class GroupPlan:
+    """One call of a weighted layer: fused (with the consumer quantizer and the Relu/Clip
+    bounds in between) or float."""
+
+    fused: bool
+    consumer: Optional[FakeQuantizer] = None
+    act: Optional[tuple] = None   # (lo, hi) of an external Relu/Clip, None bounds unbounded
+    why: str = ""
+
+
+def _bounds(kind, args, kwargs):
+    """(lo, hi) of an activation call, or None when a bound is a tensor (no constant Clip)."""
+    kwargs = kwargs or {}
+    if kind == "relu":
+        return (0.0, None)
+    if kind == "relu6":
+        return (0.0, 6.0)
+    if kind == "hardtanh":
+        lo = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
+        hi = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
+    else:
+        lo = args[1] if len(args) > 1 else kwargs.get("min")
+        hi = args[2] if len(args) > 2 else kwargs.get("max")
+    if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
+        return None
+    return (None if lo is None else float(lo), None if hi is None else float(hi))
+
+
+def _is_int_per_tensor(q) -> bool:
+    return (isinstance(q, FakeQuantizer) and q.fmt.is_integer and q.state in ("quantize", "frozen")
+            and q.initialized and q.granularity.axis is None)
+
+
+class _Recorder(TorchFunctionMode):
+    def __init__(self, layers: set):
+        super().__init__()
+        self.layers, self.depth = layers, 0
+        self.events: list[Event] = []
+        self.key: dict[int, int] = {}
+        self.alive: list = []   # keeps every tensor seen alive, so no id() is reused
+        self.count = 0
+
+    def read(self, tensors) -> list:
+        keys = []
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                if id(t) not in self.key:
+                    self.write([t])
+                keys.append(self.key[id(t)])
+        return keys
+
+    def write(self, tensors) -> list:
+        keys = []
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self.count += 1
+                self.key[id(t)] = self.count
+                self.alive.append(t)
+                keys.append(self.count)
+        return keys
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.depth == 0:
+            flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            if flat_out:
+                ins = self.read(tree_flatten((args, kwargs or {}))[0])
+                self.events.append(Event("func", func, ins, self.write(flat_out), args, kwargs))
+        return out
+
+    def pre(self, mod, inputs):
+        if self.depth == 0:
+            mod._dal_probe_in = self.read(tree_flatten(inputs)[0])
+        self.depth += 1
+
+    def post(self, mod, inputs, output):
+        self.depth -= 1
+        if self.depth == 0:
+            kind = "quant" if isinstance(mod, FakeQuantizer) else "layer"
+            outs = self.write([t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)])
+            self.events.append(Event(kind, mod, mod.__dict__.pop("_dal_probe_in", []), outs))
+
+
+def record(model: nn.Module, args: tuple, kwargs: dict, layers: list) -> tuple[list, set]:
+    """(events, output keys) of one forward of ``model``; ``layers`` are opaque like quantizers."""
+    rec = _Recorder(set(map(id, layers)))
+    hooks = []
+    for m in model.modules():
+        if isinstance(m, FakeQuantizer) or id(m) in rec.layers:
+            hooks.append(m.register_forward_pre_hook(rec.pre))
+            hooks.append(m.register_forward_hook(rec.post))
+    try:
+        with torch.no_grad(), rec:
+            out = model(*args, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return rec.events, set(rec.read(tree_flatten(out)[0]))
+
+
+def plan_groups(events: list, outputs: set) -> dict[int, list[GroupPlan]]:
+    """{id(layer): [GroupPlan per call, in call order]} (see the module docstring)."""
+    readers: dict[int, list[Event]] = {}
+    for e in events:
+        for k in e.ins:
+            readers.setdefault(k, []).append(e)
+    plans: dict[int, list[GroupPlan]] = {}
+    for e in events:
+        if e.kind == "layer":
+            plans.setdefault(id(e.obj), []).append(_chain(e, readers, outputs))
+    return plans
+
+
+def _chain(e: Event, readers: dict, outputs: set) -> GroupPlan:
+    layer = getattr(e.obj, "qat", e.obj)  # an IntegerLayer holds the QAT layer
+    own = getattr(layer, "output_quant", None)
+    if own is not None and own.state != "off":
+        return GroupPlan(True, own) if _is_int_per_tensor(own) else GroupPlan(False, why="output quantizer")
+    act = None
+    has_act = getattr(layer, "activation", None) is not None
+    key = e.outs[0] if len(e.outs) == 1 else None
+    while key is not None:
+        if key in outputs:
+            return GroupPlan(False, why="a graph output")
+        users = readers.get(key, [])
+        if len(users) != 1:
+            return GroupPlan(False, why=f"read by {len(users)} operations")
+        u = users[0]
+        if u.kind == "func" and u.obj in _PASS:
+            key = u.outs[0]
+            continue
+        if u.kind == "func" and u.obj in _ACT and not has_act and act is None:
+            act = _bounds(_ACT[u.obj], u.args, u.kwargs)
+            if act is None:
+                return GroupPlan(False, why="Clip with tensor bounds")
+            key = u.outs[0]
+            continue
+        # a weighted layer reads its input through its own input quantizer (IntegerLayer: .qat)
+        q = u.obj if u.kind == "quant" else (getattr(getattr(u.obj, "qat", u.obj), "input_quant", None)
+                                             if u.kind == "layer" else None)
+        if q is not None and _is_int_per_tensor(q):
+            return GroupPlan(True, q, act)
+        return GroupPlan(False, why=f"read by {getattr(u.obj, '__name__', type(u.obj).__name__)}")
+    return GroupPlan(False, why="no single output")
