@@ -68,7 +68,20 @@ def cached_inputs(data: Iterable, num_batches: Optional[int] = None, **kwargs) -
 
 
 def run_model(model: torch.nn.Module, args: tuple, kwargs: dict, index: int = 0, what: str = "batch"):
-    """``model(*args, **kwargs)``; a failure names the batch and its input shapes (wrong shapes)."""
+    """``model(*args, **kwargs)``; a failure names the batch and its input shapes (wrong shapes).
+
+    A torchvision detector runs its NPU part (``dal.prepare.boundary``: backbone + heads) on the
+    batch, which must be one normalised image tensor ``(B, 3, H, W)``; a dict, a list of images
+    or a wrong rank is a one-line ``ValueError`` naming the batch."""
+    from ..prepare.boundary import NPUPart, check_batch, is_detector
+
+    if is_detector(model):
+        if kwargs or len(args) != 1:
+            got = f"a dict with keys {sorted(map(str, kwargs))[:6]}" if kwargs else f"{len(args)} inputs"
+            raise ValueError(f"{what} {index}: a detector's {what.split()[0]} data must be normalised image batches "
+                             f"(B, 3, H, W) tensors (the NPU part's input), got {got}; pass input_fn=... to unpack it")
+        check_batch(args[0], f"{what} {index}")
+        model = NPUPart(model)
     try:
         return model(*args, **kwargs)
     except Exception as err:

@@ -12,7 +12,9 @@ import onnx
 import torch
 from torch import nn
 
+from ..prepare.boundary import boundary_json, check_batch, npu_part
 from .bias import rewrite_biases
+from .bias_range import check_bias_codes
 from .casts import rewrite_float_casts
 from .errors import ExportError
 from .fold import fold_constants
@@ -58,6 +60,11 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
         >>> proto = dal.export_onnx(model, (torch.randn(1, 3, 64, 64),), "model.onnx")
     """
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    # A torchvision detector exports its NPU part (backbone + heads: batch tensor in, raw head
+    # tensors out); pre/post-processing stays on the host (dal.prepare.boundary, export/SPEC.md).
+    detector, model = model, npu_part(model)
+    if model is not detector:
+        check_batch(args[0] if len(args) == 1 else args, "export_onnx(detector, (batch,)): the batch")
     plan = make_plan(model)
     explicit = opset is not None
     opset = plan.resolve_opset(opset)
@@ -85,11 +92,15 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
         raise ExportError(f"the exporter could not place {len(left)} quantizer node(s): {left}")
     graph.finish()
     if not output_names:
-        _name_outputs(proto)
+        _name_outputs(proto, getattr(model, "output_names", None) if model is not detector else None)
     _set_opset(proto, opset)
-    write_metadata(proto, model, infos, metadata)
+    boundary = boundary_json(detector, model)
+    if boundary is not None:
+        metadata = {**(metadata or {}), "dal.boundary": boundary}
+    write_metadata(proto, detector, infos, metadata)
     proto.producer_name, proto.producer_version = "dal", _version()
     onnx.checker.check_model(proto, full_check=True)
+    check_bias_codes(proto)  # saturated int32 biases: named here, not as an overflow on the chip
     if path is not None:
         onnx.save(proto, os.fspath(path))
     return proto
@@ -145,7 +156,7 @@ def _opset_torch_asks_for(err: ExportError) -> Optional[int]:
     return int(found.group(1)) if found and int(found.group(1)) <= TRACE_MAX_OPSET else None
 
 
-def _name_outputs(proto: onnx.ModelProto) -> None:
+def _name_outputs(proto: onnx.ModelProto, names: Optional[list] = None) -> None:
     """Name the graph outputs ``output`` (one) or ``output_0``, ``output_1``, ... (several), as the
     inputs are named, instead of the numbers torch gives them (``375``). A name already in use,
     or an output that is a graph input passed through, is left as it is."""
@@ -153,6 +164,8 @@ def _name_outputs(proto: onnx.ModelProto) -> None:
     inputs = {i.name for i in g.input}
     used = inputs | {t.name for t in g.initializer} | {x for n in g.node for x in (*n.input, *n.output)}
     new = ["output"] if len(g.output) == 1 else [f"output_{k}" for k in range(len(g.output))]
+    if names and len(names) == len(g.output):
+        new = list(names)  # a detector's NPU part: its heads' own names (cls_logits, ...)
     rename = {o.name: name for o, name in zip(g.output, new) if o.name not in inputs and name not in used}
     for node in g.node:
         node.input[:] = [rename.get(x, x) for x in node.input]

@@ -21,10 +21,13 @@ from ..nn.spec import make_quantizer
 from ..nn.tree import set_submodule
 from ..quantizer import quantizer_states
 from .apply import apply_plan
+from .boundary import guard, is_detector
 from .check import check_plan
+from .constraints import apply_constraints, check_constraints
 from .handle import Prepared, attach
 from .plan import build_plan, capture
 from .report import LayerRow, PrepareReport, rows_from_plan
+from .site_capture import capture_sites
 from .sparsity_step import attach_sparsity
 
 
@@ -53,6 +56,15 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     every quantizer off (to find the modules that never run and the output producers) — plus
     the forwards operator replacement makes to validate its swaps. Without them, none.
 
+    Forwards torch.fx cannot trace (FeaturePyramidNetwork, heads over a list of levels) have their
+    ``+ * @ cat`` quantized and every other op listed by call site (``call_sites``: one example
+    forward). A torchvision detector needs no example inputs: its NPU part (backbone + heads,
+    ``boundary``) is captured on a zero batch at its input size, pre/post-processing stays float
+    on the host, and ``detector(images, targets)`` arguments are checked (one-line errors).
+    Normalisations no conv absorbs: a BatchNorm2d becomes a quantized per-channel affine
+    (``dal.nn.QBatchNorm2d``), a GroupNorm / InstanceNorm2d an FP16 module on hardware with an
+    FP16 vector engine (refused by path on int8-only hardware).
+
     Returns the prepared model; ``dal.prepared(model)`` gives its recipe, hardware model and
     :class:`PrepareReport` (every module and functional op: quantized, fp16, passthrough, or
     float with the reason). When the root's own forward contains functional ops the returned
@@ -74,19 +86,26 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
         _check_example_inputs(model, example_inputs)
     report = PrepareReport(recipe=rec.name, hardware=getattr(hw, "name", str(hw_name)))
     model = _replace_operators(model, rec, hw, example_inputs, report)
+    # position: first / last rules (the first conv, the classifier) become rules by name.
+    rec = rec.bind_positions((n, float_type_name(m), c if (c := op_class_of(m)) in HW_OP_CLASSES else None)
+                             for n, m in model.named_modules() if n)
     resolve = _resolver(rec)
     cap = capture(model)
-    plan = build_plan(model, cap, resolve)
+    site_plan, site_notes = capture_sites(model, cap, resolve, example_inputs)
+    plan = build_plan(model, cap, resolve, site_plan)
     if hw is not None:
         plan = check_plan(plan, rec, hw)
+        check_constraints(plan, rec, hw)
     _refuse_unknown(plan, strict)
     model = apply_plan(model, plan, cap)
     report.rows = rows_from_plan(plan)
-    report.notes += [f"{path or '<root>'} ({t}): forward does not trace with torch.fx ({msg}); its submodules "
-                     "are still swapped, functional ops in it stay float" for path, (t, msg) in cap.untraced.items()]
+    report.notes += site_notes
+    if is_detector(model):
+        guard(model)  # detector(images, targets): a wrong format is named in one line
     if example_inputs is not None:
         _after_example_forward(model, example_inputs, resolve, report)
     attach_sparsity(model, rec, hw, report)
+    apply_constraints(model, hw, report)
     attach(model, Prepared(rec, hw, report, plan))
     return model
 

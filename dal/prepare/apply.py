@@ -5,12 +5,16 @@ from __future__ import annotations
 from torch import nn
 
 from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
+from ..nn.norm import FP16_NORMS, QBatchNorm2d
 from ..nn.registry import QAT_MODULES
 from ..nn.tree import set_submodule
+from .call_sites import install
 from .functional_ops import cat_dim, rebuild
 from .plan import Capture, Step
 
 _FUNCTIONAL = {"add": QAdd, "mul": QMul, "matmul": QMatMul, "cat": QCat}
+#: (action, float type) -> the normalisation module the plan chose (dal.nn.norm)
+_NORMS = {("quantize", nn.BatchNorm2d): QBatchNorm2d, **{("fp16", t): c for t, c in FP16_NORMS.items()}}
 
 
 def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
@@ -19,7 +23,10 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
     children's final modules; leaves are swapped afterwards, by path."""
     by_owner: dict[str, list[Step]] = {}
     for step in plan:
-        if step.action in ("fuse", "functional"):
+        if step.site is not None:
+            if step.action == "functional":
+                install(model, step.site, _site_module(step))
+        elif step.action in ("fuse", "functional"):
             by_owner.setdefault(step.owner, []).append(step)
     for owner in sorted(by_owner, key=lambda p: -(p.count(".") + bool(p))):
         mod = model.get_submodule(owner) if owner else model
@@ -29,10 +36,17 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
         else:
             model = new
     for step in plan:
-        if step.action == "quantize":
+        if step.action in ("quantize", "fp16") and step.site is None:
             mod = model.get_submodule(step.path)
-            set_submodule(model, step.path, QAT_MODULES[type(mod)].from_float(mod, step.spec, step.path))
+            cls = _NORMS.get((step.action, type(mod))) or QAT_MODULES[type(mod)]
+            set_submodule(model, step.path, cls.from_float(mod, step.spec, step.path))
     return model
+
+
+def _site_module(step: Step) -> nn.Module:
+    if step.type_name == "cat":
+        return QCat(step.spec, step.path, arity=step.site.arity, dim=step.site.dim)
+    return _FUNCTIONAL[step.type_name](step.spec, step.path)
 
 
 def _rewrite(mod: nn.Module, graph, steps: list[Step], owner: str) -> nn.Module:

@@ -12,9 +12,11 @@ import dataclasses
 from ..config.problems import Problem
 from ..recipe import check_against_hardware
 from ..recipe.errors import RecipeError
+from ..nn.norm import FP16_NORMS
 from .float_ops import hardware_verdict
 from .plan import Step
 
+FP16_NORM_NAMES = {t.__name__: c.__name__ for t, c in FP16_NORMS.items()}
 #: actions whose recipe spec the recipe check reads
 QUANTIZING = ("quantize", "fuse", "functional")
 
@@ -30,6 +32,10 @@ def check_plan(plan: list[Step], recipe, hw) -> list[Step]:
         problems += list(err.problems)
     checked = []
     for step in plan:
+        if _fp16_norm(step, hw):
+            checked.append(dataclasses.replace(step, action="fp16", built=FP16_NORM_NAMES[step.type_name], reason=_join(
+                step.reason, f"runs in FP16 on {hw.name}'s vector engine (its FP16 layer norm; dal.nn.norm)")))
+            continue
         if step.action == "float" and step.float_op is not None and step.float_op.kind == "float":
             runs, how = hardware_verdict(hw, step.float_op)
             if not runs and _skipped(recipe, step):
@@ -50,6 +56,13 @@ def check_plan(plan: list[Step], recipe, hw) -> list[Step]:
     if problems:
         raise RecipeError(problems, what=f"recipe {recipe.name!r} for hardware {hw.name!r}")
     return checked
+
+
+def _fp16_norm(step: Step, hw) -> bool:
+    """A GroupNorm / InstanceNorm2d module left in float, on hardware whose vector engine runs a
+    normalisation in FP16 (``layernorm`` in ``fp16_ops``): prepare makes it an FP16 module."""
+    return (step.action == "float" and step.site is None and step.type_name in FP16_NORM_NAMES
+            and "layernorm" in set(getattr(hw, "fp16_ops", ()) or ()))
 
 
 def _skipped(recipe, step: Step) -> bool:

@@ -144,6 +144,9 @@ def hardware_verdict(hw, op: FloatOp) -> tuple[bool, str]:
                       f"upsample_nearest to the recipe's replace: list, {skip}"
     if op.op_class == "layernorm":
         return False, f"{hw.name} has no FP16 layer norm: {skip}"
+    if fn in ("groupnorm", "instancenorm"):
+        return False, f"{hw.name} has no FP16 engine for {fn}: replace the layer by a BatchNorm2d (it folds into " \
+                      f"the conv before it, or runs as a quantized per-channel affine), {skip}"
     if fn == "batchnorm":
         return False, f"{hw.name} has no float batch norm: put it right after the Conv2d it follows in a " \
                       f"forward torch.fx can trace so that it folds, {skip}"

@@ -12,6 +12,8 @@ A :class:`Step` has an ``action``:
   QAdd / QMul / QMatMul / QCat;
 * ``ready-made`` — already a QAT module (operator replacement, or the user's);
 * ``passthrough`` — exact on integer codes (ReLU, max pool, reshape, ...);
+* ``fp16`` — a normalisation (GroupNorm, InstanceNorm2d) run in FP16 on hardware with an FP16
+  vector engine (``dal.nn.norm``), decided by the hardware check;
 * ``float`` — left in float, with the reason (no rule quantizes it, no QAT module, a float op
   such as SiLU or an unfolded BatchNorm; ``hardware_verdict`` says whether the chip runs it).
 """
@@ -31,7 +33,7 @@ from .float_ops import FloatOp, classify_module, classify_node
 from .functional_ops import functional_kind, is_tensor_node
 
 FUNCTIONAL_CLASSES = {"add": "QAdd", "mul": "QMul", "matmul": "QMatMul", "cat": "QCat"}
-ACTIONS = ("quantize", "fuse", "functional", "ready-made", "passthrough", "float")
+ACTIONS = ("quantize", "fuse", "functional", "ready-made", "passthrough", "fp16", "float")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Step:
     float_op: Optional[FloatOp] = None
     built: str = ""
     after: str = ""  # a functional op: the module called just before it in its owner's forward
+    site: object = None  # a call site in a forward fx cannot trace (``call_sites.Site``)
 
     @property
     def shown_type(self) -> str:
@@ -79,20 +82,29 @@ def capture(model: nn.Module) -> Capture:
     for path, mod in model.named_modules():
         if not needs_tracing(mod):
             continue
+        # A forward may cache on itself what it computes (torchvision's MultiScaleRoIAlign stores
+        # its scales on the first call): under tracing those are Proxies, which the real forward
+        # would then use. The module's plain attributes are put back as they were.
+        saved = {k: v for k, v in mod.__dict__.items() if not k.startswith(("_parameters", "_buffers", "_modules"))}
         try:
             cap.graphs[path] = trace_own_forward(mod)
         except Exception as err:  # noqa: BLE001 - any tracing failure means "leave this forward as is"
             msg = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
             cap.untraced[path] = (type(mod).__name__, msg)
+        finally:
+            for k in [k for k in mod.__dict__ if k not in saved and not k.startswith("_")]:
+                del mod.__dict__[k]
+            mod.__dict__.update(saved)
     return cap
 
 
-def build_plan(model: nn.Module, cap: Capture, resolve) -> list[Step]:
+def build_plan(model: nn.Module, cap: Capture, resolve, extra: tuple = ()) -> list[Step]:
     """Every module and functional op of ``model``, in module order, with its decision.
 
     ``resolve(path, type_name, op_class) -> LayerSpec | None`` is the recipe's first-match
-    lookup (None: no rule, or a ``skip`` rule)."""
-    steps: list[Step] = []
+    lookup (None: no rule, or a ``skip`` rule). ``extra``: steps found elsewhere (the call sites
+    of forwards fx cannot trace, :func:`site_steps`), ordered after their owner."""
+    steps: list[Step] = list(extra)
     fused: set[str] = set()  # BN paths folded into a conv, and convs that fuse
     for owner, graph in cap.graphs.items():
         mod = model.get_submodule(owner) if owner else model
@@ -118,6 +130,29 @@ def build_plan(model: nn.Module, cap: Capture, resolve) -> list[Step]:
     order = {p: i for i, (p, _) in enumerate(model.named_modules())}
     # Modules in module order; a functional op right after the module its forward called before it.
     return sorted(steps, key=lambda s: (order[s.path], 0) if s.path in order else (order.get(s.after, -1), 1))
+
+
+def site_steps(sites, resolve) -> list[Step]:
+    """Steps for the call sites ``call_sites.discover`` found in forwards fx cannot trace: a
+    tensor-tensor ``+ * @ cat`` is quantized per the recipe (or left float, with why), any other
+    op is listed as passthrough or float with its FloatOp, for the hardware check."""
+    steps = []
+    for site in sites:
+        where = f"called at {site.line}"
+        if site.kind is not None:
+            spec = resolve(site.path, site.kind, site.kind)
+            if spec is None:
+                steps.append(Step(site.path, site.kind, site.kind, "float", None,
+                                  f"no recipe rule quantizes it; {where}", site.owner, site=site, after=site.owner))
+            else:
+                steps.append(Step(site.path, site.kind, site.kind, "functional", spec, where, site.owner, site=site,
+                                  built=FUNCTIONAL_CLASSES[site.kind], after=site.owner))
+            continue
+        op = site.op
+        reason = f"exact on integer codes; {where}" if op.kind == "passthrough" else where
+        steps.append(Step(site.path, op.function, op.op_class, op.kind, None, reason, site.owner, float_op=op,
+                          site=site, after=site.owner))
+    return steps
 
 
 def _inside_quantized(path: str, model: nn.Module) -> bool:
@@ -186,6 +221,11 @@ def _module_step(path: str, mod: nn.Module, resolve) -> Optional[Step]:
         op = FloatOp("float", "custom", type_name)
     if op.kind == "passthrough":
         return Step(path, type_name, op.op_class, "passthrough", None, "exact on integer codes", float_op=op)
+    if type(mod) is nn.BatchNorm2d and (spec := resolve(path, type_name, "conv")) is not None:
+        # Not folded, but still a per-channel affine: a depthwise 1x1 conv on the matrix engine.
+        return Step(path, type_name, "conv", "quantize", spec, "not folded (it does not directly follow a Conv2d "
+                    "called once in a forward torch.fx traces): a quantized per-channel affine (depthwise 1x1 conv)",
+                    built="QBatchNorm2d")
     reason = ""
     if op.op_class == "custom":
         reason = f"no QAT module registered for {type_name}: register one with @dal.register_qat_module({type_name})"

@@ -76,6 +76,6 @@ def rows_from_plan(plan) -> list[LayerRow]:
             status = "fp16" if s.fp16 else "quantized"
             detail = "; ".join(x for x in (s.reason, describe(s.spec)) if x)
         else:
-            status, detail = s.action, s.reason
+            status, detail = s.action, s.reason  # passthrough, fp16 (a normalisation), float
         rows.append(LayerRow(s.path, s.shown_type, s.op_class, status, detail))
     return rows

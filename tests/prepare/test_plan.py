@@ -91,15 +91,22 @@ def test_a_skip_rule_keeps_an_op_off_the_npu_on_purpose():
     assert "kept off the NPU by its recipe rule" in _rows(q)["act"].detail
 
 
-def test_an_unfoldable_batchnorm_is_listed_and_refused():
-    q = dal.prepare_qat(LoneBn(), recipe="int8_balanced", example_inputs=(_x(),))  # no hardware: listed only
+def test_an_unfoldable_batchnorm_becomes_a_quantized_per_channel_affine():
+    import copy
+
+    float_model = LoneBn()
+    ref = copy.deepcopy(float_model.bn)  # torch's own BatchNorm2d is the oracle
+    q = dal.prepare_qat(float_model, recipe="int8_balanced", hardware="a1000", example_inputs=(_x(),))
     row = _rows(q)["bn"]
-    assert row.status == "float" and "not folded" in row.detail
-    assert "1 left in float" in str(dal.prepared(q).report).splitlines()[0]
-    with pytest.raises(RecipeError, match=r"bn \(BatchNorm2d\).*float batchnorm.*'a1000' cannot run"):
-        dal.prepare_qat(LoneBn(), recipe="int8_balanced", hardware="a1000", example_inputs=(_x(),))
-    q = dal.prepare_qat(LoneBn(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
-    assert "the hardware cannot run it in float" in _rows(q)["bn"].detail  # FP16 hardware: listed, not refused
+    assert row.status == "quantized" and row.type_name == "QBatchNorm2d" and "per-channel affine" in row.detail
+    assert "0 left in float" in str(dal.prepared(q).report).splitlines()[0]
+    x = _x((4, 3, 8, 8)) * 3 + 1
+    with dal.quantizer_states(q, "off"):
+        for train in (True, True, False):  # two training steps (running stats move), then eval
+            q.train(train), ref.train(train)
+            torch.testing.assert_close(q.bn(x), ref(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(q.bn.running_var, ref.running_var, rtol=1e-6, atol=1e-7)
+    assert int(q.bn.num_batches_tracked) == int(ref.num_batches_tracked) == 2
 
 
 def test_a_module_without_a_qat_class_is_listed_with_the_hardwares_verdict():

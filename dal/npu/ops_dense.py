@@ -1,0 +1,128 @@
+"""Float normalisations and linear Resize, node by node, with ONNX semantics in numpy.
+
+What detectors and segmenters export besides convolutions: an unfolded ``BatchNormalization``
+(a stem BN whose conv is not its only producer), ``InstanceNormalization`` (torch exports
+GroupNorm as InstanceNormalization -> Mul -> Add), and bilinear ``Resize`` (DeepLabV3, LRASPP,
+FCN upsample their logits with ``F.interpolate(mode="bilinear")``).
+
+Precision (the contract of ops_float, extended): each op is computed in float64 from the
+float32 (or widened float16) inputs and rounded ONCE to the tensor type. onnxruntime computes in
+float32 in its own order, so the two differ by an ulp now and then; after the next
+QuantizeLinear that is a code flip on a near-tie only (<= 1 LSB, layer by layer).
+
+Resize ``linear`` on any axes (bilinear on H, W), every ``coordinate_transformation_mode``
+torch exports: ``half_pixel`` (align_corners=False, opset >= 11 export), ``pytorch_half_pixel``,
+``align_corners`` (align_corners=True) and ``asymmetric``; the source coordinate is clamped to
+``[0, n_in - 1]`` as the ONNX reference does. ``nearest`` stays with ops_nn's kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import NPUError, UnsupportedNode
+from . import ops_nn  # noqa: F401  (registers the nearest Resize this module extends)
+from .ops_float import OPS, op
+from .tensors import as_compute_type, is_float
+
+_NEAREST = OPS.get("Resize")  # ops_nn's nearest Resize, registered before this module
+
+
+def _text(v, default: str) -> str:
+    v = default if v is None else v
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _per_channel(v: np.ndarray, ndim: int) -> np.ndarray:
+    return as_compute_type(v).astype(np.float64).reshape((1, -1) + (1,) * (ndim - 2))
+
+
+@op("BatchNormalization")
+def _batchnorm(ctx, ins, a):
+    """Inference form: ``(x - mean) / sqrt(var + epsilon) * scale + B`` per channel (axis 1)."""
+    x, scale, bias, mean, var = ins[:5]
+    if not is_float(x):
+        raise UnsupportedNode(ctx.node, [x.dtype], "expects a float tensor")
+    if a.get("training_mode", 0):
+        raise UnsupportedNode(ctx.node, [x.dtype], "training_mode=1 (export in eval mode)")
+    eps = float(a.get("epsilon", 1e-5))
+    x64 = as_compute_type(x).astype(np.float64)
+    n = x.ndim
+    y = (x64 - _per_channel(mean, n)) / np.sqrt(_per_channel(var, n) + eps) * _per_channel(scale, n) \
+        + _per_channel(bias, n)
+    return [y.astype(x.dtype)]
+
+
+@op("InstanceNormalization")
+def _instancenorm(ctx, ins, a):
+    """``(x - mean) / sqrt(var + epsilon) * scale + B``, mean and (biased) variance over the
+    spatial axes of each (sample, channel)."""
+    x, scale, bias = ins[:3]
+    if not is_float(x) or x.ndim < 3:
+        raise UnsupportedNode(ctx.node, [x.dtype], "expects a float tensor (N, C, D1, ...)")
+    eps = float(a.get("epsilon", 1e-5))
+    axes = tuple(range(2, x.ndim))
+    x64 = as_compute_type(x).astype(np.float64)
+    mean = x64.mean(axis=axes, keepdims=True)
+    var = ((x64 - mean) ** 2).mean(axis=axes, keepdims=True)
+    y = (x64 - mean) / np.sqrt(var + eps) * _per_channel(scale, x.ndim) + _per_channel(bias, x.ndim)
+    return [y.astype(x.dtype)]
+
+
+def _source(o: np.ndarray, n_in: int, n_out: int, scale: float, ctm: str, node) -> np.ndarray:
+    if ctm == "half_pixel":
+        return (o + 0.5) / scale - 0.5
+    if ctm == "pytorch_half_pixel":
+        return (o + 0.5) / scale - 0.5 if n_out > 1 else o * 0.0
+    if ctm == "align_corners":
+        return o * (n_in - 1) / (n_out - 1) if n_out > 1 else o * 0.0
+    if ctm == "asymmetric":
+        return o / scale
+    raise UnsupportedNode(node, [], f"Resize coordinate_transformation_mode {ctm!r}")
+
+
+def _linear_axis(x: np.ndarray, ax: int, n_out: int, scale: float, ctm: str, node) -> np.ndarray:
+    n_in = x.shape[ax]
+    src = np.clip(_source(np.arange(n_out, dtype=np.float64), n_in, n_out, scale, ctm, node), 0, n_in - 1)
+    lo = np.floor(src).astype(np.int64)
+    hi = np.minimum(lo + 1, n_in - 1)
+    w = (src - lo).reshape([-1 if i == ax else 1 for i in range(x.ndim)])
+    return np.take(x, lo, axis=ax) * (1.0 - w) + np.take(x, hi, axis=ax) * w
+
+
+def _sizes_scales(ctx, ins, x) -> tuple[list[int], list[float]]:
+    scales = ins[2] if len(ins) > 2 and ins[2] is not None and ins[2].size else None
+    sizes = ins[3] if len(ins) > 3 and ins[3] is not None and ins[3].size else None
+    if sizes is not None:
+        sizes = [int(v) for v in sizes]
+        return sizes, [s / d for s, d in zip(sizes, x.shape)]
+    if scales is not None:
+        scales = [float(v) for v in scales]
+        return [int(np.floor(d * s)) for d, s in zip(x.shape, scales)], scales
+    raise NPUError(f"node {ctx.node.name!r}: Resize needs scales or sizes")
+
+
+@op("Resize")
+def _resize(ctx, ins, a):
+    """Linear (separable, float64, rounded once); nearest is ops_nn's kernel."""
+    x = ins[0]
+    mode = _text(a.get("mode"), "nearest")
+    if mode == "nearest" and _NEAREST is not None:
+        return _NEAREST(ctx, ins, a)
+    if mode != "linear":
+        raise UnsupportedNode(ctx.node, [x.dtype], f"Resize mode {mode!r} (nearest and linear only)")
+    if ctx.opset < 11:
+        raise UnsupportedNode(ctx.node, [x.dtype], "linear Resize before opset 11")
+    if not is_float(x):
+        raise UnsupportedNode(ctx.node, [x.dtype], "linear Resize expects a float tensor")
+    if a.get("antialias", 0):
+        raise UnsupportedNode(ctx.node, [x.dtype], "Resize antialias=1")
+    ctm = _text(a.get("coordinate_transformation_mode"), "half_pixel")
+    sizes, scales = _sizes_scales(ctx, ins, x)
+    if len(sizes) != x.ndim or min(sizes) < 0 or np.prod(sizes) > 1 << 31:
+        raise NPUError(f"node {ctx.node.name!r}: bad Resize output size {sizes}")
+    out = as_compute_type(x).astype(np.float64)
+    for ax, (n_out, sc) in enumerate(zip(sizes, scales)):
+        if n_out == x.shape[ax] and sc == 1:
+            continue
+        out = _linear_axis(out, ax, n_out, sc, ctm, ctx.node)
+    return [out.astype(x.dtype)]

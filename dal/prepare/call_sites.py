@@ -1,0 +1,207 @@
+"""Functional ops in forwards torch.fx cannot trace, found and quantized by call site.
+
+torchvision's ``FeaturePyramidNetwork`` (a loop over a dict of features), its detection heads
+(a loop over a list of levels) and ``IntermediateLayerGetter`` do not trace with torch.fx, so
+their ``+``, ``F.interpolate``, ``torch.cat`` and reshapes were invisible to prepare.
+
+Mechanism: a ``TorchFunctionMode`` entered around the forward of each such *owner* (a forward
+pre-hook, and a forward hook with ``always_call=True`` so an exception never leaves it on).
+Every torch function the Python interpreter dispatches while the owner runs reaches the mode;
+the mode keeps only calls whose calling frame is the owner's own ``forward`` code (calls
+inside submodules, losses or post-processing helpers are someone else's), and keys each by
+``<kind>_l<line>_<n>``: the source line of the call and its occurrence on that line in this
+forward (a loop over five pyramid levels gives five keys, one per level, as the exported graph
+has five ops). ``discover`` runs the float model once with a recording mode and returns the
+sites; ``install`` puts a QAdd / QMul / QCat per quantized site in ``owner.dal_sites`` (a
+ModuleDict: the quantizers are in ``state_dict``, so ``prepare_qat`` + ``load_state_dict``
+restores them) and registers the hooks that route each site's call to its module.
+
+Why not the alternatives: ``torch.export`` captures these forwards, but as an aten graph that
+replaces the user's Python forward (training then runs an inference graph with other module
+paths); fx with concrete list/dict arguments needs the structure of every argument and still
+fails on shape-dependent Python. The mode needs one example forward (the structure of the
+loops), runs the user's own code unchanged, and also sees the calls torch.jit tracing sees,
+so the export holds the same quantizers the training used.
+
+A site called again in a later call of the same owner (an owner module shared between calls)
+reuses the same key and so the same quantizers: one set of statistics per call site of the
+owner's code, as for a module called several times (see ``FakeQuantizer.forward``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from .float_ops import FloatOp, classify_node
+
+#: frames of torch's own dispatch wrappers between a user's call and the mode
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_WRAPPER_FILES = {os.path.join(_TORCH_DIR, f) for f in ("overrides.py", "_tensor.py", "functional.py", "_jit_internal.py",
+                                                         os.path.join("nn", "functional.py"))}
+_ADD = {"add", "__add__", "__radd__", "__iadd__", "add_"}
+_MUL = {"mul", "__mul__", "__rmul__", "__imul__", "mul_"}
+_CAT = {"cat", "concat", "concatenate"}
+_MATMUL = {"matmul", "__matmul__", "bmm"}
+SITES_ATTR = "dal_sites"
+
+
+@dataclass(frozen=True)
+class Site:
+    """One call site: ``owner`` path, ``key`` (``add_l78_0``), ``kind`` ("add", "mul", "cat",
+    "matmul" — quantizable — else None), ``op`` (the FloatOp of any other op), ``arity`` (the
+    number of tensors a cat joins), ``dim`` (its axis) and ``line`` (file:line, for the report)."""
+
+    owner: str
+    key: str
+    kind: Optional[str]
+    op: Optional[FloatOp]
+    arity: int = 2
+    dim: int = 0
+    line: str = ""
+
+    @property
+    def path(self) -> str:
+        return f"{self.owner}.{SITES_ATTR}.{self.key}" if self.owner else f"{SITES_ATTR}.{self.key}"
+
+
+def _caller(depth: int = 2):
+    """The frame that made the call the mode is handling, past torch's dispatch wrappers."""
+    f = sys._getframe(depth)
+    while f is not None and f.f_code.co_filename in _WRAPPER_FILES:
+        f = f.f_back
+    return f
+
+
+def _float_tensor(t) -> bool:
+    return torch.is_tensor(t) and t.is_floating_point()
+
+
+def classify_call(func, args, kwargs) -> tuple[Optional[str], Optional[FloatOp], int, int]:
+    """``(kind, op, arity, dim)`` of one torch call: a quantizable tensor-tensor op (kind), or
+    the FloatOp of a listed float / passthrough op, or ``(None, None, 0, 0)`` for the rest
+    (shapes, scalar arithmetic, dtype queries)."""
+    name = getattr(func, "__name__", "")
+    if name in _CAT:
+        seq = args[0] if args else kwargs.get("tensors", ())
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        if isinstance(seq, (list, tuple)) and len(seq) >= 2 and all(_float_tensor(t) for t in seq):
+            return "cat", None, len(seq), int(dim)
+        return None, None, 0, 0
+    for kind, names in (("add", _ADD), ("mul", _MUL), ("matmul", _MATMUL)):
+        if name in names:
+            two = len(args) >= 2 and _float_tensor(args[0]) and _float_tensor(args[1])
+            same = two and args[0].dim() > 0 and args[1].dim() > 0
+            if same and kwargs.get("alpha") is None and len(args) == 2:
+                return kind, None, 2, 0
+            return None, None, 0, 0
+    node = _Stub(func, name, args, kwargs)
+    op = classify_node(node)
+    return None, op, 0, 0
+
+
+class _Stub:
+    """An fx-node look-alike, so that ``float_ops.classify_node`` (one table) decides."""
+
+    def __init__(self, func, name, args, kwargs):
+        is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or \
+            getattr(torch.Tensor, name, None) is func
+        self.op = "call_method" if is_method else "call_function"
+        self.target = name if is_method else func
+        self.args, self.kwargs = args, kwargs
+
+
+def _owner_codes(owner: nn.Module) -> frozenset:
+    """The forward's code, and the code of the comprehensions and lambdas written in it (their
+    own frames before Python 3.12: ``[self.act(o) for o in out]`` is the forward's call too)."""
+    code = getattr(type(owner).forward, "__code__", None)
+    found, todo = set(), [code] if code is not None else []
+    while todo:
+        c = todo.pop()
+        found.add(c)
+        todo += [k for k in c.co_consts if isinstance(k, type(c)) and k.co_name.startswith("<")]
+    return frozenset(found)
+
+
+class _SiteMode(TorchFunctionMode):
+    """Routes (or records) the calls made by one owner's own forward code."""
+
+    def __init__(self, owner: nn.Module, path: str, record: Optional[dict] = None):
+        super().__init__()
+        self.codes = _owner_codes(owner)
+        self.sites = getattr(owner, SITES_ATTR, None)
+        self.path, self.record, self.counts = path, record, {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        frame = _caller()
+        if frame is None or frame.f_code not in self.codes:
+            return func(*args, **kwargs)
+        kind, op, arity, dim = classify_call(func, args, kwargs)
+        if kind is None and op is None:
+            return func(*args, **kwargs)
+        tag = kind or op.function
+        n = self.counts.get((tag, frame.f_lineno), 0)
+        self.counts[(tag, frame.f_lineno)] = n + 1
+        key = f"{tag}_l{frame.f_lineno}_{n}"
+        if self.record is not None:
+            line = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+            self.record.setdefault((self.path, key), Site(self.path, key, kind, op, arity, dim, line))
+        if kind is not None and self.sites is not None and key in self.sites:
+            tensors = (args[0] if args else kwargs["tensors"]) if kind == "cat" else args[:2]
+            return self.sites[key](*tensors)
+        return func(*args, **kwargs)
+
+
+def _enter(module, args):
+    mode = _SiteMode(module, getattr(module, "dal_site_path", ""))
+    module.__dict__.setdefault("dal_site_modes", []).append(mode)
+    mode.__enter__()
+
+
+def _exit(module, args, output):
+    modes = module.__dict__.get("dal_site_modes")
+    if modes:
+        modes.pop().__exit__(None, None, None)
+    return None
+
+
+def discover(model: nn.Module, owners: list[str], run) -> list[Site]:
+    """Run ``run()`` (one float forward) with a recording mode around each owner's forward;
+    return every classified call site of the owners' own code, in call order."""
+    record: dict = {}
+    handles = []
+
+    def pre(module, args, path):
+        mode = _SiteMode(module, path, record)
+        module.__dict__.setdefault("dal_site_modes", []).append(mode)
+        mode.__enter__()
+
+    for path in owners:
+        mod = model.get_submodule(path) if path else model
+        handles.append(mod.register_forward_pre_hook(lambda m, a, p=path: pre(m, a, p)))
+        handles.append(mod.register_forward_hook(_exit, always_call=True))
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    return list(record.values())
+
+
+def install(model: nn.Module, site: Site, qmod: nn.Module) -> None:
+    """Put ``qmod`` at ``site`` (``owner.dal_sites[key]``) and hook the owner (once)."""
+    owner = model.get_submodule(site.owner) if site.owner else model
+    sites = getattr(owner, SITES_ATTR, None)
+    if sites is None:
+        sites = nn.ModuleDict()
+        owner.add_module(SITES_ATTR, sites)
+        owner.dal_site_path = site.owner
+        owner.register_forward_pre_hook(_enter)
+        owner.register_forward_hook(_exit, always_call=True)
+    sites[site.key] = qmod

@@ -1,0 +1,64 @@
+"""A short train + QAT + export, then the same test scenes scored from the torch QAT model and
+from dal.npu running the exported file: same decoding, same evaluator.
+
+The float models are trained just long enough that the scores are far from zero (asserted), so
+an NPU that got boxes or classes wrong would move them. The bench (400 scenes) holds the
+engines to 0.1 point; on the 48 scenes here one near-tie code that moves one box across one IoU
+threshold is worth about 0.1-0.2 point of mAP@[.5:.95] (a class has ~12 boxes, 10 thresholds),
+so mAP is held to 0.3 point and the raw head outputs to the LSB criterion end to end.
+"""
+import os
+
+import pytest
+import torch
+
+import dal
+from oracles import lsb_stats, output_scale
+from dal.datasets.mnist_scenes import mnist_scenes
+from dal.prepare import set_quantizer_state
+from dal.zoo_detection import DigitDetector, DigitSegmenter, evaluate, image_batches, torch_runner, train_steps
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def data():
+    torch.set_num_threads(1)
+    return mnist_scenes("train", 600, seed=21), mnist_scenes("test", 48, seed=21)
+
+
+def _qat_and_npu(model_class, task, recipe, data, tmp_path):
+    import dal.npu
+
+    train, test = data
+    torch.manual_seed(0)  # before the model is built: its initial weights must not depend on test order
+    net = model_class(width=8)
+    train_steps(net, train, task, 160 if task == "detect" else 120, lr=3e-3)
+    qat = dal.prepare_qat(net, recipe=recipe, hardware="a2000", example_inputs=(test.images[:4],))
+    dal.calibrate(qat, image_batches(train, 32), num_batches=4, progress=False)
+    train_steps(qat, train, task, 8, lr=5e-4, seed=1)
+    set_quantizer_state(qat, "frozen")
+    torch_scores = evaluate(torch_runner(qat), test, task, batch_size=16)
+    path = os.path.join(tmp_path, "m.onnx")
+    dal.export_onnx(qat, (test.images[:4],), path, dynamic_batch=True)
+    sess = dal.npu.load(path)
+    npu_scores = evaluate(lambda x: sess.run({"input": x.numpy()}), test, task, batch_size=16)
+    raw = (torch_runner(qat)(test.images), sess.run({"input": test.images.numpy()}))
+    return torch_scores, npu_scores, raw, path
+
+
+def test_detector_map_on_the_npu_equals_torch_qat(data, tmp_path):
+    t, n, (ours, theirs), path = _qat_and_npu(DigitDetector, "detect", "int8_balanced", data, tmp_path)
+    assert t["map50"] > 10.0, f"the detector did not learn enough for the comparison to mean much: {t}"
+    assert abs(t["map"] - n["map"]) <= 0.3 and abs(t["map50"] - n["map50"]) <= 0.3, (t, n)
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        stats = lsb_stats(a.numpy(), b, output_scale(path, k))
+        # end to end a near-tie flip can cascade (float vs integer accumulation), so the bar is
+        # the end-to-end one: nearly all codes within 1 LSB, none far off
+        assert stats.within1 >= 0.999 and stats.max_lsb <= 4, f"output {k}: {stats}"
+
+
+def test_segmenter_miou_on_the_npu_equals_torch_qat(data, tmp_path):
+    t, n, _, _ = _qat_and_npu(DigitSegmenter, "segment", "int8_detection", data, tmp_path)
+    assert t["miou"] > 12.0, f"the segmenter did not learn enough for the comparison to mean much: {t}"
+    assert abs(t["miou"] - n["miou"]) <= 0.1, (t, n)
