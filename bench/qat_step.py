@@ -14,6 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 import torchvision
+from cpu import cpu_flags as _cpu_flags  # bench/cpu.py
 
 
 def _step_fn(model, x, y):
@@ -28,15 +29,6 @@ def _step_fn(model, x, y):
 
 #: the house issue's targets for dal / float, per resolution
 TARGETS = {112: 1.25, 224: 1.12}
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line for line in f if line.startswith("flags")).split(":", 1)[1].split()
-    except (OSError, StopIteration):
-        return "unknown"
-    return " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni") if f in flags) or "none of avx2/avx512"
 
 
 def _models(size: int, batch: int):

@@ -29,6 +29,7 @@ _LAZY = {
     "quantizer_states": ("dal.quantizer", "quantizer_states"),
     "prepared": ("dal.prepare", "prepared"),
     "prepare_qat": ("dal.prepare", "prepare_qat"),
+    "npu_part": ("dal.prepare.boundary", "npu_part"),
     "register_qat_module": ("dal.nn.registry", "register_qat_module"),
     "calibrate": ("dal.calibration", "calibrate"),
     "export_onnx": ("dal.export", "export_onnx"),
@@ -39,13 +40,18 @@ _LAZY = {
     "save_checkpoint": ("dal.checkpoint", "save_checkpoint"),
     "load_checkpoint": ("dal.checkpoint", "load_checkpoint"),
     "to_float": ("dal.prepare", "to_float"),
+    "convert": ("dal.convert", "convert"),
     "set_quantizer_state": ("dal.prepare", "set_quantizer_state"),
     "freeze_bn": ("dal.prepare", "freeze_bn"),
     "report": ("dal.analysis.report", "build_report"),
+    "estimate": ("dal.cost", "estimate"),
+    "search_precision": ("dal.cost", "search_precision"),
+    "auto_quantize": ("dal.ptq", "auto_quantize"),
 }
 
 _SUBMODULES = {"formats", "observers", "quantizer", "hardware", "recipe", "nn", "sparsity", "replace",
-               "prepare", "calibration", "export", "npu", "verification", "analysis", "distill", "preprocess"}
+               "prepare", "calibration", "export", "npu", "verification", "analysis", "distill", "preprocess",
+               "cost", "ptq"}
 
 
 def __getattr__(name: str):

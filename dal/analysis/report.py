@@ -47,7 +47,8 @@ def build_report(model: nn.Module, data: Optional[Iterable] = None, float_model:
                  onnx_path=None, out="report.html", *, num_batches: int = 4, sensitivity: bool = True,
                  sensitivity_layers: Optional[int] = 5, input_fn: Optional[Callable] = None,
                  title: Optional[str] = None, max_histograms: Optional[int] = None, worst: int = 5,
-                 cosine_target: float = 0.99, progress: bool = True) -> Path:
+                 cosine_target: float = 0.99, progress: bool = True, auto_quantize=None, estimate=None,
+                 search=None) -> Path:
     """Write the HTML report of a calibrated / trained QAT ``model`` to ``out``; return its path.
 
     Args:
@@ -61,6 +62,9 @@ def build_report(model: nn.Module, data: Optional[Iterable] = None, float_model:
         max_histograms: histograms of this many layers, worst first (None: every layer).
         worst: how many of the worst layers the summary names.
         cosine_target: the end-to-end output cosine vs float the verdict asks for.
+        auto_quantize: a ``dal.auto_quantize`` result: its rung table becomes a section.
+        estimate: a ``dal.estimate`` result: the latency section (plot per layer, engines);
+            ``search``: a ``dal.search_precision`` result adds its Pareto front there.
 
     Example:
         >>> dal.analysis.report.build_report(qat, loader, float_model=net, onnx_path="m.onnx")  # doctest: +SKIP
@@ -78,6 +82,12 @@ def build_report(model: nn.Module, data: Optional[Iterable] = None, float_model:
         # The short sections first, the one-per-layer ones after.
         body = [_summary(f.order, f.rows, f.weights, drawn, {r["layer"]: r for r in f.sens.rows} if f.sens else {},
                          f.end_cosine, cosine_target, f.parity, worst, inputs)]
+        if auto_quantize is not None:
+            body.append(auto_quantize.to_html())
+        if estimate is not None:
+            from .report_cost import latency_section
+
+            body.append(latency_section(estimate, search))
         if onnx_path is not None:
             body.append(_parity_section(f.parity))
         if f.sens is not None:
@@ -94,7 +104,9 @@ def build_report(model: nn.Module, data: Optional[Iterable] = None, float_model:
             f"{getattr(f.prep, 'hardware', '?')}; {len(f.layers)} quantized layers, "
             f"{sum(1 for _ in quantizers(model))} quantizers; {_batches(inputs)}. Built in "
             f"{time.perf_counter() - t0:.1f} s (" + ", ".join(f"{k} {v:.1f} s" for k, v in f.took.items()) + ").")
-    links = [("summary", "Summary", True), ("parity", "Parity", onnx_path is not None),
+    links = [("summary", "Summary", True), ("auto-quantize", "auto_quantize", auto_quantize is not None),
+             ("latency", "Latency", estimate is not None),
+             ("parity", "Parity", onnx_path is not None),
              ("sensitivity", "Sensitivity", f.sens is not None), ("error", "Per-layer error", f.lw is not None),
              ("histograms", "Histograms", True), ("prepare", "prepare_qat", f.prep is not None)]
     nav = "<nav>" + "".join(f'<a href="#{a}">{t}</a>' for a, t, on in links if on) + "</nav>"
@@ -239,7 +251,7 @@ def _summary(order, rows, weights, drawn, gains, end_cosine, target, parity, wor
     elif parity is not None:
         kind, text = verdict(parity)
         kinds.append(kind)
-        lines.append(text)
+        lines.insert(0, text)  # the verdict first (integer model == NPU, layer by layer)
     if not inputs:
         lines.append("No data given: only weight histograms. Pass data for per-layer error, activation histograms, "
                      "sensitivity and parity.")
