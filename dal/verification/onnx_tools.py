@@ -24,11 +24,33 @@ def constants(model: onnx.ModelProto) -> dict:
 
 
 def output_lsb(model: onnx.ModelProto, output_name: str) -> Optional[float]:
-    """The per-tensor scale of the DequantizeLinear that produces ``output_name``, if any."""
-    for node in model.graph.node:
-        if output_name in node.output and node.op_type == "DequantizeLinear":
-            arr = constants(model).get(node.input[1])
-            return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 else None
+    """The LSB an output is compared in: the per-tensor scale of the DequantizeLinear producing
+    ``output_name``; for a float output (a detection head after Reshape / Concat / Sigmoid, no
+    output quantizer) the scale of the last activation DequantizeLinear feeding it, walking back
+    through the float ops. When several feed it (a Concat of heads) the smallest scale is used,
+    so a real difference is never hidden behind a coarser neighbour's LSB. None when no
+    per-tensor activation DQ is upstream (a purely float graph)."""
+    consts = constants(model)
+    made_by = producers(model)
+    frontier, seen, found = [output_name], set(), []
+    while frontier:
+        nxt = []
+        for name in frontier:
+            node = made_by.get(name)
+            if node is None or name in seen:
+                continue
+            seen.add(name)
+            if node.op_type == "DequantizeLinear":
+                if node.input[0] in consts:
+                    continue  # a weight or bias: not the activation's grid
+                arr = consts.get(node.input[1])
+                if arr is not None and arr.size == 1:
+                    found.append(float(arr.reshape(-1)[0]))
+                continue
+            nxt.extend(i for i in node.input if i and i not in consts)
+        if found:  # the nearest DQs only: farther ones are other layers' grids
+            return min(found)
+        frontier = nxt
     return None
 
 
