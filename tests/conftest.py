@@ -16,3 +16,9 @@ if settings is not None:
     # the test modules are imported, so their own @settings(...) inherit both.
     settings.register_profile("dal", derandomize=True, deadline=None, print_blob=True)
     settings.load_profile("dal")
+
+# `make test` runs one xdist worker per core: one torch thread per worker, not two workers
+# fighting over both cores (tests that measure threading pass their thread count explicitly).
+import torch  # noqa: E402
+
+torch.set_num_threads(1)

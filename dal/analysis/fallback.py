@@ -1,12 +1,15 @@
-"""auto_fallback: the fewest layers to keep in FP16 so that the model reaches a target metric.
+"""auto_fallback: the fewest layers to move up (INT16, else FP16) so that the model reaches a target metric.
 
 1. Rank the quantized layers by ``gain`` (``sensitivity``: what keeping each one in float buys).
-2. Greedy: add layers in that order until ``M(model with those layers in FP16) >= target``.
-   FP16 is simulated in place exactly as ``prepare_qat`` builds a ``fallback: fp16`` layer
-   (input and weight rounded to FP16, no output quantizer); every other scale stays as is.
+2. Greedy over the moves: each layer in that order steps INT8 -> INT16 (when the hardware model
+   offers int16 for its op class: ``int16_step.int16_rule``) -> FP16, one move at a time, until
+   ``M(model with those moves) >= target``. FP16 is simulated in place exactly as
+   ``prepare_qat`` builds a ``fallback: fp16`` layer (input and weight rounded to FP16, no
+   output quantizer); INT16 by an int16 quantizer over the INT8 one's range
+   (``int16_step.int16_quantizer``); every other scale stays as is.
 3. Prune: drop any chosen layer whose removal still meets the target (latest first).
-4. The result's ``recipe`` is the model's recipe with ``{match: <layer>, fallback: fp16}``
-   rules prepended (``Recipe.with_rules_prepended``): ``recipe.to_yaml(path)`` saves it, and
+4. The result's ``recipe`` is the model's recipe with ``{match: <layer>, fallback: fp16}`` (or the
+   INT16 rule) rules prepended (``Recipe.with_rules_prepended``): ``recipe.to_yaml(path)`` saves it, and
    ``prepare_qat(float_model, recipe)`` rebuilds the model with those layers in FP16, which the
    exporter writes as ``Cast(to=float16)`` regions.
 5. Verify (when ``float_model`` is given): re-prepare a copy of it with the new recipe,
@@ -26,15 +29,17 @@ from torch import nn
 from ..prepare.handle import find_prepared, prepared
 from .common import evaluating, qat_layers
 from .evaluator import Evaluator, Metric
+from .int16_step import int16_quantizer, int16_rule
 from .sensitivity import sensitivity
 
 
 @dataclass
 class FallbackResult:
-    """``layers``: names kept in FP16; ``metric``: the value reached (verified when
-    ``verified_metric`` is not None); ``met``: whether ``target`` was reached; ``recipe``: the
-    recipe to save and re-prepare with; ``model``: the re-prepared, calibrated model (verify
-    step) or None; ``history``: (layers, metric) of every evaluation."""
+    """``layers``: names moved up, ``formats`` (name -> "int16" or "fp16") what to; ``metric``:
+    the value reached (verified when ``verified_metric`` is not None); ``met``: whether
+    ``target`` was reached; ``recipe``: the recipe to save and re-prepare with; ``model``: the
+    re-prepared, calibrated model (verify step) or None; ``history``: (layers, metric) of every
+    evaluation; ``int16_rules``: the INT16 rule of each layer that had that step."""
 
     layers: list
     metric: float
@@ -46,21 +51,44 @@ class FallbackResult:
     model: Optional[nn.Module] = None
     history: list = field(default_factory=list)
     sensitivity: object = None
+    formats: dict = field(default_factory=dict)
+    int16_rules: dict = field(default_factory=dict, repr=False)
 
     def rules(self) -> list:
-        return [{"match": name, "fallback": "fp16"} for name in self.layers]
+        return _rules(self.formats, self.int16_rules, self.layers)
 
     def __str__(self) -> str:
         state = "met" if self.met else "NOT met"
         verified = f", verified after re-prepare: {self.verified_metric:.6f}" if self.verified_metric is not None else ""
-        return (f"dal.analysis.auto_fallback: target {self.target:.6f} {state} with {len(self.layers)} FP16 layer(s) "
-                f"{self.layers}: {self.metric:.6f} (all quantized: {self.baseline:.6f}{verified})")
+        moved = [f"{n}:{self.formats.get(n, 'fp16')}" for n in self.layers]
+        return (f"dal.analysis.auto_fallback: target {self.target:.6f} {state} with {len(self.layers)} layer(s) moved "
+                f"{moved}: {self.metric:.6f} (all quantized: {self.baseline:.6f}{verified})")
 
 
 def _fp16_quantizer(name: str):
     from ..quantizer import FakeQuantizer
 
     return FakeQuantizer("fp16", name=name).set_state("quantize")
+
+
+@contextlib.contextmanager
+def precision_fallback(model: nn.Module, formats: dict) -> Iterator[None]:
+    """Temporarily move the named QAT layers to ``formats[name]``: "fp16" as ``fp16_fallback``,
+    "int16": input (and output) quantizers replaced by ``int16_quantizer`` over their range."""
+    mods = dict(qat_layers(model))
+    saved = []
+    try:
+        for name in [n for n, f in formats.items() if f == "int16"]:
+            for attr in ("input_quant", "output_quant"):
+                old = mods[name]._modules.get(attr)
+                if old is not None:
+                    saved.append((mods[name], attr, old))
+                    mods[name]._modules[attr] = int16_quantizer(old, f"{name}.{attr}")
+        with fp16_fallback(model, [n for n, f in formats.items() if f == "fp16"]):
+            yield
+    finally:
+        for mod, attr, old in reversed(saved):
+            mod._modules[attr] = old
 
 
 @contextlib.contextmanager
@@ -119,40 +147,49 @@ def auto_fallback(model: nn.Module, data: Optional[Iterable] = None, target: flo
     sens = sensitivity(model, data, metric, num_batches, input_fn=input_fn, progress=progress)
     order = [r["layer"] for r in sens.ranked_by_gain]
     limit = len(order) if max_layers is None else min(max_layers, len(order))
+    int16 = {n: r for n in order[:limit] if (r := int16_rule(model, n)) is not None}
+    moves = [(n, f) for n in order[:limit] for f in (("int16", "fp16") if n in int16 else ("fp16",))]
     history = []
     with evaluating(model):
         ev = Evaluator(model, data, metric, num_batches, input_fn, False, "dal.analysis.auto_fallback")
 
-        def measure(names):
-            with fp16_fallback(model, names):
+        def measure(formats):
+            with precision_fallback(model, formats):
                 value = ev()
-            history.append((list(names), value))
+            history.append((list(formats), value))
             return value
 
-        chosen: list = []
+        chosen: dict = {}
         value = baseline = measure(chosen)
-        while value < target and len(chosen) < limit:
-            chosen.append(order[len(chosen)])
+        done = 0
+        while value < target and done < len(moves):
+            chosen = dict(chosen, **dict([moves[done]]))
+            done += 1
             value = measure(chosen)
         if value >= target:
-            for name in list(reversed(chosen[:-1])):
-                trial = [n for n in chosen if n != name]
+            for name in list(reversed(list(chosen)[:-1])):
+                trial = {n: f for n, f in chosen.items() if n != name}
                 v = measure(trial)
                 if v >= target:
                     chosen, value = trial, v
-    result = FallbackResult(chosen, value, target, value >= target, _recipe_with(recipe, chosen), baseline,
-                            history=history, sensitivity=sens)
+    result = FallbackResult(list(chosen), value, target, value >= target, _recipe_with(recipe, chosen, int16),
+                            baseline, history=history, sensitivity=sens, formats=chosen, int16_rules=int16)
     if float_model is not None:
-        _verify(result, model, float_model, data, metric, order, limit, example_inputs, num_batches,
+        _verify(result, model, float_model, data, metric, moves, example_inputs, num_batches,
                 calibrate_args or {}, input_fn)
     return result
 
 
-def _recipe_with(recipe, names):
-    return recipe.with_rules_prepended([{"match": n, "fallback": "fp16"} for n in names]) if names else recipe
+def _rules(formats: dict, int16: dict, names=None) -> list:
+    return [int16[n] if formats.get(n) == "int16" else {"match": n, "fallback": "fp16"}
+            for n in (formats if names is None else names)]
 
 
-def _verify(result, model, float_model, data, metric, order, limit, example_inputs, num_batches, calibrate_args,
+def _recipe_with(recipe, formats: dict, int16: dict):
+    return recipe.with_rules_prepended(_rules(formats, int16)) if formats else recipe
+
+
+def _verify(result, model, float_model, data, metric, moves, example_inputs, num_batches, calibrate_args,
             input_fn) -> None:
     from ..calibration import calibrate
     from ..calibration.batches import cached_inputs
@@ -166,28 +203,30 @@ def _verify(result, model, float_model, data, metric, order, limit, example_inpu
     hardware = prepared(model).hardware
     ex = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
 
-    def real(names):
-        recipe = _recipe_with(prepared(model).recipe, names)
+    def real(formats):
+        recipe = _recipe_with(prepared(model).recipe, formats, result.int16_rules)
         fresh = prepare_qat(copy.deepcopy(float_model), recipe=recipe, hardware=hardware, example_inputs=ex)
         calibrate(fresh, data, num_batches, input_fn=input_fn, progress=False, **calibrate_args)
         with evaluating(fresh):
             value = Evaluator(fresh, data, metric, num_batches, input_fn)()
-        result.history.append((list(names), value))
+        result.history.append((list(formats), value))
         return value, recipe, fresh
 
-    names = list(result.layers)
+    names = dict(result.formats)
     value, recipe, fresh = real(names)
-    while value < result.target and len(names) < limit:
-        names.append(next(n for n in order if n not in names))
+    # the next moves: past the last one whose effect the chosen formats already contain
+    pending = [m for m in moves if not (names.get(m[0]) == m[1] or (m[1] == "int16" and names.get(m[0]) == "fp16"))]
+    while value < result.target and pending:
+        names = dict(names, **dict([pending.pop(0)]))
         value, recipe, fresh = real(names)
     if value >= result.target:
         # Re-preparing recalibrates the layers after a fallback one, so the simulated pruning
         # can be off by a hair: prune again on re-prepared models (latest added first).
-        for name in list(reversed(names[:-1])):
-            trial = [n for n in names if n != name]
+        for name in list(reversed(list(names)[:-1])):
+            trial = {n: f for n, f in names.items() if n != name}
             v, r, f = real(trial)
             if v >= result.target:
                 names, value, recipe, fresh = trial, v, r, f
-    result.layers, result.recipe, result.model = names, recipe, fresh
+    result.layers, result.formats, result.recipe, result.model = list(names), names, recipe, fresh
     result.verified_metric = result.metric = value
     result.met = value >= result.target

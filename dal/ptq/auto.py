@@ -6,8 +6,9 @@
    ``eval_fn(float) - eval_fn(rung)`` is ``<= max_drop`` wins.
 2. Otherwise: sensitivity-driven fallback on the best rung. Layers ranked by what keeping each in
    float buys (``dal.analysis.sensitivity``, metric ``eval_fn``) move, one at a time, to the next
-   precision the hardware allows (INT4 -> INT8 -> FP16), at most ``max_layers`` of them, until
-   the drop is met.
+   precision the hardware allows (INT4 -> INT8 -> INT16 -> FP16; INT16 activations only where the
+   hardware model lists int16 for the op class), at most ``max_layers`` of them, until the drop
+   is met. A layer that reached INT16 without meeting it goes on to FP16 before the next layer.
 3. Otherwise: a model prepared for QAT with the best configuration seen, calibrated (quantizers
    in ``quantize``, train mode): train it with your own loop (``on_miss="raise"`` raises instead,
    the result attached to the error).
@@ -113,8 +114,11 @@ def _ladder(lad: _Ladder) -> Optional[Rung]:
         bar.close()
 
 
-def _next_precision_rule(mod, name: str):
-    """The rule moving layer ``name`` one precision up (INT4 -> INT8 -> FP16), or None at FP16."""
+def _next_precision_rule(model, mod, name: str):
+    """The rule moving layer ``name`` of ``model`` one precision up (INT4 -> INT8 -> INT16 when
+    the hardware offers int16 activations for it -> FP16), or None at FP16."""
+    from ..analysis.int16_step import int16_rule
+
     wq = getattr(mod, "weight_quant", None)
     if wq is not None and wq.fmt.is_integer and wq.fmt.bits < 8:
         rule = {"match": name, "weight": {"format": "int8", "granularity": "per_channel", "symmetric": True,
@@ -125,7 +129,8 @@ def _next_precision_rule(mod, name: str):
                              "symmetric": bool(iq.symmetric), "observer": iq.observer_name}
         return rule, "int8"
     if wq is not None and wq.fmt.is_scaled:
-        return {"match": name, "fallback": "fp16"}, "fp16"
+        rule = int16_rule(model, name)
+        return (rule, "int16") if rule is not None else ({"match": name, "fallback": "fp16"}, "fp16")
     return None, None
 
 
@@ -142,18 +147,23 @@ def _fallback(lad: _Ladder, max_layers: int) -> Optional[Rung]:
     for row in sens.ranked_by_gain:
         if len(changed) >= max_layers:
             break
-        rule, to = _next_precision_rule(mods[row["layer"]], row["layer"])
-        if rule is None:
-            continue
-        try:
-            rec = best_rec.with_rules_prepended(rules + [rule])
-            r = lad.run(f"fallback {row['layer']} -> {to}", rec, method, steps, changed + [f"{row['layer']}:{to}"])
-        except RecipeError:
-            continue  # the hardware refuses that precision for this layer: try the next layer
-        rules.append(rule)
-        changed.append(f"{row['layer']}:{to}")
-        if r.met:
-            return r
+        rule, to = _next_precision_rule(best_q, mods[row["layer"]], row["layer"])
+        kept = None  # (rule, to) of the last step of this layer the hardware took
+        while rule is not None:
+            try:
+                rec = best_rec.with_rules_prepended(rules + [rule])
+                r = lad.run(f"fallback {row['layer']} -> {to}", rec, method, steps,
+                            changed + [f"{row['layer']}:{to}"])
+            except RecipeError:
+                break  # the hardware refuses that precision for this layer: keep its last step
+            kept = (rule, to)
+            if r.met:
+                return r
+            # INT16 was not enough: this layer's next step is FP16 (replacing its INT16 rule)
+            rule, to = ({"match": row["layer"], "fallback": "fp16"}, "fp16") if to == "int16" else (None, None)
+        if kept is not None:
+            rules.append(kept[0])
+            changed.append(f"{row['layer']}:{kept[1]}")
     return None
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import dal
-from conftest import export, ort_all, pow2_hw, set_meta
+from constraints_common import export, ort_all, pow2_hw, set_meta
 from ref64 import run_group
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import dal
-from conftest import export, ort_all, pow2_hw
+from constraints_common import export, ort_all, pow2_hw
 from ref64 import run_group
 
 W8 = {"format": "int8", "granularity": "per_channel", "symmetric": True, "observer": "minmax"}

@@ -9,7 +9,7 @@ import torch
 from onnx import numpy_helper
 
 import dal
-from conftest import CatNet, export, ort_all
+from constraints_common import CatNet, export, ort_all
 from dal.formats.autograd import pow2_scale_ste
 from dal.formats.qparams import power_of_two_scale
 from dal.observers import OBSERVERS, make_observer

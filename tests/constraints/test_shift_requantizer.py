@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dal
-from conftest import CatNet, export, ort_all, set_meta
+from constraints_common import CatNet, export, ort_all, set_meta
 from ref64 import run_group
 
 
