@@ -10,7 +10,9 @@
 3. Each candidate is timed by the roofline (``dal.cost.roofline``) and scored for sensitivity
    (``dal.cost.scores``: ``method="fisher"`` or ``"output_error"``; their costs are there).
 4. Layers that read the same tensor must store it in one format, so they form one group and take
-   the same candidate (``groups=`` adds the user's own, e.g. one shared-scale group); the
+   the same candidate; so do the layers whose outputs feed one op the hardware runs without
+   requantizing (its ``shared_scale`` op classes, e.g. the branches of a ``torch.cat``:
+   ``dal.cost.shared_groups``); ``groups=`` adds the user's own. The
    solver (``dal.cost.solve``) picks one candidate per group, exactly, minimising the summed
    score with ``fixed + sum(latency) <= latency_budget`` and ``sum(weight bytes) <= size_budget``.
 5. The result's ``recipe`` is ``base_recipe`` with one rule per searched layer prepended
@@ -37,6 +39,7 @@ from ..config.problems import Problem
 from ..hardware.cost import MissingCostError, require_cost
 from .estimator import estimate_layers
 from .roofline import Choice, layer_cost, weight_bytes
+from .shared_groups import shared_scale_groups
 from .solve import Option, solve
 
 SEARCHED = ("conv", "linear")
@@ -80,6 +83,15 @@ class SearchResult:
         """The recipe of any front point's ``{layer: key}`` (the chosen one is ``self.recipe``)."""
         return self.base_recipe.with_rules_prepended([self.rules[n][k] for n, k in picks.items()])
 
+    def spread(self, points: int) -> list:
+        """Indices of up to ``points`` front points spread evenly over latency, cheapest first: the
+        points ``pareto_table(points)`` shows and ``measure(points=points)`` measures. A caller
+        measuring them its own way (e.g. with QAT) stores ``measured[i] = value`` for these."""
+        order = sorted(range(len(self.front)), key=lambda i: self.front[i][0])
+        if len(order) > points > 1:
+            order = [order[round(i * (len(order) - 1) / (points - 1))] for i in range(points)]
+        return order[:max(points, 1)]
+
     def measure(self, model, calib_data, evaluate, hardware, example_inputs, points: int = 6,
                 num_batches: int = 8) -> dict:
         """Measure ``evaluate(model) -> float`` (e.g. accuracy) on up to ``points`` front points
@@ -89,11 +101,8 @@ class SearchResult:
         from ..calibration import calibrate
         from ..prepare import prepare_qat
 
-        order = sorted(range(len(self.front)), key=lambda i: self.front[i][0])
-        if len(order) > points:
-            order = [order[round(i * (len(order) - 1) / (points - 1))] for i in range(points)]
         ex = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
-        for i in order:
+        for i in self.spread(points):
             q = prepare_qat(copy.deepcopy(model), recipe=self.recipe_for(self.front[i][3]), hardware=hardware,
                             example_inputs=ex)
             calibrate(q, calib_data, num_batches, progress=False)
@@ -102,11 +111,7 @@ class SearchResult:
 
     def pareto_table(self, rows: int = 12) -> str:
         """Up to ``rows`` points of the front spread over latency, as a markdown table."""
-        idx = sorted(range(len(self.front)), key=lambda i: self.front[i][0])
-        if self.measured:
-            idx = [i for i in idx if i in self.measured]
-        elif len(idx) > rows:
-            idx = [idx[round(i * (len(idx) - 1) / (rows - 1))] for i in range(rows)]
+        idx = (sorted(self.measured, key=lambda i: self.front[i][0]) if self.measured else self.spread(rows))
         lines = ["| latency (ms) | x INT8 | weights (bytes) | predicted score | measured | formats |",
                  "|---|---|---|---|---|---|"]
         for i in idx:
@@ -313,7 +318,9 @@ def search_precision(model: nn.Module, calib_data, hardware, latency_budget=None
     float_model = copy.deepcopy(model)
     scores = (fisher_scores(float_model, batches, fmts, loss_fn) if method == "fisher"
               else output_error_scores(float_model, batches, fmts))
-    grouped = _groups(_shared_inputs(float_model, example_inputs, list(searched)), list(searched), groups)
+    auto = _shared_inputs(float_model, example_inputs, list(searched))
+    auto += shared_scale_groups(base, example_inputs, list(searched), hw.shared_scale)
+    grouped = _groups(auto, list(searched), groups)
     return _solve(grouped, searched, table, scores, fixed, cost, latency_budget, size_budget, recipe, method)
 
 

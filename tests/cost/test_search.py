@@ -159,3 +159,58 @@ def test_w8a16_on_a_16_bit_activation_mode(mnist):
     est = estimate(q, example_inputs=(x,))
     assert est.total_ms == pytest.approx(point[0])
     assert any(r.choice.label == "wint8/aint16" for r in est.rows)
+
+
+class _Branches(torch.nn.Module):
+    """A stem, two conv branches concatenated (torch.cat), then a head; as in an Inception block
+    the second branch pools first, so the two convs read different tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, stride=2, padding=1), torch.nn.ReLU())
+        self.a = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU())
+        self.b = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 1), torch.nn.ReLU())
+        self.pool = torch.nn.MaxPool2d(3, stride=1, padding=1)
+        self.head = torch.nn.Sequential(torch.nn.Conv2d(48, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
+                                        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+
+    def forward(self, x):
+        x = self.stem(x)
+        return self.head(torch.cat([self.a(x), self.b(self.pool(x))], dim=1))
+
+
+def _branches(calib):
+    from dal.training import train_epoch
+
+    torch.manual_seed(0)
+    net = _Branches()
+    train_epoch(net, calib, torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9))
+    return net.eval()
+
+
+def test_shared_scale_cat_branches_take_one_format(mnist, tmp_path):
+    """pow2_int8 concatenates without requantizing (shared_scale: [cat]): the two branches feeding
+    the cat form one group, so every front point gives them one candidate; the searched recipe
+    prepares, exports and runs layer by layer within 1 LSB of dal.npu. a2000 requantizes a cat, so
+    there the branches are searched apart and the front has points where they differ."""
+    _, calib, _ = mnist
+    net = _branches(calib)
+    x = calib[0][0][:4]
+    res = search_precision(net, calib, "pow2_int8", latency_budget="4x", base_recipe="pow2_int8",
+                           example_inputs=(x,))
+    assert ["a.0", "b.0"] in res.groups
+    assert {p[3]["a.0"] for p in res.front} == {"int8", "w8a16"}  # both candidates appear on the front ...
+    assert all(p[3]["a.0"] == p[3]["b.0"] for p in res.front)     # ... always for both branches at once
+    q = dal.prepare_qat(copy.deepcopy(net), recipe=res.recipe, hardware="pow2_int8", example_inputs=(x,))
+    dal.calibrate(q, calib, progress=False)
+    dal.set_quantizer_state(q, "frozen")
+    q.eval()
+    path = str(tmp_path / "branches.onnx")
+    dal.export_onnx(q, (x,), path)
+    report = dal.verify(path, q, (x,))
+    assert report.layers and report.max_layer_lsb_forced <= 1
+    assert report.max_torch_layer_lsb <= 1
+
+    free = search_precision(net, calib, "a2000", latency_budget="0.8x", example_inputs=(x,))
+    assert not any("a.0" in g and "b.0" in g for g in free.groups)
+    assert any(p[3]["a.0"] != p[3]["b.0"] for p in free.front)
