@@ -76,6 +76,12 @@ op("Erf")(_unary(lambda x, a: _erf(x.astype(np.float64))))
 op("LeakyRelu")(_unary(lambda x, a: np.where(x >= 0, x, x * np.float32(a.get("alpha", 0.01)))))
 op("HardSigmoid")(_unary(lambda x, a: np.clip(x * np.float32(a.get("alpha", 0.2)) + np.float32(a.get("beta", 0.5)), 0, 1)))
 op("HardSwish")(_unary(lambda x, a: x * np.clip(x * np.float32(1 / 6) + np.float32(0.5), 0, 1)))
+# float64, rounded once: elu = alpha*(exp(x)-1) for x < 0; softplus = log(1+exp(x)) (log1p,
+# large x taken as x); mish = x * tanh(softplus(x))
+op("Elu")(_unary(lambda x, a: np.where(x >= 0, x.astype(np.float64),
+                                       float(a.get("alpha", 1.0)) * np.expm1(np.minimum(x.astype(np.float64), 0)))))
+op("Softplus")(_unary(lambda x, a: np.logaddexp(0.0, x.astype(np.float64))))
+op("Mish")(_unary(lambda x, a: x.astype(np.float64) * np.tanh(np.logaddexp(0.0, x.astype(np.float64)))))
 
 
 @op("Gelu")

@@ -76,10 +76,18 @@ def _conv(ctx, ins, a):
     one_d = w.ndim == 3
     if one_d:
         x, w = x[:, :, None], w[:, :, None]
-    y = float_conv(x, w, strides, dil, pads, group, repr(ctx.node.name)).astype(x.dtype)
-    if b is not None:
-        y = (as_compute_type(y) + as_compute_type(b).reshape(1, -1, 1, 1)).astype(x.dtype)
+    y = _add_bias(float_conv(x, w, strides, dil, pads, group, repr(ctx.node.name)), b, x.dtype)
     return [y[:, :, 0] if one_d else y]
+
+
+def _add_bias(y64, b, dtype):
+    """The float64 sum rounded once to the input's type, then the bias added in the compute
+    type (float32) and rounded again: onnx.reference's order for float16 Conv, bit for bit
+    (tests/npu/test_float_islands.py), and onnxruntime's for float32."""
+    y = y64.astype(dtype)
+    if b is None:
+        return y
+    return (as_compute_type(y) + as_compute_type(b).reshape(1, -1, 1, 1)).astype(dtype)
 
 
 def float_matmul(x, y):
@@ -239,3 +247,38 @@ def _resize(ctx, ins, a):
         idx = np.clip(idx, 0, n_in - 1).astype(np.int64)
         out = np.take(out, idx, axis=ax)
     return [out]
+
+
+@op("ConvTranspose")
+def _conv_transpose(ctx, ins, a):
+    """2-D ConvTranspose, float64-accumulated (torch) and rounded once, then + bias:
+    full = conv_transpose(x, w) of size (H-1)*s + d*(k-1) + 1, extended by output_padding
+    with zeros, cropped by pads[begin]..pads[end] (the ONNX output size formula)."""
+    import torch
+    x, w = ins[0], ins[1]
+    b = ins[2] if len(ins) > 2 else None
+    if not (is_float(x) and is_float(w)):
+        raise UnsupportedNode(ctx.node, [x.dtype, w.dtype], "ConvTranspose needs float inputs")
+    if x.ndim != 4 or w.ndim != 4:
+        raise UnsupportedNode(ctx.node, [x.dtype], f"{w.ndim - 2}-D ConvTranspose (2-D only)")
+    ap = a.get("auto_pad", "NOTSET")
+    if (ap.decode() if isinstance(ap, bytes) else ap) != "NOTSET" or a.get("output_shape"):
+        raise UnsupportedNode(ctx.node, [x.dtype], "ConvTranspose auto_pad / output_shape (explicit pads only)")
+    g = int(a.get("group", 1))
+    s, d = list(a.get("strides") or [1, 1]), list(a.get("dilations") or [1, 1])
+    pads, op_ = list(a.get("pads") or [0] * 4), list(a.get("output_padding") or [0, 0])
+    ks = list(a.get("kernel_shape") or w.shape[2:])
+    if (g < 1 or x.shape[1] % g or w.shape[0] != x.shape[1] or ks != list(w.shape[2:]) or len(s) != 2
+            or len(d) != 2 or len(pads) != 4 or len(op_) != 2 or min(s + d) < 1 or min(pads + op_) < 0
+            or max(s + d + pads + op_) > 1 << 16 or any(o >= max(si, di) for o, si, di in zip(op_, s, d))):
+        raise NPUError(f"node {ctx.node.name!r}: bad ConvTranspose attributes group={g} strides={s} "
+                       f"dilations={d} pads={pads} output_padding={op_} for x {list(x.shape)}, w {list(w.shape)}")
+    size = [(n - 1) * si + di * (k - 1) + 1 + o - pb - pe
+            for n, si, di, k, o, pb, pe in zip(x.shape[2:], s, d, ks, op_, pads[:2], pads[2:])]
+    if min(size) < 1:
+        raise NPUError(f"node {ctx.node.name!r}: ConvTranspose output size {size} < 1 (pads {pads})")
+    xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64))
+    wt = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float64))
+    full = torch.nn.functional.conv_transpose2d(xt, wt, None, tuple(s), 0, 0, g, tuple(d))
+    full = torch.nn.functional.pad(full, (0, op_[1], 0, op_[0])).numpy()
+    return [_add_bias(full[:, :, pads[0]:full.shape[2] - pads[2], pads[1]:full.shape[3] - pads[3]], b, x.dtype)]
