@@ -20,10 +20,9 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 
-from ..calibration.batches import iter_inputs
 from ..nn.conv_bn import QConvBn2d
 from ..quantizer import quantizer_states
-from .layers import StopForward, channel_mean, pre_activation, weighted_layers
+from .layers import StopForward, channel_mean, pre_activation, run_hooked, weighted_layers
 
 
 def _layer_means(model, mods, data, num_batches, input_fn, stop_after=None):
@@ -41,17 +40,7 @@ def _layer_means(model, mods, data, num_batches, input_fn, stop_after=None):
                 raise StopForward
         return hook
 
-    handles = [m.register_forward_pre_hook(make_hook(m)) for m in mods]
-    try:
-        with torch.no_grad():
-            for args, kwargs in iter_inputs(data, num_batches, input_fn=input_fn, desc="dal.ptq"):
-                try:
-                    model(*args, **kwargs)
-                except StopForward:
-                    pass
-    finally:
-        for h in handles:
-            h.remove()
+    run_hooked(model, [m.register_forward_pre_hook(make_hook(m)) for m in mods], data, num_batches, input_fn)
     return {m: sums[m] / counts[m] for m in sums}
 
 

@@ -95,7 +95,18 @@ def capture_inputs(model: nn.Module, mod: nn.Module, data: Iterable, num_batches
         seen.append(args[0].detach())
         raise StopForward
 
-    handle = mod.register_forward_pre_hook(hook)
+    run_hooked(model, [mod.register_forward_pre_hook(hook)], data, num_batches, input_fn)
+    if not seen:
+        name = getattr(mod, "qat_name", "") or type(mod).__name__
+        raise ValueError(f"dal.ptq: layer {name} never ran on the calibration data")
+    return seen
+
+
+def run_hooked(model: nn.Module, handles: list, data: Iterable, num_batches: Optional[int],
+               input_fn: Optional[Callable]) -> None:
+    """Run ``model`` without grad on the calibration batches while the hooks of ``handles`` watch
+    it (a hook may end a batch early by raising ``StopForward``); the hooks are removed after,
+    also on error."""
     try:
         with torch.no_grad():
             for args, kwargs in iter_inputs(data, num_batches, input_fn=input_fn, desc="dal.ptq"):
@@ -104,11 +115,8 @@ def capture_inputs(model: nn.Module, mod: nn.Module, data: Iterable, num_batches
                 except StopForward:
                     pass
     finally:
-        handle.remove()
-    if not seen:
-        name = getattr(mod, "qat_name", "") or type(mod).__name__
-        raise ValueError(f"dal.ptq: layer {name} never ran on the calibration data")
-    return seen
+        for h in handles:
+            h.remove()
 
 
 def channel_mean(mod: nn.Module, y: torch.Tensor) -> torch.Tensor:
