@@ -56,6 +56,7 @@ def int16_quantizer(old, name: str):
     power-of-two constrained), in ``quantize``. The in-place simulation of an ``int16_rule``."""
     import torch
 
+    from ..formats.qparams import MIN_SCALE
     from ..quantizer import FakeQuantizer
 
     q = FakeQuantizer("int16", symmetric=True, name=name)
@@ -64,5 +65,5 @@ def int16_quantizer(old, name: str):
     scale, zp = old.effective_qparams()
     s, z = scale.double().flatten(), zp.double().flatten()
     amax = torch.maximum(((old.qmin - z) * s).abs(), ((old.qmax - z) * s).abs()).max()
-    q.set_qparams(torch.clamp(amax / q.qmax, min=1e-12).float().reshape(1), torch.zeros(1, dtype=torch.int32))
+    q.set_qparams(torch.clamp(amax / q.qmax, min=MIN_SCALE).float().reshape(1), torch.zeros(1, dtype=torch.int32))
     return q.set_state("quantize")

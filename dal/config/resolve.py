@@ -78,6 +78,11 @@ def load_config(value, kind: ConfigKind):
         return value
     if isinstance(value, dict):
         return kind.parse(from_data(value, "<dict>"))
+    if isinstance(value, str) and ("\n" in value or len(value) > 255):
+        # YAML text, not a name or a path (the file system would answer "File name too long")
+        raise kind.error(Problem(
+            f"{kind.arg}= got a string of {len(value)} characters that is neither a bundled name nor a file "
+            f"path (it starts {value[:40]!r}); for YAML text pass yaml.safe_load(text) as a dict"))
     if isinstance(value, (str, Path)):
         path, label = resolve_path(value, kind)
         return kind.read_file(path, label)

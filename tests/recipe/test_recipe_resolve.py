@@ -150,3 +150,17 @@ def test_objects_are_hashable_and_frozen():
     with pytest.raises(Exception):
         r.rules = ()
     assert isinstance(r, Recipe)
+
+
+def test_yaml_text_instead_of_a_name_or_path_is_named():
+    """YAML text passed as a string: one clear error (not the file system's 'File name too long')."""
+    import pytest
+
+    import dal
+    from dal.hardware.errors import HardwareModelError
+    from dal.recipe.errors import RecipeError
+    text = "name: mine\nrules:\n  - match: '*'\n" + "#" * 300
+    with pytest.raises(RecipeError, match="neither a bundled name nor a file path.*yaml.safe_load"):
+        dal.load_recipe(text)
+    with pytest.raises(HardwareModelError, match="neither a bundled name nor a file path"):
+        dal.load_hardware("name: x\nengines: {}\n")
