@@ -2,7 +2,8 @@
 
 1. Rank the quantized layers by ``gain`` (``sensitivity``: what keeping each one in float buys).
 2. Greedy over the moves: each layer in that order steps INT8 -> INT16 (when the hardware model
-   offers int16 for its op class: ``int16_step.int16_rule``) -> FP16, one move at a time, until
+   offers int16 for its op class: ``int16_step.int16_rule``) -> FP16 (only when the hardware
+   runs that op class in fp16: ``int16_step.fp16_allowed``), one move at a time, until
    ``M(model with those moves) >= target``. FP16 is simulated in place exactly as
    ``prepare_qat`` builds a ``fallback: fp16`` layer (input and weight rounded to FP16, no
    output quantizer); INT16 by an int16 quantizer over the INT8 one's range
@@ -29,7 +30,7 @@ from torch import nn
 from ..prepare.handle import find_prepared, prepared
 from .common import evaluating, qat_layers
 from .evaluator import Evaluator, Metric
-from .int16_step import int16_quantizer, int16_rule
+from .int16_step import int16_quantizer, int16_rule, precision_steps
 from .sensitivity import sensitivity
 
 
@@ -144,11 +145,15 @@ def auto_fallback(model: nn.Module, data: Optional[Iterable] = None, target: flo
     recipe = handle.recipe if handle is not None else None
     if recipe is None:
         raise ValueError("auto_fallback: the model was not prepared with dal.prepare_qat (no recipe attached)")
+    if float_model is not None and (float_model is model or find_prepared(float_model) is not None):
+        raise ValueError("auto_fallback: float_model is a prepared model (prepare_qat works in place by default, "
+                         "so the model it returned is the one you passed); keep a float copy: "
+                         "prepare_qat(copy.deepcopy(net), ...) or prepare_qat(net, ..., inplace=False)")
     sens = sensitivity(model, data, metric, num_batches, input_fn=input_fn, progress=progress)
     order = [r["layer"] for r in sens.ranked_by_gain]
     limit = len(order) if max_layers is None else min(max_layers, len(order))
     int16 = {n: r for n in order[:limit] if (r := int16_rule(model, n)) is not None}
-    moves = [(n, f) for n in order[:limit] for f in (("int16", "fp16") if n in int16 else ("fp16",))]
+    moves = [(n, f) for n in order[:limit] for f in precision_steps(model, n, int16.get(n))]
     history = []
     with evaluating(model):
         ev = Evaluator(model, data, metric, num_batches, input_fn, False, "dal.analysis.auto_fallback")

@@ -50,6 +50,28 @@ def int16_rule(model: nn.Module, name: str) -> Optional[dict]:
     return rule
 
 
+def fp16_allowed(model: nn.Module, name: str) -> bool:
+    """True when layer ``name`` of the prepared ``model`` may fall back to FP16 on its hardware:
+    no hardware model is attached, or the op class lists fp16 among the formats of its last role
+    (the rule ``dal.recipe``'s check applies to a ``fallback: fp16`` rule). On int8-only hardware
+    (``pow2_int8``, ``a1000``) an FP16 layer would leave the NPU, so the fallback must not propose it."""
+    from ..formats import FP16
+
+    handle = prepared(model)
+    hw = handle.hardware
+    if hw is None:
+        return True
+    step = next((s for s in handle.plan if s.path == name), None)
+    op = hw.op(step.op_class) if step is not None else None
+    return op is not None and FP16 in op.formats(op.roles[-1])
+
+
+def precision_steps(model: nn.Module, name: str, int16: Optional[dict]) -> tuple:
+    """The fallback steps of layer ``name`` after INT8, in order: ``"int16"`` when ``int16`` (the
+    layer's ``int16_rule``) is given, then ``"fp16"`` when ``fp16_allowed``."""
+    return (("int16",) if int16 is not None else ()) + (("fp16",) if fp16_allowed(model, name) else ())
+
+
 def int16_quantizer(old, name: str):
     """An INT16 quantizer (symmetric, per tensor) covering the range of the calibrated 8-bit
     ``old``: ``s16 = max(|(qmin - zp) s|, |(qmax - zp) s|) / 32767`` (then 2^k when ``old`` is

@@ -116,8 +116,9 @@ def _ladder(lad: _Ladder) -> Optional[Rung]:
 
 def _next_precision_rule(model, mod, name: str):
     """The rule moving layer ``name`` of ``model`` one precision up (INT4 -> INT8 -> INT16 when
-    the hardware offers int16 activations for it -> FP16), or None at FP16."""
-    from ..analysis.int16_step import int16_rule
+    the hardware offers int16 activations for it -> FP16 when the hardware runs the op in fp16),
+    or None at the top."""
+    from ..analysis.int16_step import fp16_allowed, int16_rule
 
     wq = getattr(mod, "weight_quant", None)
     if wq is not None and wq.fmt.is_integer and wq.fmt.bits < 8:
@@ -130,13 +131,16 @@ def _next_precision_rule(model, mod, name: str):
         return rule, "int8"
     if wq is not None and wq.fmt.is_scaled:
         rule = int16_rule(model, name)
-        return (rule, "int16") if rule is not None else ({"match": name, "fallback": "fp16"}, "fp16")
+        if rule is not None:
+            return rule, "int16"
+        return ({"match": name, "fallback": "fp16"}, "fp16") if fp16_allowed(model, name) else (None, None)
     return None, None
 
 
 def _fallback(lad: _Ladder, max_layers: int) -> Optional[Rung]:
     """Stage 2: promote the most sensitive layers of the best rung, one at a time."""
     from ..analysis import sensitivity
+    from ..analysis.int16_step import fp16_allowed
     from ..recipe.errors import RecipeError
 
     _, best_q, best_rec, method, steps = lad.best
@@ -160,7 +164,8 @@ def _fallback(lad: _Ladder, max_layers: int) -> Optional[Rung]:
             if r.met:
                 return r
             # INT16 was not enough: this layer's next step is FP16 (replacing its INT16 rule)
-            rule, to = ({"match": row["layer"], "fallback": "fp16"}, "fp16") if to == "int16" else (None, None)
+            up = to == "int16" and fp16_allowed(best_q, row["layer"])
+            rule, to = ({"match": row["layer"], "fallback": "fp16"}, "fp16") if up else (None, None)
         if kept is not None:
             rules.append(kept[0])
             changed.append(f"{row['layer']}:{kept[1]}")

@@ -141,3 +141,24 @@ def test_the_hardware_model_decides_int16():
     rule = dal.analysis.int16_step.int16_rule(_prepared(net, batches, "int8_balanced", hw), "b")
     assert rule is not None and rule["input"]["format"] == "int16" and rule["weight"]["format"] == "int8"
     assert dal.analysis.int16_step.int16_rule(_prepared(net, batches, "int8_balanced", "a1000"), "b") is None
+
+
+def test_no_fp16_step_is_proposed_on_int8_only_hardware(pow2_fallback):
+    """pow2_int8 lists no fp16 for any op class: every move the search tried is INT16, none FP16
+    (an FP16 layer would leave the NPU), and the layers without an int16 step get no move at all."""
+    from dal.analysis.int16_step import fp16_allowed, precision_steps
+
+    net, batches, res = pow2_fallback
+    for name in ("a", "b", "fc"):
+        assert not fp16_allowed(res.model, name)
+        assert precision_steps(res.model, name, None) == ()
+    assert all(f == "int16" for f in res.formats.values())
+    on_a2000 = _prepared(net, batches, "int8_balanced", "a2000")
+    assert precision_steps(on_a2000, "b", None) == ("fp16",)  # the a2000's conv runs in fp16
+
+
+def test_a_prepared_model_as_float_model_is_refused():
+    net, batches = _data()
+    m = dal.prepare_qat(net, recipe="int8_balanced", hardware="a2000", example_inputs=batches[0])  # in place
+    with pytest.raises(ValueError, match="float_model is a prepared model.*deepcopy"):
+        dal.analysis.auto_fallback(m, batches, target=0.99, float_model=net, progress=False)
