@@ -21,7 +21,7 @@ from ..nn.spec import make_quantizer
 from ..nn.tree import set_submodule
 from ..quantizer import quantizer_states
 from .apply import apply_plan
-from .boundary import guard, is_detector
+from .boundary import guard, host_steps, is_detector
 from .check import check_plan
 from .constraints import apply_constraints, check_constraints
 from .handle import Prepared, attach
@@ -92,7 +92,7 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     resolve = _resolver(rec)
     cap = capture(model)
     site_plan, site_notes = capture_sites(model, cap, resolve, example_inputs)
-    plan = build_plan(model, cap, resolve, site_plan)
+    plan = host_steps(model, build_plan(model, cap, resolve, site_plan))
     if hw is not None:
         plan = check_plan(plan, rec, hw)
         check_constraints(plan, rec, hw)

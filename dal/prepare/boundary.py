@@ -79,6 +79,24 @@ class NPUPart(nn.Module):
         return tuple(out.values())
 
 
+def host_steps(model: nn.Module, plan: list) -> list:
+    """The plan with every step of a detector outside its NPU part (``roi_heads``: Faster R-CNN's
+    box head runs after the data-dependent proposal selection) made a float step on the host.
+
+    Those modules are not in the exported file and ``dal.calibrate`` (which runs the NPU part)
+    never feeds them, so quantizing them would train and evaluate with quantizers no data
+    calibrated; they run in float on the host CPU, as deployed, and the hardware model does not
+    apply to them. A plan of a model that is no detector is returned as is."""
+    import dataclasses
+
+    if not is_detector(model):
+        return plan
+    prefixes = npu_paths(model)
+    why = "host side of the detector boundary: not in the exported file, runs in float on the host CPU"
+    return [s if inside(s.path, prefixes) else
+            dataclasses.replace(s, action="float", spec=None, float_op=None, built="", reason=why) for s in plan]
+
+
 def npu_part(model: nn.Module) -> nn.Module:
     """The module that runs on the NPU: :class:`NPUPart` for a detector, else ``model`` itself."""
     return NPUPart(model) if is_detector(model) else model

@@ -20,23 +20,30 @@ from .onnx_tools import constants
 from .report import LayerParity
 
 
-def activation_points(model: onnx.ModelProto) -> dict[str, tuple[str, float, int]]:
-    """``{quantizer path: (QuantizeLinear output, scale, zero point)}`` for the per-tensor integer
-    activation quantizers the file calls exactly once (a quantizer called twice has no single
-    point to compare)."""
+def activation_points(model: onnx.ModelProto) -> dict[str, list[tuple[str, float, int]]]:
+    """``{quantizer path: [(QuantizeLinear output, scale, zero point) per call]}`` for the per-tensor
+    integer activation quantizers of the file.
+
+    A quantizer the model calls k times (a detection head shared by the pyramid levels) has k
+    nodes, named ``<path>/QuantizeLinear``, ``<path>/QuantizeLinear_1``, ... in the order the
+    exporter traced the calls, which is the order the torch forward makes them. A quantizer with
+    any per-channel or non-integer call is left out (no single per-tensor code to compare)."""
     consts = constants(model)
-    found: dict[str, Optional[tuple[str, float, int]]] = {}
+    found: dict[str, Optional[dict[int, tuple[str, float, int]]]] = {}
     for node in model.graph.node:
-        if node.op_type != "QuantizeLinear" or not node.name.endswith("/QuantizeLinear"):
+        base, _, call = node.name.rpartition("/QuantizeLinear")
+        if node.op_type != "QuantizeLinear" or not base or not (call == "" or call[1:].isdigit() and call[0] == "_"):
             continue
-        qname = node.name[: -len("/QuantizeLinear")]
+        index = int(call[1:]) if call else 0
         scale = consts.get(node.input[1])
         zp = consts.get(node.input[2]) if len(node.input) > 2 else np.zeros((), np.uint8)
-        if qname in found or scale is None or zp is None or scale.size != 1 or zp.dtype.kind not in "iu":
-            found[qname] = None  # called twice, per channel, or not an integer format
+        calls = found.setdefault(base, {})
+        if calls is None or scale is None or zp is None or scale.size != 1 or zp.dtype.kind not in "iu":
+            found[base] = None
             continue
-        found[qname] = (node.output[0], float(scale.reshape(())), int(zp.reshape(())))
-    return {k: v for k, v in found.items() if v is not None}
+        calls[index] = (node.output[0], float(scale.reshape(())), int(zp.reshape(())))
+    return {k: [v[i] for i in range(len(v))] for k, v in found.items()
+            if v is not None and sorted(v) == list(range(len(v)))}
 
 
 def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, inputs: tuple,
@@ -46,19 +53,26 @@ def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, i
     modules = dict(torch_model.named_modules())
     rows: list[LayerParity] = []
     hooks = []
-    for qname, (tensor, scale, zp) in activation_points(model).items():
+    for qname, points in activation_points(model).items():
         mod = modules.get(qname)
-        if mod is None or tensor not in file_values:
+        if mod is None or any(tensor not in file_values for tensor, _, _ in points):
             continue
 
-        def hook(mod, args, out, qname=qname, tensor=tensor, scale=scale, zp=zp):
+        def hook(mod, args, out, qname=qname, points=points, calls=[0]):
+            k = calls[0]
+            calls[0] += 1
+            if k >= len(points):
+                return None  # torch called it more often than the file: nothing to pair with
+            tensor, scale, zp = points[k]
             theirs = np.asarray(file_values[tensor]).astype(np.int64)
             y = out.detach().float().cpu().numpy()
             if y.shape != theirs.shape:
                 return None
             mine = np.rint(y.astype(np.float64) / scale).astype(np.int64) + zp
             d = np.abs(mine - theirs)
-            rows.append(LayerParity(f"{qname} (torch)", f"{qname}/QuantizeLinear", "QuantizeLinear",
+            label = qname if len(points) == 1 else f"{qname}[{k}]"
+            node = f"{qname}/QuantizeLinear" + (f"_{k}" if k else "")
+            rows.append(LayerParity(f"{label} (torch)", node, "QuantizeLinear",
                                     int(d.size), int((d != 0).sum()), float(d.max(initial=0))))
             forced = ((theirs - zp).astype(np.float32) * np.float32(scale)).astype(np.float32)
             return torch.from_numpy(forced).to(device=out.device, dtype=out.dtype)

@@ -116,3 +116,22 @@ def test_a_degenerate_input_scale_is_named_at_export(tmp_path):
                                                       r"input scale s_in = [0-9.]+e-\d\d") as info:
         dal.export_onnx(model, (x,), os.fspath(tmp_path / "seg.onnx"))  # segmentation: the whole model
     assert "calibrate on representative data" in str(info.value)
+
+
+def test_faster_rcnn_box_head_stays_float_on_the_host():
+    """Faster R-CNN's RoI box head runs after proposal selection, outside the exported file, and
+    dal.calibrate (which runs the NPU part) never feeds it: it is left float, listed with why,
+    holds no quantizer, and the detector still evaluates."""
+    model = build("fasterrcnn_mobilenet_v3_large_320_fpn")
+    model = dal.prepare_qat(model, recipe="int8_balanced", hardware="a2000")
+    rows = {r.name: r for r in dal.prepared(model).report.rows}
+    box = [r for n, r in rows.items() if n.startswith("roi_heads.")]
+    assert {"roi_heads.box_head.fc6", "roi_heads.box_predictor.cls_score"} <= {r.name for r in box}
+    assert all(r.status == "float" and "host side of the detector boundary" in r.detail for r in box)
+    assert not [n for n, m in model.roi_heads.named_modules() if isinstance(m, dal.FakeQuantizer)]
+    assert any(r.status in ("quantized", "fused") for n, r in rows.items() if n.startswith("rpn.head."))
+    model.eval()
+    dal.calibrate(model, [torch.rand(1, 3, 64, 64)])
+    with torch.no_grad():
+        detections = model([torch.rand(3, 64, 64)])
+    assert set(detections[0]) == {"boxes", "scores", "labels"}

@@ -130,3 +130,47 @@ def test_dynamic_batch_export_of_an_fx_rewritten_root(tmp_path):
     report = dal.verify(tmp_path / "dyn.onnx", q, (torch.randn(7, 1, 28, 28),))
     (pairs,) = report.outputs.values()
     assert pairs["npu_vs_torch"].elements == 70 and pairs["npu_vs_torch"].off_by_more == 0
+
+
+class _SharedHead(torch.nn.Module):
+    """One head module called on two feature maps, as FCOS / RetinaNet call theirs per level."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(1, 8, 3, padding=1)
+        self.down = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.head = torch.nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        p3 = torch.relu(self.stem(x))
+        p4 = torch.relu(self.down(p3))
+        return self.head(p3), self.head(p4)
+
+
+def test_torch_view_pairs_each_call_of_a_shared_head(tmp_path):
+    """Each call of the shared head has its own QuantizeLinear (``head.output_quant/QuantizeLinear``,
+    ``..._1``); the torch-fed view pairs the k-th torch call with the k-th node, so both calls get a
+    row (``head.output_quant[k]``) and, teacher-forced, both agree within 1 LSB. Changing the head's weights after export makes
+    both of its calls disagree, and nothing upstream."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 16, 16)
+    q = dal.prepare_qat(_SharedHead(), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    dal.calibrate(q, [torch.randn(4, 1, 16, 16) for _ in range(3)], progress=False)
+    set_quantizer_state(q, "frozen")
+    q.eval()
+    path = tmp_path / "shared.onnx"
+    dal.export_onnx(q, (x,), path)
+    names = [n.name for n in onnx.load(str(path)).graph.node if n.op_type == "QuantizeLinear"]
+    assert "head.output_quant/QuantizeLinear" in names and "head.output_quant/QuantizeLinear_1" in names
+    rows = {r.tensor.split(" ")[0]: r for r in dal.verify(path, q, (x,), onnxruntime=False).torch_layers}
+    calls = [rows["head.output_quant[0]"], rows["head.output_quant[1]"]]
+    assert calls[0].elements == 4 * 4 * 16 * 16 and calls[1].elements == 4 * 4 * 8 * 8
+    assert all(r.max_abs <= 1 for r in rows.values())  # in codes: LSBs
+    with torch.no_grad():
+        q.head.weight.mul_(1.5)
+    changed = {r.tensor.split(" ")[0]: r for r in dal.verify(path, q, (x,), onnxruntime=False).torch_layers}
+    for k in (0, 1):
+        r = changed[f"head.output_quant[{k}]"]
+        assert r.differ > 0.5 * r.elements
+    for upstream in ("stem.input_quant", "down.input_quant", "head.input_quant[0]", "head.input_quant[1]"):
+        assert changed[upstream].differ == rows[upstream].differ, upstream
