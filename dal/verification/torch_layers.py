@@ -46,15 +46,27 @@ def activation_points(model: onnx.ModelProto) -> dict[str, list[tuple[str, float
             if v is not None and sorted(v) == list(range(len(v)))}
 
 
+def _wrapper_prefix(modules: dict, points: dict) -> str:
+    """``""``, or the path prefix of the exported model inside the module handed to verify (a
+    wrapper such as ``DictValues(model)`` names the file's ``conv.input_quant`` ``model.conv.input_quant``)."""
+    if not points or any(q in modules for q in points):
+        return ""
+    q = next(iter(points))
+    found = [p[: -len(q)] for p in modules if p.endswith("." + q)]
+    return found[0] if len(found) == 1 else ""
+
+
 def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, inputs: tuple,
                          file_values: dict) -> list[LayerParity]:
     """One row per activation quantizer: torch's codes vs ``file_values`` (the NPU reference's
     integer tensors, by name), torch teacher-forced to the file's values as it runs."""
     modules = dict(torch_model.named_modules())
+    by_quantizer = activation_points(model)
+    prefix = _wrapper_prefix(modules, by_quantizer)
     rows: list[LayerParity] = []
     hooks = []
-    for qname, points in activation_points(model).items():
-        mod = modules.get(qname)
+    for qname, points in by_quantizer.items():
+        mod = modules.get(prefix + qname)
         if mod is None or any(tensor not in file_values for tensor, _, _ in points):
             continue
 

@@ -97,12 +97,12 @@ class DictValues(torch.nn.Module):
         return tuple(self.model(x).values())
 
 
-def layer_figures(report) -> tuple[int, int, float]:
-    """(codes differing, codes compared, max LSB) of dal.npu against onnxruntime, each layer run
-    from onnxruntime's quantized inputs (``layers_forced``). The torch-fed view
-    (``torch_layers``) is printed but not gated: it pairs a quantizer with one QuantizeLinear,
-    and a head module called once per level has several (see the report)."""
-    rows = list(report.layers_forced)
+def layer_figures(report, view: str = "layers_forced") -> tuple[int, int, float]:
+    """(codes differing, codes compared, max LSB) of one layer-by-layer view of ``report``:
+    ``layers_forced``, dal.npu against onnxruntime with each layer run from onnxruntime's
+    quantized inputs; ``torch_layers``, the torch QAT model teacher-forced to dal.npu's codes,
+    one row per call of each quantizer (a head shared by the levels has one per level)."""
+    rows = list(getattr(report, view))
     return sum(r.differ for r in rows), sum(r.elements for r in rows), max((r.max_abs for r in rows), default=0.0)
 
 

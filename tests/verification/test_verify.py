@@ -174,3 +174,21 @@ def test_torch_view_pairs_each_call_of_a_shared_head(tmp_path):
         assert r.differ > 0.5 * r.elements
     for upstream in ("stem.input_quant", "down.input_quant", "head.input_quant[0]", "head.input_quant[1]"):
         assert changed[upstream].differ == rows[upstream].differ, upstream
+
+
+def test_torch_view_sees_through_a_wrapper(tmp_path):
+    """verify given a wrapper around the exported model (paths ``model.<quantizer>``) still pairs
+    each quantizer with its QuantizeLinear."""
+    path, q, x = _exported(tmp_path, "a2000")
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(x)
+
+    direct = {r.tensor: r.differ for r in dal.verify(path, q, (x,), onnxruntime=False).torch_layers}
+    wrapped = {r.tensor: r.differ for r in dal.verify(path, Wrapper(q), (x,), onnxruntime=False).torch_layers}
+    assert len(direct) >= 8 and wrapped == direct
