@@ -1,19 +1,32 @@
 """Low-bit accuracy on cluttered MNIST and MNIST: PTQ (min-max, the auto_quantize ladder,
-AdaRound + bias correction) and QAT, against torch.ao's PTQ and QAT, measured in the same run.
+AdaRound + bias correction, block-wise AdaRound) and QAT, against torch.ao's PTQ and QAT and
+Brevitas's PTQ, measured in the same run.
 
-Every row starts from the same float model (dal.zoo.MnistCNN, the same training budget); the QAT
-rows train ``--qat-steps`` more steps and are compared with the float model trained for the
-same extra steps ("fair float"). PTQ rows are compared with the float model itself. Calibration:
-256 images of the valid split; the ladder's eval_fn uses 2000 other valid images; every
-accuracy in the table is on the 10k test split.
+Two models (``--model``), each its own section of the results file:
 
-    python bench/lowbit.py                 # writes bench/results/lowbit.md
-    python bench/lowbit.py --quick         # smoke run (numbers not meaningful)
+- ``mnist_cnn``: dal.zoo.MnistCNN. Per-channel INT4 weights cost it well under a point, so there
+  is nothing for AdaRound to win back.
+- ``mobilenet_tiny``: dal.zoo.MobileNetTiny(width 8), five depthwise-separable units, BN folded
+  into the weights by prepare_qat, INT4 weights *per tensor* on every layer (the first conv and
+  the classifier included, the YAML override of recipes/README.md): a folded depthwise layer's
+  channels span very different ranges, so one min-max scale per tensor costs 10+ points; the
+  per-channel rows are there too.
+
+Every row of a section starts from the same float model (same training budget); the QAT rows
+train ``--qat-steps`` more steps and are compared with the float model trained for the same extra
+steps ("fair float"). PTQ rows are compared with the float model itself. Calibration: 256 images
+of the valid split; the ladder's eval_fn uses 2000 other valid images; every accuracy in the
+table is on the 10k test split.
+
+    python bench/lowbit.py --model mobilenet_tiny   # rewrites that section of bench/results/lowbit.md
+    python bench/lowbit.py                          # mnist_cnn (the default)
+    python bench/lowbit.py --quick                  # smoke run (numbers not meaningful)
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 import time
 
@@ -22,9 +35,10 @@ from torch import nn
 
 import dal
 from dal.ptq import quantize_ptq
-from dal.training import accuracy, train_epoch
-from dal.zoo import MnistCNN
+from dal.training import accuracy
+from dal.zoo import MnistCNN, MobileNetTiny
 from cpu import cpu_flags  # bench/cpu.py
+from lowbit_peers import ao_fake, ao_ptq_int8, brevitas_ptq
 
 W4A8_ALL_INT4 = {"name": "w4a8_all_int4", "rules": [
     {"type": ["conv", "linear"],
@@ -32,6 +46,17 @@ W4A8_ALL_INT4 = {"name": "w4a8_all_int4", "rules": [
      "input": {"format": "int8", "granularity": "per_tensor", "symmetric": False, "observer": "minmax"}},
     {"type": ["add", "pool", "activation"],
      "input": {"format": "int8", "granularity": "per_tensor", "symmetric": False, "observer": "minmax"}}]}
+W4A8_PER_TENSOR = copy.deepcopy(W4A8_ALL_INT4)
+W4A8_PER_TENSOR["name"] = "w4a8_per_tensor_all_int4"
+W4A8_PER_TENSOR["rules"][0]["weight"]["granularity"] = "per_tensor"
+W4A8_PER_TENSOR_LSQ = copy.deepcopy(W4A8_PER_TENSOR)
+W4A8_PER_TENSOR_LSQ["name"] = "w4a8_per_tensor_all_int4_lsq"
+for _spec in (W4A8_PER_TENSOR_LSQ["rules"][0]["weight"], W4A8_PER_TENSOR_LSQ["rules"][0]["input"]):
+    _spec["learnable"] = True
+
+AIMET_NOTE = ("peer not run: aimet-torch 2.42 has only a py310-none-any wheel (pip takes it on 3.11) that needs "
+              "~35 more packages (bokeh, cvxpy, holoviews, panel, pandas, tensorboard, ...); not installed")
+MODELS = {"mnist_cnn": lambda: MnistCNN(), "mobilenet_tiny": lambda: MobileNetTiny(8)}
 
 
 def data(name: str, quick: bool):
@@ -59,9 +84,9 @@ def data(name: str, quick: bool):
     return train, calib, val, test
 
 
-def train_float(train, epochs: int):
+def train_float(train, epochs: int, model_name: str = "mnist_cnn"):
     torch.manual_seed(0)
-    model = MnistCNN()
+    model = MODELS[model_name]()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=epochs * len(train))
     for _ in range(epochs):
@@ -98,80 +123,102 @@ def dal_qat(fm, recipe, train, calib, steps, lr):
     return extra_steps(q, train, steps, lr)
 
 
-class AoNet(nn.Module):
-    """MnistCNN with the stubs torch.ao's eager mode needs (same layers, same weights)."""
-
-    def __init__(self, m: MnistCNN):
-        super().__init__()
-        from torch.ao.nn.quantized import FloatFunctional
-        from torch.ao.quantization import DeQuantStub, QuantStub
-
-        self.quant, self.dequant, self.skip = QuantStub(), DeQuantStub(), FloatFunctional()
-        self.stem, self.down, self.conv, self.bn, self.relu = m.stem, m.down, m.conv, m.bn, m.relu
-        self.down2, self.pool, self.head = m.down2, m.pool, m.head
-
-    def forward(self, x):
-        x = self.down(self.stem(self.quant(x)))
-        x = self.relu(self.skip.add(x, self.bn(self.conv(x))))
-        return self.dequant(self.head(self.pool(self.down2(x)).flatten(1)))
+def timed(fn):
+    t = time.time()
+    out = fn()
+    return out, time.time() - t
 
 
-FUSE = [["stem.0", "stem.1", "stem.2"], ["down.0", "down.1", "down.2"], ["conv", "bn"], ["down2.0", "down2.1", "down2.2"]]
+def brevitas_rows(fm, calib, test, add, f_acc, per_channel: bool) -> None:
+    """Brevitas W4A8 PTQ rows (all layers INT4; lowbit_peers.brevitas_ptq), or one row saying why not."""
+    tag = "per channel" if per_channel else "per tensor"
+    for gptq, label in ((False, "min-max + bias correction"), (True, "GPTQ + bias correction")):
+        try:
+            m, s = timed(lambda: brevitas_ptq(fm, calib, gptq, per_channel))
+        except ImportError as e:
+            add("brevitas", f"W4A8 PTQ ({tag}, all INT4)", None, f_acc, 0.0,
+                f"peer not run: {e} (pip install --no-deps brevitas dependencies==2.0.1 unfoldNd)")
+            return
+        add("brevitas", f"W4A8 PTQ {label} ({tag}, all INT4)", accuracy(m, test), f_acc, s)
+    add("brevitas", f"W4A8 PTQ learned round ({tag})", None, f_acc, 0.0,
+        "peer not run: brevitas_examples' learned round needs accelerate (not installed)")
+    add("aimet-torch", "W4A8 PTQ AdaRound", None, f_acc, 0.0, AIMET_NOTE)
 
 
-def ao_qconfig(bits: int):
-    """torch.ao fake-quant qconfig: per-channel symmetric ``bits``-bit weights, 8-bit affine activations."""
-    from torch.ao.quantization import FakeQuantize, MovingAverageMinMaxObserver, QConfig
-    from torch.ao.quantization import MovingAveragePerChannelMinMaxObserver as PerChannel
-
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    w = FakeQuantize.with_args(observer=PerChannel, quant_min=lo, quant_max=hi, dtype=torch.qint8,
-                               qscheme=torch.per_channel_symmetric, ch_axis=0)
-    a = FakeQuantize.with_args(observer=MovingAverageMinMaxObserver, quant_min=0, quant_max=255, dtype=torch.quint8,
-                               qscheme=torch.per_tensor_affine, reduce_range=False)
-    return QConfig(activation=a, weight=w)
-
-
-def ao_ptq_int8(fm, calib):
-    """torch.ao eager PTQ: fuse, observe, convert to the real int8 model (qnnpack engine)."""
-    torch.backends.quantized.engine = "qnnpack"
-    net = AoNet(copy.deepcopy(fm)).eval()
-    torch.ao.quantization.fuse_modules(net, FUSE, inplace=True)
-    net.qconfig = torch.ao.quantization.get_default_qconfig("qnnpack")
-    torch.ao.quantization.prepare(net, inplace=True)
-    with torch.no_grad():
-        for x, _ in calib:
-            net(x)
-    return torch.ao.quantization.convert(net)
+def w4_ptq_rows(name, fm, calib, test, add, f_acc, ada, tag, rec) -> dict:
+    """dal W4A8 PTQ rows for ``rec``: min-max, AdaRound (layer / block) + bias correction."""
+    res = {}
+    for key, label, steps, extra in (
+            ("mm", "min-max", (), {}),
+            ("ada", "AdaRound + bias correction", ("adaround", "bias_correction"), {}),
+            ("block", "block-wise AdaRound (BRECQ) + bias correction", ("adaround", "bias_correction"),
+             {"block": "block"}),
+            ("eq", "equalize + AdaRound + bias correction", ("equalize", "adaround", "bias_correction"), {})):
+        m, s = timed(lambda: quantize_ptq(fm, rec, calib, hardware="a2000", steps=steps, method="minmax",
+                                          adaround_args={**ada, **extra}))
+        res[key] = accuracy(m, test)
+        add("dal", f"W4A8 PTQ {label} ({tag})", res[key], f_acc, s)
+    return res
 
 
-def ao_fake(fm, calib, train, bits: int, steps: int, lr: float):
-    """torch.ao eager fake-quant model (PTQ when ``steps`` is 0: observers see calib, then frozen)."""
-    net = AoNet(copy.deepcopy(fm)).train()
-    torch.ao.quantization.fuse_modules_qat(net, FUSE, inplace=True)
-    net.qconfig = ao_qconfig(bits)
-    torch.ao.quantization.prepare_qat(net, inplace=True)
-    net.apply(torch.ao.quantization.disable_fake_quant)
-    net.eval()
-    with torch.no_grad():
-        for x, _ in calib:
-            net(x)
-    net.apply(torch.ao.quantization.enable_fake_quant)
-    if steps:
-        extra_steps(net, train, steps, lr)
-    net.apply(torch.ao.quantization.disable_observer)
-    return net.eval()
+def int8_ptq_rows(fm, calib, val, test, add, f_acc, ada) -> float:
+    """INT8 PTQ: dal min-max, dal's ladder (auto_quantize), torch.ao's int8 model; returns the ladder's accuracy."""
+    m, s = timed(lambda: quantize_ptq(fm, "int8_balanced", calib, hardware="a2000", method="minmax"))
+    add("dal", "INT8 PTQ min-max", accuracy(m, test), f_acc, s)
+    res, s = timed(lambda: dal.auto_quantize(fm, calib, lambda mod: accuracy(mod, val), max_drop=0.5,
+                                             hardware="a2000", recipe="int8_balanced", progress=False,
+                                             adaround_args=ada))
+    ladder = accuracy(res.model, test)
+    add("dal", "INT8 PTQ ladder (auto_quantize, max_drop 0.5 on valid)", ladder, f_acc, s,
+        f"settled on: {res.chosen} ({res.status})")
+    m, s = timed(lambda: ao_ptq_int8(fm, calib))
+    add("torch.ao", "INT8 PTQ (eager, qnnpack int8 model)", accuracy(m, test), f_acc, s)
+    return ladder
 
 
-def brevitas_row(fm, calib, test):
-    """Brevitas peer: not wired up yet. brevitas 0.13.4 installs here with ``--no-deps`` (plus
-    ``dependencies==2.0.1 unfoldNd``) without touching torch; aimet-torch 2.42 ships only a
-    py310 wheel with heavy dependencies (bokeh, cvxpy, holoviews, ...) and was not installed."""
-    try:
-        import brevitas  # noqa: F401
-    except ImportError:
-        return None, "peer not run: brevitas not installed (it installs with --no-deps; not wired up yet)"
-    return None, "peer not run: brevitas installed, its learned-round PTQ not wired up yet"
+def run_mobilenet(name: str, args, rows: list, checks: list) -> None:
+    """The mobilenet_tiny section (module docstring)."""
+    train, calib, val, test = data(name, args.quick)
+    t0 = time.time()
+    fm = train_float(train, 1 if args.quick else args.epochs, "mobilenet_tiny")
+    f_acc = accuracy(fm, test)
+    steps, lr = (20 if args.quick else args.qat_steps), 0.01
+    fair = accuracy(extra_steps(copy.deepcopy(fm), train, steps, lr), test)
+    add = lambda tool, label, acc, base, sec, note="": rows.append(  # noqa: E731
+        (name, tool, label, acc, None if acc is None else acc - base, sec, note))
+    add("-", "float", f_acc, f_acc, time.time() - t0)
+    add("-", f"float + {steps} steps (fair baseline for QAT)", fair, fair, 0.0)
+    ada = {"iters": 100 if args.quick else 500}
+    ladder = int8_ptq_rows(fm, calib, val, test, add, f_acc, ada)
+    pt = w4_ptq_rows(name, fm, calib, test, add, f_acc, ada, "per tensor, all INT4", W4A8_PER_TENSOR)
+    m, s = timed(lambda: ao_fake(fm, calib, 4, per_channel=False))
+    add("torch.ao", "W4A8 PTQ min-max (eager fake quant, per tensor, all INT4)", accuracy(m, test), f_acc, s)
+    brevitas_rows(fm, calib, test, add, f_acc, per_channel=False)
+    w4_ptq_rows(name, fm, calib, test, add, f_acc, ada, "per channel, all INT4", W4A8_ALL_INT4)
+    qat = {}
+    for label, rec in (("W4A8 QAT (per tensor, all INT4)", W4A8_PER_TENSOR),
+                       ("W4A8 QAT LSQ (per tensor, all INT4, learnable: true)", W4A8_PER_TENSOR_LSQ),
+                       ("INT8 QAT", "int8_balanced")):
+        m, s = timed(lambda: dal_qat(fm, rec, train, calib, steps, lr))
+        qat[label] = accuracy(m, test)
+        add("dal", label, qat[label], fair, s)
+    for bits, label in ((4, "W4A8 QAT (eager, per tensor, all INT4)"), (8, "INT8 QAT (eager)")):
+        m, s = timed(lambda: ao_fake(fm, calib, bits, per_channel=bits == 8,
+                                     train=lambda n: extra_steps(n, train, steps, lr)))
+        add("torch.ao", label, accuracy(m, test), fair, s)
+    best_qat = max(v for k, v in qat.items() if k.startswith("W4A8"))
+    best_ada = max(pt["ada"], pt["block"])
+    checks += [
+        (name, "W4A8 QAT (per tensor, all INT4; best of plain / LSQ) within 1.5 points of the fair float",
+         fair - best_qat <= 1.5, f"{best_qat:.2f} vs {fair:.2f}"),
+        (name, "W4A8 PTQ AdaRound + BC (per tensor, all INT4; best of layer / block) within 3 points of float",
+         f_acc - best_ada <= 3, f"{best_ada:.2f} vs {f_acc:.2f} (layer {pt['ada']:.2f}, block {pt['block']:.2f})"),
+        (name, "... and >= 5 points better than min-max W4A8 PTQ (per tensor, all INT4)", best_ada - pt["mm"] >= 5,
+         f"{best_ada:.2f} vs {pt['mm']:.2f}"),
+        (name, "INT8 PTQ with the ladder within 0.5 points of float", f_acc - ladder <= 0.5,
+         f"{ladder:.2f} vs {f_acc:.2f}"),
+    ]
+    print(f"[{name}] done in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
 
 
 def run(name: str, args, rows: list, checks: list) -> None:
@@ -185,11 +232,6 @@ def run(name: str, args, rows: list, checks: list) -> None:
         (name, tool, label, acc, None if acc is None else acc - base, sec, note))
     add("-", "float", f_acc, f_acc, time.time() - t0)
     add("-", f"float + {steps} steps (fair baseline for QAT)", fair, fair, 0.0)
-
-    def timed(fn):
-        t = time.time()
-        out = fn()
-        return out, time.time() - t
 
     ada = {"iters": 100 if args.quick else 500}
     ptq = lambda rec, steps=(), method="minmax": quantize_ptq(  # noqa: E731
@@ -215,10 +257,9 @@ def run(name: str, args, rows: list, checks: list) -> None:
         add("dal", f"W4A8 PTQ AdaRound + bias correction ({tag})", results[(tag, "ada")], f_acc, s)
         m, s = timed(lambda: ptq(rec, ("equalize", "adaround", "bias_correction")))
         add("dal", f"W4A8 PTQ equalize + AdaRound + bias correction ({tag})", accuracy(m, test), f_acc, s)
-    m, s = timed(lambda: ao_fake(fm, calib, train, 4, 0, lr))
+    m, s = timed(lambda: ao_fake(fm, calib, 4))
     add("torch.ao", "W4A8 PTQ (eager fake quant, all INT4)", accuracy(m, test), f_acc, s)
-    acc, note = brevitas_row(fm, calib, test)
-    add("brevitas", "W4A8 PTQ learned round", acc, f_acc, 0.0, note)
+    brevitas_rows(fm, calib, test, add, f_acc, per_channel=True)
     qat = {}
     for label, rec in (("W4A8 QAT (first conv + last linear INT8)", "w4a8_fp8_performance"),
                        ("W4A8 QAT (all INT4)", W4A8_ALL_INT4), ("W4A8 QAT LSQ (w4a8_lsq)", "w4a8_lsq"),
@@ -226,9 +267,9 @@ def run(name: str, args, rows: list, checks: list) -> None:
         m, s = timed(lambda: dal_qat(fm, rec, train, calib, steps, lr))
         qat[label] = accuracy(m, test)
         add("dal", label, qat[label], fair, s)
-    m, s = timed(lambda: ao_fake(fm, calib, train, 4, steps, lr))
+    m, s = timed(lambda: ao_fake(fm, calib, 4, train=lambda n: extra_steps(n, train, steps, lr)))
     add("torch.ao", "W4A8 QAT (eager, all INT4)", accuracy(m, test), fair, s)
-    m, s = timed(lambda: ao_fake(fm, calib, train, 8, steps, lr))
+    m, s = timed(lambda: ao_fake(fm, calib, 8, train=lambda n: extra_steps(n, train, steps, lr)))
     add("torch.ao", "INT8 QAT (eager)", accuracy(m, test), fair, s)
     best_w4_qat = max(qat[k] for k in qat if k.startswith("W4A8"))
     tag = "all INT4"
@@ -245,8 +286,24 @@ def run(name: str, args, rows: list, checks: list) -> None:
     print(f"[{name}] done in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
 
 
+def write_section(path: str, model: str, text: str) -> None:
+    """Replace (or append) the ``model`` section of the results file, keeping the other's."""
+    start, end = f"<!-- section {model} -->", f"<!-- /section {model} -->"
+    try:
+        with open(path) as f:
+            old = f.read()
+    except FileNotFoundError:
+        old = "# bench/lowbit.py\n\n" + (__doc__ or "").split("\n\n")[0] + "\n"
+    block = f"{start}\n{text}{end}"
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    new = pattern.sub(lambda _: block, old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(new)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=tuple(MODELS), default="mnist_cnn")
     ap.add_argument("--quick", action="store_true", help="small budgets (smoke run, numbers not meaningful)")
     ap.add_argument("--epochs", type=int, default=3, help="float training epochs over 20k images")
     ap.add_argument("--qat-steps", type=int, default=400, help="extra steps of the QAT rows and the fair float")
@@ -255,11 +312,13 @@ def main(argv=None) -> int:
                     help="only this data set (repeatable; default both)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    header = [f"CPU: {cpu_flags()}; torch {torch.__version__}, 1 thread", ""]
+    title = "dal.zoo.MobileNetTiny(8)" if args.model == "mobilenet_tiny" else "dal.zoo.MnistCNN"
+    header = [f"## {args.model} ({title})",
+              "", f"CPU: {cpu_flags()}; torch {torch.__version__}, 1 thread", ""]
     rows: list = []
     checks: list = []
     for name in args.data or ("cluttered MNIST", "MNIST"):
-        run(name, args, rows, checks)
+        (run_mobilenet if args.model == "mobilenet_tiny" else run)(name, args, rows, checks)
     lines = header + ["| data | tool | row | test accuracy | vs its baseline | time s | note |",
                       "|---|---|---|---|---|---|---|"]
     for d, tool, label, acc, delta, sec, note in rows:
@@ -271,8 +330,7 @@ def main(argv=None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.quick or args.write:
-        with open(args.write or "bench/results/lowbit.md", "w") as f:
-            f.write("# bench/lowbit.py\n\n" + (__doc__ or "").split("\n\n")[0] + "\n\n" + text)
+        write_section(args.write or "bench/results/lowbit.md", args.model, text)
     return 0
 
 

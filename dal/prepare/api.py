@@ -27,6 +27,7 @@ from .constraints import apply_constraints, check_constraints
 from .handle import Prepared, attach
 from .plan import build_plan, capture
 from .report import LayerRow, PrepareReport, rows_from_plan
+from .scales_only import freeze_all_but_quantizers
 from .site_capture import capture_sites
 from .sparsity_step import attach_sparsity
 
@@ -106,6 +107,8 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
         _after_example_forward(model, example_inputs, resolve, report)
     attach_sparsity(model, rec, hw, report)
     apply_constraints(model, hw, report)
+    if rec.train == "scales_only":  # recipe key train: scales_only (dal/prepare/scales_only.py)
+        freeze_all_but_quantizers(model)
     attach(model, Prepared(rec, hw, report, plan))
     return model
 

@@ -94,26 +94,16 @@ def quantize_ptq(model: nn.Module, recipe, calib: Iterable, *, hardware=None, ex
 def scales_only(model: nn.Module) -> list[nn.Parameter]:
     """Scale-only QAT: freeze every weight and bias (``requires_grad=False``) of a prepared model
     with learnable quantizers and return the quantizers' scale / zero-point Parameters, the only
-    ones to hand to the optimizer. BatchNorm statistics are frozen too (``dal.freeze_bn``).
+    ones to hand to the optimizer. BatchNorm statistics are frozen too (``dal.freeze_bn``). The
+    recipe key ``train: scales_only`` makes ``prepare_qat`` do the same (recipes/README.md).
 
     Example:
         >>> opt = torch.optim.Adam(dal.ptq.scales_only(qmodel), lr=1e-3)   # doctest: +SKIP
     """
-    from ..prepare import freeze_bn
+    from ..prepare.scales_only import freeze_all_but_quantizers
     from ..quantizer import quantizers
 
-    qparams = []
-    for _, q in quantizers(model):
-        for p in q.parameters(recurse=False):
-            qparams.append(p)
-    if not qparams:
+    if not any(p.requires_grad for _, q in quantizers(model) for p in q.parameters(recurse=False)):
         raise ValueError("scales_only: the model has no learnable quantizer; use a recipe with learnable: true "
                          "(e.g. w4a8_lsq) and calibrate first")
-    keep = {id(p) for p in qparams}
-    for p in model.parameters():
-        if id(p) not in keep:
-            p.requires_grad_(False)
-    freeze_bn(model)
-    return [p for p in qparams if p.requires_grad]
-
-
+    return freeze_all_but_quantizers(model)

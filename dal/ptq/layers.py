@@ -62,12 +62,17 @@ def float_weight(mod: nn.Module) -> torch.Tensor:
     return mod.weight
 
 
+def unfolded_weight(mod: nn.Module, w: torch.Tensor) -> torch.Tensor:
+    """The ``mod.weight`` for which ``float_weight(mod)`` is ``w`` (QConvBn2d: ``w / f``); differentiable."""
+    if isinstance(mod, QConvBn2d):
+        return w / mod._fold_factor().detach().reshape(-1, *([1] * (w.dim() - 1)))
+    return w
+
+
 def set_float_weight(mod: nn.Module, w: torch.Tensor) -> None:
     """Make ``float_weight(mod)`` equal ``w`` (for QConvBn2d: the unfolded weight ``w / f``)."""
     with torch.no_grad():
-        if isinstance(mod, QConvBn2d):
-            w = w / mod._fold_factor().reshape(-1, *([1] * (w.dim() - 1)))
-        mod.weight.copy_(w)
+        mod.weight.copy_(unfolded_weight(mod, w))
 
 
 def linear_op(mod: nn.Module, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,8 @@ round-to-nearest, which too few ``iters`` can cause, keeps round-to-nearest) and
 weight quantizer (frozen, scale unchanged) gives back ``code`` and the exporter writes it, so
 the ONNX file still carries plain QuantizeLinear / DequantizeLinear.
 
-Layer by layer (``block="layer"``), in execution order.
+Layer by layer (``block="layer"``), in execution order; ``block="block"`` learns the layers of a
+block jointly against the float block output (BRECQ, ``block_rounding.py``).
 """
 from __future__ import annotations
 
@@ -54,6 +55,18 @@ def beta_at(step: int, iters: int, warmup: float = 0.2, start: float = 20.0, end
     return end + (start - end) * (1.0 - t)
 
 
+def initial_rounding(w: torch.Tensor, s: torch.Tensor) -> tuple:
+    """``(floor(W / s), exact, V)``: the grid point below each weight, where W is on the grid
+    already (one rounding only), and the V at which ``h(V) = W / s - floor(W / s)`` (W_soft = W)."""
+    # w / s in float64: a float32 quotient can land exactly on an integer k that the true
+    # quotient misses by 1e-7, and k + 1 would then be neither its floor nor its ceiling.
+    ratio = w.double() / s.double()
+    floor = torch.floor(ratio)
+    exact = ratio == floor
+    rest = (ratio - floor).float().clamp(0.01, 0.99)
+    return floor.float(), exact, nn.Parameter(-torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1.0))
+
+
 @dataclass
 class AdaRoundReport:
     """Per layer: reconstruction loss before / after (MSE of the layer output), the fraction of
@@ -68,7 +81,8 @@ class AdaRoundReport:
         return "\n".join(lines)
 
 
-def _grid(mod):
+def weight_grid(mod):
+    """``(W, s, z, qmin, qmax)`` of ``mod``'s weight quantizer, ``s`` and ``z`` broadcast to W's shape."""
     wq = mod.weight_quant
     w = float_weight(mod).detach()
     s, z = wq.effective_qparams()
@@ -78,16 +92,9 @@ def _grid(mod):
 
 
 def _optimize_layer(mod, xq, target, bias, iters, lr, lam, batch_size, gen):
-    w, s, z, qmin, qmax = _grid(mod)
-    # w / s in float64: a float32 quotient can land exactly on an integer k that the true
-    # quotient misses by 1e-7, and k + 1 would then be neither its floor nor its ceiling.
-    ratio = w.double() / s.double()
-    floor = torch.floor(ratio)
-    exact = ratio == floor  # on the grid already: only one rounding is a rounding
-    rest = (ratio - floor).float().clamp(0.01, 0.99)
-    floor, keep = floor.float(), (~exact).float()
-    # Inverse of h at the residual: V such that h(V) = rest (W_soft starts at W).
-    v = nn.Parameter(-torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1.0))
+    w, s, z, qmin, qmax = weight_grid(mod)
+    floor, exact, v = initial_rounding(w, s)
+    keep = (~exact).float()
     opt = torch.optim.Adam([v], lr=lr)
     n = xq.shape[0]
     act = getattr(mod, "activation", None)
@@ -130,7 +137,8 @@ def _optimize_layer(mod, xq, target, bias, iters, lr, lam, batch_size, gen):
 
 def adaround(model: nn.Module, data: Iterable, num_batches: Optional[int] = None, *, iters: int = 500,
              lr: float = 0.1, lam: float = 0.01, batch_size: int = 32, layers: Optional[list] = None,
-             input_fn: Optional[Callable] = None, progress: bool = True, seed: int = 0) -> AdaRoundReport:
+             input_fn: Optional[Callable] = None, progress: bool = True, seed: int = 0, block: str = "layer",
+             blocks: Optional[list] = None, max_block_layers: int = 4) -> AdaRoundReport:
     """Learn the rounding of every calibrated integer weight of a prepared ``model`` in place
     (see the module docstring for the formula). The model must be calibrated (scales set).
 
@@ -141,6 +149,10 @@ def adaround(model: nn.Module, data: Iterable, num_batches: Optional[int] = None
             ``lam``: regulariser weight.
         batch_size: samples (conv: images) per step, drawn from the cached layer inputs.
         layers: restrict to these layer paths (default: every active integer-weight layer).
+        block: ``"layer"`` (each layer against its own float output) or ``"block"`` (BRECQ:
+            the layers of each block against the float block output; ``dal.ptq.block_rounding``).
+        blocks, max_block_layers: with ``block="block"``, the block paths (default: found by
+            ``block_rounding.find_blocks``: submodules holding 2..``max_block_layers`` layers).
 
     Afterwards every weight is ``s * (code - z)`` with ``code`` in ``{floor(W/s), floor(W/s)+1}
     + z`` (clipped to the format), and the weight quantizers are ``frozen`` (their scale is kept).
@@ -155,6 +167,14 @@ def adaround(model: nn.Module, data: Iterable, num_batches: Optional[int] = None
         known = [n for n, _ in weighted_layers(model)]
         raise ValueError(f"adaround: {sorted(set(layers) - {n for n, _ in chosen})} are not calibrated "
                          f"integer-weight layers; known: {known}")
+    if block not in ("layer", "block"):
+        raise ValueError(f"adaround: block={block!r}; use 'layer' or 'block'")
+    if block == "block":
+        from .block_rounding import block_adaround
+
+        return block_adaround(model, data, chosen, num_batches, iters=iters, lr=lr, lam=lam, batch_size=batch_size,
+                              blocks=blocks, max_layers=max_block_layers, input_fn=input_fn, progress=progress,
+                              seed=seed)
     pristine = copy.deepcopy(model)
     float_mods = dict(pristine.named_modules())
     gen = torch.Generator().manual_seed(seed)
@@ -198,6 +218,6 @@ def _add_bias(mod, y, bias):
 
 def learned_codes(mod: nn.Module) -> torch.Tensor:
     """The integer codes the weight quantizer of ``mod`` produces now: ``round(W / s) + z`` clipped."""
-    w, s, z, qmin, qmax = _grid(mod)
+    w, s, z, qmin, qmax = weight_grid(mod)
     return torch.clamp(torch.round(w / s) + z, qmin, qmax)
 

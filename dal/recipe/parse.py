@@ -11,11 +11,12 @@ from dal.config.problems import format_path
 from dal.config.vocabulary import GRANULARITIES
 from dal.config.yaml_lines import YamlDoc, from_data
 from dal.recipe.errors import RecipeError
-from dal.recipe.recipe import CALIBRATION_METHODS, PTQ_STEPS, Calibration, Recipe
+from dal.recipe.recipe import CALIBRATION_METHODS, PTQ_STEPS, TRAIN_MODES, Calibration, Recipe
 from dal.recipe.rule import Rule
 from dal.recipe.spec import OBSERVERS, TensorSpec, role_defaults
 
-TOP_KEYS = ("name", "description", "hardware", "calibration", "replace", "sparsity_schedule", "ptq", "rules")
+TOP_KEYS = ("name", "description", "hardware", "calibration", "replace", "sparsity_schedule", "ptq", "train",
+            "rules")
 CALIBRATION_KEYS = ("method", "num_batches", "args")
 RULE_KEYS = ("match", "type", "position", "weight", "input", "output", "fallback", "skip", "sparsity", "replace")
 SPEC_KEYS = ("format", "granularity", "axis", "group_size", "symmetric", "narrow_range", "observer",
@@ -41,6 +42,8 @@ def parse_recipe(doc: YamlDoc) -> Recipe:
         kw["sparsity_schedule_at"] = doc.where(("sparsity_schedule",))
     if data.get("ptq") is not None:
         kw["ptq"] = _ptq(c, data["ptq"])
+    if data.get("train") is not None:
+        kw["train"] = c.string(data["train"], ("train",), TRAIN_MODES)
     kw["rules"] = _rules(c, data.get("rules"), doc)
     c.raise_if_any(RecipeError, doc)
     c.build((), Recipe, source=doc.source, **kw)

@@ -14,6 +14,8 @@ CALIBRATION_METHODS = ("minmax", "percentile", "kl", "mse", "easyquant")
 #: dal.ptq steps a recipe may name (``ptq:``); the float-model ones run before prepare_qat, the
 #: others after calibration (dal.ptq.quantize_ptq)
 PTQ_STEPS = ("fold_bn", "equalize", "smooth_quant", "adaround", "bias_correction", "bn_reestimate")
+#: what QAT trains (``train:``): everything, or only the learnable quantizers' scales / zero points
+TRAIN_MODES = ("all", "scales_only")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Recipe:
             (``"one_shot"``) or ``(("kind", "gradual"), ("steps", 2000), ...)`` pairs (YAML: a
             mapping); None = one shot. Resolved by ``dal.sparsity.resolve_schedule`` in prepare.
         ptq: names of PTQ steps (``PTQ_STEPS``) that ``dal.ptq.quantize_ptq`` runs, in order.
+        train: ``"all"`` or ``"scales_only"`` (``prepare_qat`` freezes every weight, bias and BN
+            statistic; only the ``learnable: true`` quantizers' scales and zero points train).
         rules: ``Rule`` objects; the first that matches a layer decides for it.
         source: file it was loaded from (not compared: a saved and reloaded recipe is equal).
     """
@@ -67,6 +71,7 @@ class Recipe:
     replace: tuple[str, ...] = ()
     sparsity_schedule: str | tuple | None = None
     ptq: tuple[str, ...] = ()
+    train: str = "all"
     rules: tuple[Rule, ...] = ()
     source: str | None = field(default=None, compare=False, repr=False)
     sparsity_schedule_at: str | None = field(default=None, compare=False, repr=False)  # "file:line"
@@ -88,6 +93,13 @@ class Recipe:
         for i, r in enumerate(self.rules):
             if not isinstance(r, Rule):
                 problems.append(Problem(f"expected a Rule, got {r!r}", ("rules", i)))
+        if self.train not in TRAIN_MODES:
+            problems.append(Problem(f"{self.train!r} is not allowed (allowed: {', '.join(TRAIN_MODES)})", ("train",)))
+        elif self.train == "scales_only" and not any(
+                getattr(getattr(r, role, None), "learnable", False) for r in self.rules for role in
+                ("weight", "input", "output")):
+            problems.append(Problem("scales_only trains only learnable quantizers and no rule has one: set "
+                                    "learnable: true on a weight or input spec (as w4a8_lsq does)", ("train",)))
         if problems:
             raise RecipeError(problems)
 
@@ -210,6 +222,8 @@ class Recipe:
             out["sparsity_schedule"] = self.schedule_data()
         if self.ptq:
             out["ptq"] = list(self.ptq)
+        if self.train != "all":
+            out["train"] = self.train
         out["rules"] = [r.to_dict() for r in self.rules]
         return out
 

@@ -122,3 +122,30 @@ def max_rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b|, in float64."""
     a, b = a.double(), b.double()
     return float((a - b).abs().max() / b.abs().max())
+
+
+W4A8_PER_TENSOR_ALL = {"name": "w4a8_per_tensor_all", "rules": [
+    {"type": ["conv", "linear"],
+     "weight": {"format": "int4", "granularity": "per_tensor", "symmetric": True, "observer": "minmax"},
+     "input": {"format": "int8", "granularity": "per_tensor", "symmetric": False, "observer": "minmax"}},
+    {"type": ["add", "pool", "activation"],
+     "input": {"format": "int8", "granularity": "per_tensor", "symmetric": False, "observer": "minmax"}}]}
+
+
+@functools.lru_cache(maxsize=None)
+def _trained_mobilenet():
+    """(float dal.zoo.MobileNetTiny(8), eval, one Adam epoch over 5k MNIST images, calib, test)."""
+    from dal.training import train_epoch
+    from dal.zoo import MobileNetTiny
+
+    torch.manual_seed(0)
+    train, cal, tst = mnist_batches()
+    net = MobileNetTiny(8)
+    train_epoch(net, train, torch.optim.Adam(net.parameters(), lr=0.01))
+    return net.eval(), cal, tst
+
+
+def trained_mobilenet():
+    """A fresh copy of the briefly trained MobileNetTiny(8) (trained once per test process)."""
+    net, cal, tst = _trained_mobilenet()
+    return copy.deepcopy(net), cal, tst
