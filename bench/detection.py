@@ -33,17 +33,28 @@ from cpu import cpu_flags as _cpu_flags  # bench/cpu.py
 TARGET = 1.25
 
 
-def _interleaved(fns: dict, reps: int) -> dict:
-    """Median seconds per call of each fn, the fns called in turn ``reps`` times (after one warm-up)."""
+def _interleaved(fns: dict, reps: int, cpu: bool = False) -> dict:
+    """Median seconds per call of each fn, the fns called in turn ``reps`` times (after one
+    warm-up); with ``cpu``, also the medians of this process's CPU time, as ``<name> cpu``
+    (on a shared machine the wall clock also counts the waits for a core)."""
     for fn in fns.values():
         fn()
     times = {k: [] for k in fns}
+    cpus = {f"{k} cpu": [] for k in fns}
     for _ in range(reps):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
+            cpus[f"{k} cpu"].append(time.process_time() - c0)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    return {**out, **{k: statistics.median(v) for k, v in cpus.items()}} if cpu else out
+
+
+def _train_row(label: str, t: dict) -> str:
+    wall, cpu = t["qat"] / t["float"], t["qat cpu"] / t["float cpu"]
+    return (f"| {label} | {1e3 * t['float']:.0f} | {1e3 * t['qat']:.0f} | {wall:.2f}x | {1e3 * t['float cpu']:.0f} | "
+            f"{1e3 * t['qat cpu']:.0f} | {cpu:.2f}x | {'ok' if cpu <= TARGET else 'MISSED'} (<= {TARGET}x) |")
 
 
 def _detector_step(model, images, boxes, labels):
@@ -65,10 +76,8 @@ def train_steps_line(scenes, reps):
     qat = dal.prepare_qat(DigitDetector(), recipe="int8_balanced", hardware="a2000", example_inputs=(images[:4],))
     dal.calibrate(qat, image_batches(scenes, 32), num_batches=2, progress=False)
     t = _interleaved({"float": _detector_step(fl, images, boxes, labels),
-                      "qat": _detector_step(qat, images, boxes, labels)}, reps)
-    ratio = t["qat"] / t["float"]
-    return (f"| DigitDetector, batch 32, 96x96 | {1e3 * t['float']:.0f} | {1e3 * t['qat']:.0f} | {ratio:.2f}x | "
-            f"{'ok' if ratio <= TARGET else 'MISSED'} (<= {TARGET}x) |"), qat
+                      "qat": _detector_step(qat, images, boxes, labels)}, reps, cpu=True)
+    return _train_row("DigitDetector, batch 32, 96x96", t), qat
 
 
 def _torchvision_line(name, builder, reps, size_note="batch 2, 160x160"):
@@ -93,13 +102,11 @@ def _torchvision_line(name, builder, reps, size_note="batch 2, 160x160"):
         qat = dal.prepare_qat(builder(), recipe="int8_balanced", hardware="a2000",
                               example_inputs=(torch.stack(images),))
         dal.calibrate(qat, [torch.stack(images)], num_batches=1, progress=False)
-        t = _interleaved({"float": step_of(fl), "qat": step_of(qat)}, reps)
+        t = _interleaved({"float": step_of(fl), "qat": step_of(qat)}, reps, cpu=True)
     except Exception as err:  # noqa: BLE001 - the table says what is missing (another issue's work)
-        return f"| {name}, {size_note} | - | - | - | not prepared: {type(err).__name__}: " \
+        return f"| {name}, {size_note} | - | - | - | - | - | - | not prepared: {type(err).__name__}: " \
                f"{str(err).splitlines()[0][:120]} |"
-    ratio = t["qat"] / t["float"]
-    return (f"| {name}, {size_note} | {1e3 * t['float']:.0f} | {1e3 * t['qat']:.0f} | {ratio:.2f}x | "
-            f"{'ok' if ratio <= TARGET else 'MISSED'} (<= {TARGET}x) |")
+    return _train_row(f"{name}, {size_note}", t)
 
 
 def inference_lines(qat, scenes, reps):
@@ -135,14 +142,17 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--write", metavar="PATH", help="also write the markdown to PATH")
     ap.add_argument("--no-torchvision", action="store_true", help="skip the torchvision detectors")
+    ap.add_argument("--train-only", action="store_true", help="skip the inference rows (no dal.npu build needed)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     scenes = mnist_scenes("test", 64)
-    out = [f"CPU flags: {_cpu_flags()}; torch threads: {torch.get_num_threads()}; medians of {args.reps} "
+    out = [f"CPU: {_cpu_flags()}; torch threads: {torch.get_num_threads()}; load average "
+           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; medians of {args.reps} "
            "interleaved repetitions; the machine is shared (absolute times swing 1.5-2x between runs, the "
            "ratios less).", "", "Train step (forward, loss, backward, Adam/SGD step), float vs dal QAT INT8 "
-           "(int8_balanced, a2000):", "", "| model | float (ms) | QAT (ms) | QAT / float | target |",
-           "|---|---|---|---|---|"]
+           "(int8_balanced, a2000), wall clock and CPU time of this process (the target is read on CPU time):", "",
+           "| model | float (ms) | QAT (ms) | QAT / float | float CPU (ms) | QAT CPU (ms) | QAT / float CPU | target |",
+           "|---|---|---|---|---|---|---|---|"]
     line, qat = train_steps_line(scenes, args.reps)
     out.append(line)
     if not args.no_torchvision:
@@ -153,11 +163,14 @@ def main(argv=None) -> int:
         out.append(_torchvision_line("torchvision ssdlite320_mobilenet_v3_large", lambda: tvd.ssdlite320_mobilenet_v3_large(
             weights=None, weights_backbone=None, num_classes=11), max(2, args.reps // 3),
             "batch 2, 160x160 resized to 320x320 by its transform"))
-    out += ["", "Inference of the exported QAT detector (QDQ ONNX), one thread each: dal.npu (integer semantics) "
-            "vs onnxruntime with full optimizations (fused QLinearConv) and with optimizations off:", "",
-            "| batch | dal.npu (ms) | ORT (ms) | npu / ORT | ORT no-opt (ms) | npu / ORT no-opt |",
-            "|---|---|---|---|---|---|"]
-    out += inference_lines(qat, scenes, args.reps)
+    out += ["", f"Load average after the train steps: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
+            f"MALLOC_TRIM_THRESHOLD_={os.environ.get('MALLOC_TRIM_THRESHOLD_', 'unset')}."]
+    if not args.train_only:
+        out += ["", "Inference of the exported QAT detector (QDQ ONNX), one thread each: dal.npu (integer semantics) "
+                "vs onnxruntime with full optimizations (fused QLinearConv) and with optimizations off:", "",
+                "| batch | dal.npu (ms) | ORT (ms) | npu / ORT | ORT no-opt (ms) | npu / ORT no-opt |",
+                "|---|---|---|---|---|---|"]
+        out += inference_lines(qat, scenes, args.reps)
     text = "\n".join(out)
     print(text)
     if args.write:

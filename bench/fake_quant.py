@@ -2,12 +2,15 @@
 
 Every variant runs ``y = f(x); y.backward(ones)`` with ``x.requires_grad`` and is reported as a
 multiple of the memory-bound floor ``f(x) = x * c`` measured in the same run. Repetitions are
-interleaved (variant A, B, C, A, B, C, ...) and the median is reported: this machine is shared
-and absolute times swing 1.5-2x between runs, ratios much less.
+interleaved (variant A, B, C, A, B, C, ...) and the median is reported, in CPU time of the one
+thread (``time.thread_time``): this machine is shared, the wall clock also counts the waits
+for a core, and absolute times swing 1.5-2x between runs, ratios much less.
 
 Peers: torch.fake_quantize_per_tensor_affine / per_channel_affine (they multiply by 1/scale,
 so they are not ONNX-exact) and a torch FP8 cast round trip. dal is timed twice: the default
-``fake_quantize`` (fused C++ kernel when available) and the eager autograd function.
+``fake_quantize`` (fused C++ kernel when available) and the eager autograd function. Then a QAT
+quantizer's whole step (observer, scale, fake quantization: dal.formats.track) and the BN-folded
+weight of QConvBn2d training (dal.formats.fold), each against the torch path it replaces.
 
     python bench/fake_quant.py [repetitions]        # default 15
 
@@ -22,6 +25,7 @@ import time
 
 import torch
 
+from cpu import cpu_flags  # bench/cpu.py
 from dal.formats import FP8_E4M3, INT4, INT8, PER_TENSOR, fake_quantize, native, per_channel
 from dal.formats.autograd import FakeQuantizeFunction
 
@@ -54,38 +58,88 @@ def variants(x: torch.Tensor) -> dict:
     return v
 
 
+def qat_variants(x: torch.Tensor) -> dict:
+    """A QAT quantizer's whole step (observer update, scale, fake quantization) and the BN-folded
+    weight ``fq(W * f) / f`` of QConvBn2d training, each by dal's C++ path and by the torch path
+    it replaces (the same bits). Empty where this dal has no such path (an older checkout)."""
+    try:
+        from dal.formats.fold import FoldedFakeQuantizeFunction
+        from dal.quantizer import FakeQuantizer
+    except ImportError:
+        return {}
+    v = {}
+    for path in ("C++", "torch"):
+        q = FakeQuantizer("uint8", symmetric=False, observer="moving_average").train()
+        q(x.detach())
+        q.end_observation("quantize")
+        if path == "torch":
+            q._kernel_params = lambda t, f: None
+        v[f"dal QAT quantizer uint8 per_tensor, {path} path"] = q
+    rows = x.shape[0]
+    f = (torch.rand(rows) + 0.5).requires_grad_()
+    s = x.detach().reshape(rows, -1).abs().amax(dim=1) * 2 / 127
+    zp = torch.zeros(rows, dtype=torch.int32)
+    f4 = f.reshape(-1, *[1] * (x.dim() - 1))
+    v["dal BN-fold fq(W*f)/f int8 per_channel, C++"] = lambda t: \
+        FoldedFakeQuantizeFunction.apply(t, f, s, zp, INT8, -128, 127, True)
+    v["dal BN-fold fq(W*f)/f int8 per_channel, op by op"] = lambda t: \
+        fake_quantize(t * f4, INT8, s, zp, per_channel(0), check=False) / f4
+    return v
+
+
 def main(reps: int = 15) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     x = torch.randn(SHAPE).requires_grad_()
     ones = torch.ones(SHAPE)
-    fns = variants(x)
+    fns = {**variants(x), **qat_variants(x)}
     times = {k: [] for k in fns}
     for rep in range(reps + 1):  # the first round warms up (kernel build, allocator) and is dropped
         for name, fn in fns.items():
             x.grad = None
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             fn(x).backward(ones)
-            dt = time.perf_counter() - t0
+            dt = time.thread_time() - t0
             if rep:
                 times[name].append(dt)
     med = {k: statistics.median(v) for k, v in times.items()}
     floor = med["floor x*c"]
     thp = os.environ.get("THP_MEM_ALLOC_ENABLE")
-    print(f"fake_quantize fwd+bwd, {'x'.join(map(str, SHAPE))} float32, 1 thread, {reps} interleaved reps, medians")
+    print(f"fake_quantize fwd+bwd, {'x'.join(map(str, SHAPE))} float32, 1 thread, {reps} interleaved reps, "
+          "medians of CPU time")
     print(f"THP_MEM_ALLOC_ENABLE={thp!r} ({'set' if thp == '1' else 'NOT set'}: torch's allocator "
           f"{'uses' if thp == '1' else 'does not use'} transparent huge pages)")
-    print(f"fused kernel: {native.status()}")
+    print(f"fused kernel: {native.status()}; CPU: {cpu_flags()}; load average {os.getloadavg()}")
     print(f"{'variant':44s} {'ms':>8s} {'x floor':>8s}")
     ratios = {}
     for name, t in med.items():
         ratios[name] = t / floor
         mark = ""
-        if name.startswith("dal ") and not name.startswith("dal eager"):
+        if name.startswith("dal ") and not name.startswith(("dal eager", "dal QAT", "dal BN")):
             target = TARGETS[name.split()[-1]]
             mark = f"  target <= {target}: {'ok' if ratios[name] <= target else 'MISSED'}"
         print(f"{name:44s} {t * 1e3:8.2f} {ratios[name]:8.2f}{mark}")
+    per_call()
     return ratios
+
+
+def per_call(reps: int = 400) -> None:
+    """The per-call cost, where QAT's overhead is: the same variants on a small tensor
+    (8x64x7x7, a late ResNet layer's activation), in microseconds per forward + backward."""
+    x = torch.randn(8, 64, 7, 7).requires_grad_()
+    ones = torch.ones_like(x)
+    fns = {"floor x*c": lambda t: t * 1.0001, **qat_variants(x)}
+    times = {k: [] for k in fns}
+    for rep in range(reps + 1):
+        for name, fn in fns.items():
+            x.grad = None
+            t0 = time.thread_time()
+            fn(x).backward(ones)
+            if rep:
+                times[name].append(time.thread_time() - t0)
+    print(f"per call, 8x64x7x7, {reps} interleaved reps, medians of CPU time")
+    for name, v in times.items():
+        print(f"{name:44s} {statistics.median(v) * 1e6:8.1f} us")
 
 
 if __name__ == "__main__":

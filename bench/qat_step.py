@@ -1,8 +1,13 @@
 """One ResNet-18 training step (batch 8, 112x112 and 224x224): float vs dal INT8 QAT vs torch.ao eager QAT.
 
-Prints medians of interleaved repetitions and the two ratios against the float step.
+Prints medians of interleaved repetitions (float, dal, torch.ao, float, dal, ...) and the
+ratios against the float step, in wall-clock time and in CPU time of this process
+(``time.process_time``: on a machine shared with other jobs the wall clock also counts the
+time this process waited for a core; CPU time does not), with the load average before and after.
 Peer: torch.ao.quantization.prepare_qat with the x86 QAT qconfig on torchvision's quantizable
 ResNet-18 (fused Conv+BN+ReLU), the reference QAT flow of PyTorch.
+
+    python bench/qat_step.py --res 112 224 [--threads 1] [--write bench/results/qat_step.md]
 """
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import argparse
 import os
 import statistics
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -45,46 +51,72 @@ def _models(size: int, batch: int):
     ao_model = torchvision.models.quantization.resnet18(weights=None, quantize=False)
     ao_model.fuse_model(is_qat=True)
     ao_model.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
-    torch.ao.quantization.prepare_qat(ao_model.train(), inplace=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notices
+        torch.ao.quantization.prepare_qat(ao_model.train(), inplace=True)
     return {"float": _step_fn(float_model, x, y), "dal int8 QAT": _step_fn(dal_model, x, y),
             "torch.ao QAT": _step_fn(ao_model, x, y)}
 
 
-def _measure(size: int, batch: int, reps: int) -> dict:
+def _measure(size: int, batch: int, reps: int) -> tuple[dict, dict]:
+    """(wall, cpu): median seconds per step of each model, interleaved, after one warm-up step."""
     steps = _models(size, batch)
-    for fn in steps.values():  # warm up
+    for fn in steps.values():
         fn()
-    times = {k: [] for k in steps}
+    wall = {k: [] for k in steps}
+    cpu = {k: [] for k in steps}
     for _ in range(reps):
         for name, fn in steps.items():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             fn()
-            times[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
+            wall[name].append(time.perf_counter() - t)
+            cpu[name].append(time.process_time() - c)
+    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
+
+
+def _load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def run(sizes, batch: int, reps: int) -> list[str]:
+    """Markdown lines: one table row per (resolution, clock)."""
+    from dal.formats import native
+
+    lines = [f"CPU: {_cpu_flags()}; {torch.get_num_threads()} torch threads; {os.cpu_count()} cores; "
+             f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}", "",
+             f"ResNet-18 train step (SGD), batch {batch}, medians of {reps} interleaved repetitions:", "",
+             "| resolution | clock | float (ms) | dal INT8 QAT (ms) | dal / float | target | torch.ao (ms) "
+             "| torch.ao / float | load average before -> after |", "|---|---|---|---|---|---|---|---|---|"]
+    for size in sizes:
+        before = _load()
+        wall, cpu = _measure(size, batch, reps)
+        after = _load()
+        for clock, med in (("wall", wall), ("CPU", cpu)):
+            ratio, target = med["dal int8 QAT"] / med["float"], TARGETS.get(size)
+            verdict = "-" if target is None else f"{'ok' if ratio <= target else 'MISSED'} (<= {target})"
+            lines.append(f"| {size}x{size} | {clock} | {1e3 * med['float']:.0f} | {1e3 * med['dal int8 QAT']:.0f} | "
+                         f"{ratio:.3f} | {verdict} | {1e3 * med['torch.ao QAT']:.0f} | "
+                         f"{med['torch.ao QAT'] / med['float']:.3f} | {before} -> {after} |")
+    lines += ["", f"fused fake-quant kernel: {native.status()}"]
+    return lines
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--reps", type=int, default=5)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--res", "--size", dest="res", type=int, nargs="+", default=[112, 224],
                     help="input resolutions, measured in this one run (the overhead is mostly per call)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    ap.add_argument("--write", metavar="PATH", help="also write the markdown table to PATH")
     args = ap.parse_args()
-    from dal.formats import native
-
-    # Fresh large tensors cost page faults: say which allocator setting the numbers were taken with.
-    print(f"CPU flags: {_cpu_flags()}; {torch.get_num_threads()} threads; fused fake-quant kernel: "
-          f"{native.status()}; THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}")
-    for size in args.res:
-        med = _measure(size, args.batch, args.reps)
-        print(f"ResNet-18 train step, batch {args.batch}, {size}x{size}, median of {args.reps} interleaved reps")
-        for name, t in med.items():
-            print(f"  {name:<14} {t * 1000:8.1f} ms   {t / med['float']:.2f}x float")
-        target = TARGETS.get(size)
-        print(f"dal / float = {med['dal int8 QAT'] / med['float']:.2f}"
-              + (f" (target <= {target})" if target else "")
-              + f"; torch.ao / float = {med['torch.ao QAT'] / med['float']:.2f}; "
-              f"dal / torch.ao = {med['dal int8 QAT'] / med['torch.ao QAT']:.2f}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    text = "\n".join(run(args.res, args.batch, args.reps))
+    print(text)
+    if args.write:
+        with open(args.write, "w") as f:
+            f.write(text + "\n")
 
 
 if __name__ == "__main__":

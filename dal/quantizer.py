@@ -32,8 +32,11 @@ from torch import nn
 
 from .formats import PER_TENSOR, Granularity, code_range, fake_quantize, get_format
 from .formats.autograd import pow2_scale_ste
+from .formats.fold import FoldedFakeQuantizeFunction, fold_eligible, fold_granularity, kernel_format, scale_extremes
+from .formats.fused import FusedFakeQuantizeFunction, tensor_eligible
+from .formats.track import fixed_kernel_params, fold_track_forward, track_qparams
 from .formats.qparams import MIN_SCALE, check_pow2_rounding, power_of_two_scale
-from .observers import make_observer
+from .observers import MinMaxObserver, make_observer
 
 
 class QState(str, enum.Enum):
@@ -163,9 +166,11 @@ class FakeQuantizer(nn.Module):
         self._state = state
         self._fake_quant = state.quantizes and self.fmt.is_scaled
         self._cast = state.quantizes and not self.fmt.is_scaled
-        # QAT with a cheap observer (min-max) keeps updating the scale each training step; which
-        # observer it is can change (calibration methods swap them), so that is read per call.
+        # QAT with a cheap observer (min-max) updates the scale each step; which observer can
+        # change (calibration methods swap them), so that is read per call (_tracking).
         self._tracks_range = state is QState.QUANTIZE and self.fmt.is_scaled and not self.learnable
+        # The C++ kernel path: straight-through estimator, integer and FP8 formats (_kernel_params).
+        self._kernel = self._fake_quant and not self.learnable and kernel_format(self.fmt)
 
     # ---- parameters --------------------------------------------------------------------
     @torch.no_grad()
@@ -294,10 +299,16 @@ class FakeQuantizer(nn.Module):
 
     # ---- forward -----------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # One branch per state, decided at the state change (_mirror): no per-call checks.
+        # One branch per state, decided at the state change (_mirror); per call only what depends
+        # on the tensor (the C++ kernel: CPU float32) and on the observer (calibration swaps them).
+        if self._kernel and tensor_eligible(x, self.granularity):
+            kp = self._kernel_params(x, None)
+            if kp is not None:
+                return FusedFakeQuantizeFunction.apply(x, self.scale, self.zero_point, self.fmt, self.granularity,
+                                                       self.qmin, self.qmax, kp)
         if self._fake_quant:
             scale, zero_point = self.scale, self.zero_point
-            if self._tracks_range and self.training and self.observer.updates_during_training:
+            if self._tracking():
                 self.observer(x)
                 self.compute_qparams()
                 # A module called several times in one forward (a detection head once per pyramid
@@ -317,6 +328,44 @@ class FakeQuantizer(nn.Module):
         if self._state is QState.OBSERVE and self.observer is not None:
             self.observer(x)
         return x  # observe and off: the output is the input unchanged
+
+    def _kernel_params(self, x: torch.Tensor, f: Optional[torch.Tensor]) -> Optional[tuple]:
+        """This call's ``(s, lo, hi, mode)`` for the C++ kernel, after the observer's QAT step (of
+        ``x``, or ``x * f``) in one C++ call (``dal.formats.track``: the torch path's numbers).
+        None: the torch path decides (it also raises for a quantizer without a scale)."""
+        if not self._tracking():
+            return fixed_kernel_params(self.scale, self.zero_point, self.fmt, self.qmin, self.qmax) \
+                if self.initialized else None
+        step = self._track_step()
+        rows = scale_extremes(x, self.granularity, f) if step else None
+        return None if rows is None else track_qparams(*rows, *step, self.scale, self.zero_point)
+
+    def _tracking(self) -> bool:  # the QAT step updates the scale (a cheap observer, training)
+        return self._tracks_range and self.training and self.observer.updates_during_training
+
+    def _track_step(self) -> Optional[tuple]:
+        """The observer's ``track_step()`` when its QAT step is the C++ one for this quantizer."""
+        o = self.observer
+        same = isinstance(o, MinMaxObserver) and (o.fmt, o.symmetric, o.narrow_range) == (self.fmt, self.symmetric,
+                                                                                          self.narrow_range)
+        return o.track_step() if same else None
+
+    def fold_quantize(self, weight: torch.Tensor, f: torch.Tensor, divide: bool) -> Optional[torch.Tensor]:
+        """``self(weight * f[:, None, ...])`` (``/ f`` again when ``divide``) in one pass over the
+        weight (``dal.formats.fold``): the bits of the ops one by one, forward and ``d/d weight``.
+        None where that path does not apply: the caller runs the ops one by one."""
+        if not (self._kernel and fold_granularity(self.granularity) and fold_eligible(weight, f)):
+            return None
+        done = None
+        if self.granularity.axis is not None and self._tracking():  # per channel: W read once (track.py)
+            step, grad = self._track_step(), weight.requires_grad or f.requires_grad
+            done = step and fold_track_forward(weight, f, *step, self.scale, self.zero_point, divide, grad)
+            if not done:
+                return None
+        kp = done[2] if done else self._kernel_params(weight, f)
+        return None if kp is None else FoldedFakeQuantizeFunction.apply(
+            weight, f, self.scale, self.zero_point, self.fmt, self.qmin, self.qmax, divide, kp,
+            done[:2] if done else None)
 
     def _learnable_forward(self, x: torch.Tensor) -> torch.Tensor:
         self.project_learned_qparams_()

@@ -41,8 +41,10 @@ def layout(shape: torch.Size, gran: Granularity) -> tuple[int, int, int, int] | 
     return n // gran.block_size, gran.block_size, 1, n // gran.block_size
 
 
-def _plain_tensor(x: torch.Tensor) -> bool:
-    if type(x) is not torch.Tensor or torch.jit.is_tracing() or torch.compiler.is_compiling():
+def plain_tensor(x: torch.Tensor) -> bool:
+    """A plain torch.Tensor outside tracing / compiling / functorch: a raw pointer may be used."""
+    # nn.Parameter is a plain tensor too (no __torch_function__ of its own): the weights.
+    if type(x) not in (torch.Tensor, torch.nn.Parameter) or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return False
     try:
         return not torch._C._functorch.is_functorch_wrapped_tensor(x)
@@ -52,35 +54,49 @@ def _plain_tensor(x: torch.Tensor) -> bool:
 
 def eligible(x, scale, zero_point, fmt: QFormat, gran: Granularity) -> bool:
     """Whether ``fake_quantize`` may take the fused path for these arguments (see module doc)."""
-    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and x.numel()):
-        return False
     if scale.requires_grad or zero_point.requires_grad or not (fmt.is_integer or fmt.name in _MODES):
         return False
-    if not _plain_tensor(x) or layout(x.shape, gran) is None:
+    return tensor_eligible(x, gran)
+
+
+def tensor_eligible(x: torch.Tensor, gran: Granularity) -> bool:
+    """The part of ``eligible`` that depends on ``x`` alone (a quantizer decides the rest once,
+    at its state change): CPU float32 contiguous, not empty, a plain tensor, a layout the kernel
+    has, and the kernel loaded."""
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and x.numel()):
+        return False
+    if not plain_tensor(x) or layout(x.shape, gran) is None:
         return False
     return native.library() is not None
+
+
+def kernel_mode(fmt: QFormat) -> int:
+    """The kernel's format mode: 0 for integers, 1 / 2 for FP8 E4M3 / E5M2."""
+    return _MODES.get(fmt.name, 0)
+
+
+def kernel_params(scale, zero_point, fmt: QFormat, qmin, qmax) -> tuple:
+    """``(s, lo, hi, mode)`` as the kernel reads them: flat float32 scale, code bounds
+    ``lo = qmin - zp`` and ``hi = qmax - zp`` (FP8: -+max), and the kernel's format mode."""
+    s = scale.detach().to(torch.float32).contiguous().reshape(-1)
+    if fmt.is_float8:
+        return s, torch.full_like(s, -fmt.max_value), torch.full_like(s, fmt.max_value), _MODES[fmt.name]
+    zp = zero_point.detach()
+    zp = torch.round(zp.float()) if zp.is_floating_point() else zp.float()
+    zp = zp.reshape(-1).expand(s.shape)
+    # The same float32 expressions as the eager path: lo = qmin - zp, hi = qmax - zp.
+    return s, (qmin - zp).contiguous(), (qmax - zp).contiguous(), 0
 
 
 class FusedFakeQuantizeFunction(torch.autograd.Function):
     """Forward / backward of the fused kernel; arguments as ``FakeQuantizeFunction``."""
 
     @staticmethod
-    def forward(ctx, x, scale, zero_point, fmt, gran, qmin, qmax):
+    def forward(ctx, x, scale, zero_point, fmt, gran, qmin, qmax, kp=None):
+        # kp: ``kernel_params(scale, zero_point, ...)`` when the caller has them already (dal.quantizer)
         lib = native.library()
         rows, row_len, div, mod = layout(x.shape, gran)
-        s = scale.detach().to(torch.float32).contiguous().reshape(-1)
-        if fmt.is_float8:
-            lo = torch.full_like(s, -fmt.max_value)
-            hi = torch.full_like(s, fmt.max_value)
-            mode = _MODES[fmt.name]
-        else:
-            zp = zero_point.detach()
-            zp = torch.round(zp.float()) if zp.is_floating_point() else zp.float()
-            zp = zp.reshape(-1).expand(s.shape)
-            # The same float32 expressions as the eager path: lo = qmin - zp, hi = qmax - zp.
-            lo = (qmin - zp).contiguous()
-            hi = (qmax - zp).contiguous()
-            mode = 0
+        s, lo, hi, mode = kp if kp is not None else kernel_params(scale, zero_point, fmt, qmin, qmax)
         out = torch.empty_like(x)
         need_mask = ctx.needs_input_grad[0]
         mask = torch.empty(rows * ((row_len + 7) // 8), dtype=torch.uint8) if need_mask else None
@@ -102,4 +118,4 @@ class FusedFakeQuantizeFunction(torch.autograd.Function):
             grad_x = torch.empty_like(g)
             native.library().dal_fq_backward(g.data_ptr(), mask.data_ptr(), grad_x.data_ptr(),
                                              ctx.rows, ctx.row_len, torch.get_num_threads())
-        return grad_x, None, None, None, None, None, None
+        return grad_x, None, None, None, None, None, None, None

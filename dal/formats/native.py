@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "fake_quant.cpp")
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 _status = "not built yet (the fused kernel is built on the first eligible fake_quantize call)"
 
 
@@ -181,6 +181,20 @@ def library():
     lib.dal_fq_forward.restype = None
     lib.dal_fq_backward.argtypes = [p, p, p, i64, i64, i32]
     lib.dal_fq_backward.restype = None
+    lib.dal_row_minmax.argtypes = [p, i64, i64, p, p, p, i32]
+    lib.dal_row_minmax.restype = i32
+    lib.dal_fold_forward.argtypes = [p, p, p, i64, i64, i64, i64, p, p, p, p, i32, i32, i32]
+    lib.dal_fold_forward.restype = None
+    lib.dal_fold_backward.argtypes = [p, p, p, p, p, p, i64, i64, p, i32, i32]
+    lib.dal_fold_backward.restype = None
+    f32, f64 = ctypes.c_float, ctypes.c_double
+    lib.dal_track_qparams.argtypes = [p, p, i64, p, p, p, i32, f32, i32, f64, f64, f64, f64, i32, p, p, p, p, p]
+    lib.dal_track_qparams.restype = i32
+    lib.dal_fold_track_forward.argtypes = [p, p, p, i64, i64, p, p, p, p, i32, f32, i32, f64, f64, f64, f64, i32,
+                                           p, p, p, p, p, i32, i32, i32]
+    lib.dal_fold_track_forward.restype = i32
+    lib.dal_kernel_params.argtypes = [p, p, i64, f64, f64, f64, p, p, p]
+    lib.dal_kernel_params.restype = None
     _status = "built and loaded"
     return lib
 

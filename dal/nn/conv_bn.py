@@ -15,6 +15,11 @@ of a CNN have large activations and small weights, late layers the opposite. ``B
 torch's module with its own running-statistics semantics (momentum, ``momentum=None``,
 ``num_batches_tracked``).
 
+Where the weight quantizer fake-quantizes with the straight-through estimator on CPU float32,
+``fq_w(W * f) [/ f]`` and its backward are one C++ pass each over the weight, the observer's
+per-channel range included (``FakeQuantizer.fold_quantize``, ``dal.formats.fold``): the same
+bits as the ops one by one, in about a quarter of their memory traffic.
+
 Eval, or after ``freeze_bn()``: exactly the folded layer the hardware runs,
 
     y = conv(x, fq_w(W * f), fq_b(beta + (b - running_mean) * f))
@@ -68,10 +73,12 @@ class QConvBn2d(QATModule, nn.Conv2d):
     def folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W * f, beta + (b - mean) * f) in float: what the exporter and hardware see before quantization."""
         f = self._fold_factor()
-        w = self.weight * f.reshape(-1, 1, 1, 1)
+        return self.weight * f.reshape(-1, 1, 1, 1), self._folded_bias(f)
+
+    def _folded_bias(self, f: torch.Tensor) -> torch.Tensor:
         b = self.bias if self.bias is not None else torch.zeros_like(f)
         beta = self.bn.bias if self.bn.affine else torch.zeros_like(f)
-        return w, beta + (b - self.bn.running_mean) * f
+        return beta + (b - self.bn.running_mean) * f
 
     def _divide_output(self, x: torch.Tensor) -> bool:
         """Whether the 1/f of training is cheaper on the conv output than on the weight (module doc).
@@ -86,16 +93,15 @@ class QConvBn2d(QATModule, nn.Conv2d):
         if self.input_quant is not None:
             x = self.input_quant(x)
         if self.training and not bool(self.bn_frozen):
-            f = self._fold_factor().reshape(-1, 1, 1, 1)
+            f = self._fold_factor()
             # The weight quantizer must see the folded weight W * f (the grid the hardware uses);
             # the 1/f that undoes the folding goes where it costs less (module doc).
-            w = self.quantized_weight(self.weight * f)
             if self._divide_output(x):
-                y = self._conv_forward(x, w, None) / f.reshape(1, -1, 1, 1)
+                y = self._conv_forward(x, self._folded_weight(f, False), None) / f.reshape(1, -1, 1, 1)
                 if self.bias is not None:
                     y = y + self.bias.reshape(1, -1, 1, 1)
             else:
-                y = self._conv_forward(x, w / f, self.bias)
+                y = self._conv_forward(x, self._folded_weight(f, True), self.bias)
             y = self.bn(y)
             if self.activation in _IN_PLACE:
                 # BN's output is fresh and no autograd node saved it (BN keeps its input): the
@@ -104,9 +110,20 @@ class QConvBn2d(QATModule, nn.Conv2d):
                 y = _IN_PLACE[self.activation](y)
                 return self.output_quant(y) if self.output_quant is not None else y
         else:
-            w, b = self.folded_weight_and_bias()
-            y = self._conv_forward(x, self.quantized_weight(w), self.quantized_bias(b))
+            f = self._fold_factor()
+            y = self._conv_forward(x, self._folded_weight(f, False), self.quantized_bias(self._folded_bias(f)))
         return self.finish(y)
+
+    def _folded_weight(self, f: torch.Tensor, divide: bool) -> torch.Tensor:
+        """``fq_w(W * f)``, divided by ``f`` again when ``divide``: one C++ pass over the weight
+        where ``FakeQuantizer.fold_quantize`` applies (the same bits), else op by op."""
+        if self.weight_quant is not None and getattr(self, "weight_mask", None) is None:
+            w = self.weight_quant.fold_quantize(self.weight, f, divide)
+            if w is not None:
+                return w
+        f = f.reshape(-1, 1, 1, 1)
+        w = self.quantized_weight(self.weight * f)
+        return w / f if divide else w
 
     def train(self, mode: bool = True):
         super().train(mode)

@@ -12,10 +12,14 @@
 // clamp keeps its argument unless it is strictly outside [lo, hi] (NaN stays NaN, -0 stays -0),
 // exactly like torch.clamp, so this file and the eager path agree bit for bit.
 //
+// Also here: per-row min / max (dal_row_minmax, the per-channel observers) and the BN-folded
+// weight of QConvBn2d training (dal_fold_forward / dal_fold_backward, dal.formats.fold).
+//
 // Plain C ABI (called through ctypes): no torch headers, so it builds in about a second.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -69,40 +73,57 @@ inline int fq_one(float x, float s, float lo, float hi, int mode, float* out) {
     return std::fabs(v) <= hi;
 }
 
+#ifdef __AVX2__
+// The vector constants of one (s, lo, hi, mode).
+struct Vq {
+    __m256 s, lo, hi, sign, nan;
+    __m256i emin, mant, v254, vff;
+    int mode;
+    Vq(float s_, float lo_, float hi_, int mode_) : mode(mode_) {
+        s = _mm256_set1_ps(s_); lo = _mm256_set1_ps(lo_); hi = _mm256_set1_ps(hi_);
+        sign = _mm256_set1_ps(-0.0f);
+        int mant_ = 0, emin_ = 0;
+        if (mode != MODE_INT) fp8_params(mode, &mant_, &emin_);
+        emin = _mm256_set1_epi32(emin_); mant = _mm256_set1_epi32(mant_);
+        v254 = _mm256_set1_epi32(254); vff = _mm256_set1_epi32(0xff);
+        nan = _mm256_castsi256_ps(_mm256_set1_epi32((int)(mode == MODE_INT ? 0 : fp8_nan_bits(mode))));
+    }
+};
+
+// 8 lanes of v = x / s: returns c * s (the fake-quantized value) and the mask in *keep.
+inline __m256 quant8(__m256 v, const Vq& k, __m256* keep) {
+    __m256 c;
+    if (k.mode == MODE_INT) {
+        __m256 r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 below = _mm256_cmp_ps(r, k.lo, _CMP_LT_OQ);
+        __m256 above = _mm256_cmp_ps(r, k.hi, _CMP_GT_OQ);
+        c = _mm256_blendv_ps(_mm256_blendv_ps(r, k.lo, below), k.hi, above);
+        *keep = _mm256_and_ps(_mm256_cmp_ps(r, k.lo, _CMP_GE_OQ), _mm256_cmp_ps(r, k.hi, _CMP_LE_OQ));
+    } else {
+        __m256 t = _mm256_blendv_ps(v, k.lo, _mm256_cmp_ps(v, k.lo, _CMP_LT_OQ));
+        t = _mm256_blendv_ps(t, k.hi, _mm256_cmp_ps(t, k.hi, _CMP_GT_OQ));
+        __m256i e = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(t), 23), k.vff);
+        __m256i eq = _mm256_sub_epi32(_mm256_max_epi32(e, k.emin), k.mant);
+        __m256 q = _mm256_castsi256_ps(_mm256_slli_epi32(eq, 23));
+        __m256 inv_q = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(k.v254, eq), 23));
+        c = _mm256_mul_ps(_mm256_round_ps(_mm256_mul_ps(t, inv_q),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), q);
+        c = _mm256_blendv_ps(c, _mm256_or_ps(_mm256_and_ps(t, k.sign), k.nan), _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
+        *keep = _mm256_cmp_ps(_mm256_andnot_ps(k.sign, v), k.hi, _CMP_LE_OQ);
+    }
+    return _mm256_mul_ps(c, k.s);
+}
+#endif
+
 // Elements [begin, end) of one row (begin is a multiple of 8); mask points at the row's bytes.
 void fq_span(const float* x, float* out, uint8_t* mask, int64_t begin, int64_t end,
              float s, float lo, float hi, int mode) {
     int64_t i = begin;
 #ifdef __AVX2__
-    const __m256 vs = _mm256_set1_ps(s), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    int mant = 0, emin = 0;
-    if (mode != MODE_INT) fp8_params(mode, &mant, &emin);
-    const __m256i vemin = _mm256_set1_epi32(emin), vmant = _mm256_set1_epi32(mant);
-    const __m256i v254 = _mm256_set1_epi32(254), vff = _mm256_set1_epi32(0xff);
-    const __m256 vnan = _mm256_castsi256_ps(_mm256_set1_epi32((int)(mode == MODE_INT ? 0 : fp8_nan_bits(mode))));
+    const Vq k(s, lo, hi, mode);
     for (; i + 8 <= end; i += 8) {
-        __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), vs);
-        __m256 c, keep;
-        if (mode == MODE_INT) {
-            __m256 r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            __m256 below = _mm256_cmp_ps(r, vlo, _CMP_LT_OQ);
-            __m256 above = _mm256_cmp_ps(r, vhi, _CMP_GT_OQ);
-            c = _mm256_blendv_ps(_mm256_blendv_ps(r, vlo, below), vhi, above);
-            keep = _mm256_and_ps(_mm256_cmp_ps(r, vlo, _CMP_GE_OQ), _mm256_cmp_ps(r, vhi, _CMP_LE_OQ));
-        } else {
-            __m256 t = _mm256_blendv_ps(v, vlo, _mm256_cmp_ps(v, vlo, _CMP_LT_OQ));
-            t = _mm256_blendv_ps(t, vhi, _mm256_cmp_ps(t, vhi, _CMP_GT_OQ));
-            __m256i e = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(t), 23), vff);
-            __m256i eq = _mm256_sub_epi32(_mm256_max_epi32(e, vemin), vmant);
-            __m256 q = _mm256_castsi256_ps(_mm256_slli_epi32(eq, 23));
-            __m256 inv_q = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(v254, eq), 23));
-            c = _mm256_mul_ps(_mm256_round_ps(_mm256_mul_ps(t, inv_q),
-                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), q);
-            c = _mm256_blendv_ps(c, _mm256_or_ps(_mm256_and_ps(t, sign), vnan), _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
-            keep = _mm256_cmp_ps(_mm256_andnot_ps(sign, v), vhi, _CMP_LE_OQ);
-        }
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(c, vs));
+        __m256 keep;
+        _mm256_storeu_ps(out + i, quant8(_mm256_div_ps(_mm256_loadu_ps(x + i), k.s), k, &keep));
         if (mask) mask[i >> 3] = (uint8_t)_mm256_movemask_ps(keep);
     }
 #endif
@@ -128,6 +149,175 @@ void bwd_span(const float* g, const uint8_t* mask, float* gin, int64_t begin, in
 #endif
     for (; i < end; ++i)
         gin[i] = g[i] * (float)((mask[i >> 3] >> (i & 7)) & 1);
+}
+
+// ---- the BN-folded weight of QConvBn2d training (dal.formats.fold) -------------------------
+// Forward, per element of row r (output channel) with f = f[r]:
+//     t = w * f;  q = fake_quant(t) as above, mask m;  out = divide ? q / f : q
+// Backward, from g = d loss / d out, the stored mask and (divide) the stored out:
+//     divide:  grad_w = ((g / f) * m) * f       grad_f = sum(g * (m * w - out)) / f
+//     else:    grad_w = (g * m) * f             grad_f = sum(g * m * w)
+// out and grad_w are the float32 expressions torch's autograd evaluates for t = w * f, fq, q / f,
+// so they are bit-identical to that chain. grad_f is that chain's sum(gq * m * w) - sum(g * q / f^2)
+// in exact arithmetic (out = q / f rounded once), accumulated in double, one row per thread
+// (deterministic for any thread count): torch's float32 sums cancel where this does not.
+
+void fold_span(const float* w, float* out, uint8_t* mask, int64_t n, float fr, float s, float lo, float hi,
+               int mode, int divide) {
+    int64_t i = 0;
+#ifdef __AVX2__
+    const Vq k(s, lo, hi, mode);
+    const __m256 vf = _mm256_set1_ps(fr);
+    for (; i + 8 <= n; i += 8) {
+        __m256 keep;
+        __m256 q = quant8(_mm256_div_ps(_mm256_mul_ps(_mm256_loadu_ps(w + i), vf), k.s), k, &keep);
+        _mm256_storeu_ps(out + i, divide ? _mm256_div_ps(q, vf) : q);
+        if (mask) mask[i >> 3] = (uint8_t)_mm256_movemask_ps(keep);
+    }
+#endif
+    for (; i < n; i += 8) {
+        uint8_t byte = 0;
+        int64_t stop = i + 8 < n ? i + 8 : n;
+        for (int64_t j = i; j < stop; ++j) {
+            float q;
+            byte |= (uint8_t)(fq_one(w[j] * fr, s, lo, hi, mode, &q) << (j - i));
+            out[j] = divide ? q / fr : q;
+        }
+        if (mask) mask[i >> 3] = byte;
+    }
+}
+
+#ifdef __AVX2__
+inline double hsum(__m256d v) {
+    double a[4];
+    _mm256_storeu_pd(a, v);
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+inline __m256d lo_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
+inline __m256d hi_pd(__m256 v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
+#endif
+
+// One row: grad_w (or null) and the double sum of grad_f's formula (before the division by f).
+double fold_bwd_span(const float* g, const float* w, const float* out, const uint8_t* mask, float* gw, int64_t n,
+                     float fr, int divide) {
+    int64_t i = 0;
+    double sum = 0.0;
+#ifdef __AVX2__
+    const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256 vf = _mm256_set1_ps(fr), one = _mm256_set1_ps(1.0f);
+    __m256d acc = _mm256_setzero_pd();
+    for (; i + 8 <= n; i += 8) {
+        __m256i b = _mm256_and_si256(_mm256_set1_epi32(mask[i >> 3]), bits);
+        __m256 m = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(b, bits)), one);
+        __m256 vg = _mm256_loadu_ps(g + i), vw = _mm256_loadu_ps(w + i);
+        if (gw) {
+            __m256 gt = _mm256_mul_ps(divide ? _mm256_div_ps(vg, vf) : vg, m);
+            _mm256_storeu_ps(gw + i, _mm256_mul_ps(gt, vf));
+        }
+        __m256 mw = _mm256_mul_ps(m, vw);  // exact: m is 0 or 1
+        __m256d d_lo = lo_pd(mw), d_hi = hi_pd(mw);
+        if (divide) {  // exact in double: two floats of similar size
+            __m256 vo = _mm256_loadu_ps(out + i);
+            d_lo = _mm256_sub_pd(d_lo, lo_pd(vo));
+            d_hi = _mm256_sub_pd(d_hi, hi_pd(vo));
+        }
+        acc = _mm256_add_pd(acc, _mm256_add_pd(_mm256_mul_pd(lo_pd(vg), d_lo), _mm256_mul_pd(hi_pd(vg), d_hi)));
+    }
+    sum = hsum(acc);
+#endif
+    for (; i < n; ++i) {
+        float m = (float)((mask[i >> 3] >> (i & 7)) & 1);
+        if (gw) gw[i] = ((divide ? g[i] / fr : g[i]) * m) * fr;
+        double d = (double)(m * w[i]) - (divide ? (double)out[i] : 0.0);
+        sum += (double)g[i] * d;
+    }
+    return sum;
+}
+
+// min and max of x[0, n), ignoring NaN; *nan tells whether there was one.
+void minmax_span(const float* x, int64_t n, float* mn, float* mx, bool* nan) {
+    int64_t i = 0;
+    float lo = INFINITY, hi = -INFINITY;
+    bool bad = false;
+#ifdef __AVX2__
+    if (n >= 8) {
+        __m256 vlo = _mm256_set1_ps(INFINITY), vhi = _mm256_set1_ps(-INFINITY), vnan = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i);
+            vlo = _mm256_min_ps(v, vlo);  // a NaN in v returns the second operand: NaN is skipped
+            vhi = _mm256_max_ps(v, vhi);
+            vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        float a[8], b[8];
+        _mm256_storeu_ps(a, vlo);
+        _mm256_storeu_ps(b, vhi);
+        for (int j = 0; j < 8; ++j) {
+            lo = a[j] < lo ? a[j] : lo;
+            hi = b[j] > hi ? b[j] : hi;
+        }
+        bad = _mm256_movemask_ps(vnan) != 0;
+    }
+#endif
+    for (; i < n; ++i) {
+        float v = x[i];
+        if (v != v) { bad = true; continue; }
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    *mn = lo;
+    *mx = hi;
+    *nan = bad;
+}
+
+// The observer step of one scale (formulas at dal_track_qparams).
+struct Track {
+    int ema;
+    float c;
+    int symmetric;
+    double qmin, qmax, zp_mid, denom;
+    int fp8;
+};
+
+inline bool track_ok(const Track& t, float blo, float bhi, float mn, float mx) {
+    if (!std::isfinite(blo) || !std::isfinite(bhi)) return false;
+    return t.ema || (std::isfinite(mn) && std::isfinite(mx) && mn != 0.0f && mx != 0.0f && blo != 0.0f && bhi != 0.0f);
+}
+
+inline void track_one(const Track& t, float blo, float bhi, float* min_val, float* max_val, float* scale,
+                      int32_t* zero_point, float* s_out, float* k_lo, float* k_hi) {
+    if (t.ema) {
+        bool first = !std::isfinite(*min_val);
+        float mn = *min_val + t.c * (blo - *min_val);
+        float mx = *max_val + t.c * (bhi - *max_val);
+        *min_val = first ? blo : mn;
+        *max_val = first ? bhi : mx;
+    } else {
+        *min_val = blo < *min_val ? blo : *min_val;
+        *max_val = bhi > *max_val ? bhi : *max_val;
+    }
+    float lo_f = std::isfinite(*min_val) ? *min_val : 0.0f;
+    float hi_f = std::isfinite(*max_val) ? *max_val : 0.0f;
+    hi_f = hi_f > lo_f ? hi_f : lo_f;
+    double l = (double)(lo_f < 0.0f ? lo_f : 0.0f), h = (double)(hi_f > 0.0f ? hi_f : 0.0f);
+    double sc, zp;
+    if (t.symmetric || t.fp8) {
+        sc = (-l > h ? -l : h) / t.denom;
+        zp = t.zp_mid;
+    } else {
+        sc = (h - l) / (t.qmax - t.qmin);
+        double z = t.qmin - std::nearbyint(l / (sc > 0.0 ? sc : 1.0));
+        zp = z < t.qmin ? t.qmin : (z > t.qmax ? t.qmax : z);
+    }
+    sc = sc > 0.0 ? sc : 1.0;
+    sc = sc < 0x1p-100 ? 0x1p-100 : sc;
+    float s32 = (float)sc;
+    *scale = s32;
+    *zero_point = (int32_t)zp;
+    *s_out = s32;
+    float z32 = (float)(int32_t)zp;
+    *k_lo = t.fp8 ? (float)-t.denom : (float)t.qmin - z32;
+    *k_hi = t.fp8 ? (float)t.denom : (float)t.qmax - z32;
 }
 
 constexpr int64_t kChunk = 16384;  // elements per work item (a multiple of 8: mask bytes align)
@@ -167,6 +357,145 @@ void dal_fq_backward(const float* grad, const uint8_t* mask, float* grad_in, int
     }
 }
 
-int dal_fq_abi_version() { return 1; }
+// Per row r of x (rows x row_len floats): min and max of x[r, :] * f[r] (f null: of x[r, :]) into
+// mn[r], mx[r]. Returns 1 when no element is NaN and every extreme is finite and nonzero, and f
+// (if given) is finite and nonzero: the extremes are then the exact min / max of the float32
+// products (IEEE multiplication by one f is monotonic). Otherwise 0: the caller takes torch's
+// amin / amax of the product (which also decides the sign of a zero extreme).
+int dal_row_minmax(const float* x, int64_t rows, int64_t row_len, const float* f, float* mn, float* mx,
+                   int nthreads) {
+    int ok = 1;
+#pragma omp parallel for schedule(static) num_threads(nthreads) reduction(&& : ok) if (nthreads > 1 && rows * row_len > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
+        float lo, hi;
+        bool nan;
+        minmax_span(x + r * row_len, row_len, &lo, &hi, &nan);
+        if (f) {
+            float fr = f[r], a = fr * lo, b = fr * hi;
+            ok = ok && fr != 0.0f && std::isfinite(fr);
+            lo = fr > 0.0f ? a : b;
+            hi = fr > 0.0f ? b : a;
+        }
+        ok = ok && !nan && std::isfinite(lo) && std::isfinite(hi) && lo != 0.0f && hi != 0.0f;
+        mn[r] = lo;
+        mx[r] = hi;
+    }
+    return ok;
+}
+
+// The folded weight of QConvBn2d (formulas above fold_span). Row r of w uses f[r] and the
+// quantization parameter p = (r / param_div) % param_mod of scale, lo, hi. mask: rows *
+// ceil(row_len / 8) bytes (bit-packed as for dal_fq_forward), or null when no gradient is needed.
+void dal_fold_forward(const float* w, float* out, uint8_t* mask, int64_t rows, int64_t row_len, int64_t param_div,
+                      int64_t param_mod, const float* f, const float* scale, const float* lo, const float* hi,
+                      int mode, int divide, int nthreads) {
+    const int64_t mask_row = (row_len + 7) / 8;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && rows * row_len > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t p = (r / param_div) % param_mod;
+        fold_span(w + r * row_len, out + r * row_len, mask ? mask + r * mask_row : nullptr, row_len, f[r],
+                  scale[p], lo[p], hi[p], mode, divide);
+    }
+}
+
+// grad_w (rows x row_len, or null) and grad_f (rows, or null) from grad (rows x row_len), the
+// forward's mask and, when divide, its out.
+void dal_fold_backward(const float* grad, const float* w, const float* out, const uint8_t* mask, float* grad_w,
+                       float* grad_f, int64_t rows, int64_t row_len, const float* f, int divide, int nthreads) {
+    const int64_t mask_row = (row_len + 7) / 8;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && rows * row_len > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
+        double sum = fold_bwd_span(grad + r * row_len, w + r * row_len, divide ? out + r * row_len : nullptr,
+                                   mask + r * mask_row, grad_w ? grad_w + r * row_len : nullptr, row_len, f[r],
+                                   divide);
+        if (grad_f) grad_f[r] = (float)(divide ? sum / (double)f[r] : sum);
+    }
+}
+
+// ---- the observer step of a quantizer in QAT (dal.quantizer's fast path) ---------------------
+// One call replaces the ~30 small torch ops of MinMaxObserver / MovingAverageMinMaxObserver
+// update + Observer.calculate_qparams + formats.choose_qparams + FakeQuantizer.set_qparams, with
+// the same float32 / float64 expressions in the same order (the Python versions are the spec):
+//     minmax:  min_val = min(min_val, lo)          max_val = max(max_val, hi)
+//     ema:     first = !isfinite(min_val);  m = first ? lo : min_val + c * (lo - min_val)  (float32, c float32)
+//     range:   l = double(min(finite-or-0(min_val), 0)),  h = double(max(finite-or-0(max_val), 0))
+//     sym/fp8: scale = max(-l, h) / denom,  zp = zp_mid
+//     affine:  scale = (h - l) / (qmax - qmin);  zp = clamp(qmin - rne(l / (scale > 0 ? scale : 1)), qmin, qmax)
+//     scale = float32(max(scale > 0 ? scale : 1, 2^-100))
+// and the kernel's bounds k_lo = qmin - zp, k_hi = qmax - zp (fp8: -+denom) and a copy of the
+// scale for this call. Returns 0, having written nothing, where the torch path must decide: a
+// non-finite batch extreme, and for minmax any zero or non-finite value among the four inputs
+// (torch's min / max of +0 and -0 depend on its kernel's operand order).
+int dal_track_qparams(const float* blo, const float* bhi, int64_t n, float* min_val, float* max_val,
+                      int64_t* batches_seen, int ema, float c, int symmetric, double qmin, double qmax,
+                      double zp_mid, double denom, int fp8, float* scale, int32_t* zero_point, float* s_out,
+                      float* k_lo, float* k_hi) {
+    const Track t{ema, c, symmetric, qmin, qmax, zp_mid, denom, fp8};
+    for (int64_t i = 0; i < n; ++i)
+        if (!track_ok(t, blo[i], bhi[i], min_val[i], max_val[i])) return 0;
+    for (int64_t i = 0; i < n; ++i)
+        track_one(t, blo[i], bhi[i], min_val + i, max_val + i, scale + i, zero_point + i, s_out + i, k_lo + i, k_hi + i);
+    *batches_seen += 1;
+    return 1;
+}
+
+// dal_track_qparams of a per-output-channel weight quantizer fused with dal_fold_forward: per row,
+// the extremes of w * f (as dal_row_minmax), that row's observer step and scale, then the row's
+// fold forward while it is still in L1, so W is read once instead of twice. Returns 0 with no
+// observer state or scale written (out and mask are then garbage) where either would decline.
+int dal_fold_track_forward(const float* w, float* out, uint8_t* mask, int64_t rows, int64_t row_len, const float* f,
+                           float* min_val, float* max_val, int64_t* batches_seen, int ema, float c, int symmetric,
+                           double qmin, double qmax, double zp_mid, double denom, int fp8, float* scale,
+                           int32_t* zero_point, float* s_out, float* k_lo, float* k_hi, int mode, int divide,
+                           int nthreads) {
+    const Track t{ema, c, symmetric, qmin, qmax, zp_mid, denom, fp8};
+    const int64_t mask_row = (row_len + 7) / 8;
+    std::vector<float> new_min(rows), new_max(rows), new_scale(rows);
+    std::vector<int32_t> new_zp(rows);
+    int ok = 1;
+#pragma omp parallel for schedule(static) num_threads(nthreads) reduction(&& : ok) if (nthreads > 1 && rows * row_len > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
+        if (!ok) continue;
+        float lo, hi, fr = f[r];
+        bool nan;
+        minmax_span(w + r * row_len, row_len, &lo, &hi, &nan);
+        float a = fr * lo, b = fr * hi;
+        lo = fr > 0.0f ? a : b;
+        hi = fr > 0.0f ? b : a;
+        if (!(fr != 0.0f && std::isfinite(fr) && !nan && std::isfinite(lo) && std::isfinite(hi) && lo != 0.0f &&
+              hi != 0.0f && track_ok(t, lo, hi, min_val[r], max_val[r]))) {
+            ok = 0;
+            continue;
+        }
+        new_min[r] = min_val[r];
+        new_max[r] = max_val[r];
+        track_one(t, lo, hi, &new_min[r], &new_max[r], &new_scale[r], &new_zp[r], s_out + r, k_lo + r, k_hi + r);
+        fold_span(w + r * row_len, out + r * row_len, mask ? mask + r * mask_row : nullptr, row_len, fr, s_out[r],
+                  k_lo[r], k_hi[r], mode, divide);
+    }
+    if (!ok) return 0;
+    for (int64_t r = 0; r < rows; ++r) {
+        min_val[r] = new_min[r];
+        max_val[r] = new_max[r];
+        scale[r] = new_scale[r];
+        zero_point[r] = new_zp[r];
+    }
+    *batches_seen += 1;
+    return 1;
+}
+
+// The kernel's parameters of a fixed (scale, zero point): s (a copy), lo = qmin - zp, hi = qmax - zp
+// (float32, as fused.kernel_params computes them; fp8: -+fp8_max, zero point unused).
+void dal_kernel_params(const float* scale, const int32_t* zero_point, int64_t n, double qmin, double qmax,
+                       double fp8_max, float* s_out, float* k_lo, float* k_hi) {
+    for (int64_t i = 0; i < n; ++i) {
+        s_out[i] = scale[i];
+        float z32 = zero_point ? (float)zero_point[i] : 0.0f;
+        k_lo[i] = fp8_max > 0 ? (float)-fp8_max : (float)qmin - z32;
+        k_hi[i] = fp8_max > 0 ? (float)fp8_max : (float)qmax - z32;
+    }
+}
+
+int dal_fq_abi_version() { return 2; }
 
 }  // extern "C"
