@@ -11,7 +11,7 @@ oracle (its kernels saturate in int16 on CPUs without VNNI).
 Targets (not asserted): one thread u8s8 <= 1.0x onnxruntime, s8s8 <= 0.5x; two threads >= 1.7x
 one thread; GEMM >= 80% of the int8 peak. Writes bench/results/npu.md.
 
-    .venv/bin/python bench/npu.py [--reps 9]
+    .venv/bin/python bench/npu.py [--reps 9] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -65,6 +65,34 @@ def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1) -> float:
     return 2 * m * k * n / min(ts) / 1e9
 
 
+def conv_gops(cin, cout, hw, k=3, reps=15, threads=1) -> float:
+    """GOP/s of one fused exact conv as the network runs it (pixel-major u8 codes in and out,
+    stride 1, padding k // 2), the default kernel; best of ``reps``."""
+    import torch
+    from dal.npu import kernels
+    from dal.npu.build import kernels as lib
+    from dal.npu.dispatch import has_vnni
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.integers(0, 256, (1, hw, hw, cin)).astype(np.uint8))
+    w = rng.integers(-127, 128, (cout, cin, k, k))
+    isa = int(lib().best_isa())
+    vnni = has_vnni(isa)
+    wm = kernels.conv_weight_matrix(w, True, 4 if vnni else 2)
+    bp, ws = kernels.pack_panels_s8(wm) if vnni else (kernels.pack_panels(wm), torch.empty(0, dtype=torch.int32))
+    mult = kernels.pad_channels(np.full(cout, 1e-4), cout, np.float64)
+    e32, ef, e64 = (torch.empty(0, dtype=t) for t in (torch.int32, torch.float32, torch.int64))
+    p = k // 2
+    args = (x, 128, bp, ws, cout, k, k, 1, 1, 1, 1, p, p, hw, hw, True, mult, e32, ef, e64, e64, 0, 0.05, 128,
+            0, 255, 1, e32, threads, isa, 3)
+    lib().qconv(*args)
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        lib().qconv(*args)
+        ts.append(time.perf_counter() - t)
+    return 2 * hw * hw * cout * cin * k * k / min(ts) / 1e9
+
+
 def batch_model(path: str) -> str:
     """The same file with a free batch dimension (input/output dim 0 named N, no value_info)."""
     import onnx
@@ -79,7 +107,9 @@ def batch_model(path: str) -> str:
 
 
 def compare(path, batch, threads, reps):
-    """Interleaved medians (ms) of dal.npu and onnxruntime on ``path``."""
+    """Interleaved medians of dal.npu and onnxruntime on ``path``: (wall ms npu, wall ms ort,
+    CPU ms npu, CPU ms ort, session). CPU time (process_time) is the figure a loaded machine
+    distorts least at one thread: a preempted run's wall time grows, its CPU time does not."""
     import onnxruntime as ort
     import dal.npu as npu
     x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
@@ -91,18 +121,18 @@ def compare(path, batch, threads, reps):
     s = npu.load(path, threads=threads)
     o.run(None, {"input": x})
     s.run({"input": x})
-    tn, to = [], []
+    wall, cpu = {"n": [], "o": []}, {"n": [], "o": []}
     for _ in range(reps):
-        t = time.perf_counter()
-        s.run({"input": x})
-        tn.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        o.run(None, {"input": x})
-        to.append(time.perf_counter() - t)
-    return statistics.median(tn) * 1e3, statistics.median(to) * 1e3, s
+        for k, f in (("n", lambda: s.run({"input": x})), ("o", lambda: o.run(None, {"input": x}))):
+            t, c = time.perf_counter(), time.process_time()
+            f()
+            wall[k].append(time.perf_counter() - t)
+            cpu[k].append(time.process_time() - c)
+    med = lambda v: statistics.median(v) * 1e3
+    return med(wall["n"]), med(wall["o"]), med(cpu["n"]), med(cpu["o"]), s
 
 
-def main(reps: int = 9):
+def main(reps: int = 9, rounds: int = 3):
     import zoo
     import dal.npu as npu
     lines = []
@@ -121,32 +151,47 @@ def main(reps: int = 9):
     g1 = gemm_gops()
     say(f"int8 peak, one thread ({what}, register-only loop): {peak:.0f} GOP/s")
     say(f"exact fused int8 GEMM 784x2304x256, one thread: {g1:.0f} GOP/s = {g1 / peak:.0%} of peak (target >= 80%)")
+    for cin, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
+        gc = conv_gops(cin, cin, hw)
+        say(f"exact fused 3x3 conv {cin}->{cin} at {hw}x{hw} (ResNet-18 layer, pixel-major codes), one thread: "
+            f"{gc:.0f} GOP/s = {gc / peak:.0%} of peak")
     say()
     d = os.path.join(tempfile.gettempdir(), "dal_bench_models")
     os.makedirs(d, exist_ok=True)
-    say("| model | batch | threads | dal.npu ms | onnxruntime ms | ratio (target) |")
-    say("|---|---|---|---|---|---|")
+    say(f"{rounds} rounds; each row: the median over rounds of interleaved medians ({reps} runs per "
+        "round at batch 1, a quarter at batch 8); ratio = dal.npu / onnxruntime, wall time and CPU time")
+    say()
+    say("| model | batch | threads | dal.npu ms | onnxruntime ms | ratio wall (target) | ratio CPU time | load |")
+    say("|---|---|---|---|---|---|---|---|")
     results, prof = {}, None
+    models = {}
     for act in ("u8", "s8"):
         p1 = zoo.torchvision_qdq("resnet18", d, hw=224, activation=act, per_channel=True)
-        pn = batch_model(p1)
-        for batch in (1, 8):
-            for threads in (1, 2):
-                r = max(3, reps // (4 if batch > 1 else 1))
-                mn, mo, s = compare(p1 if batch == 1 else pn, batch, threads, r)
-                results[act, batch, threads] = mn
-                target = ("<= 1.0x" if act == "u8" else "<= 0.5x") if threads == 1 else "-"
-                say(f"| resnet18 224 {act}s8 per-channel | {batch} | {threads} | {mn:.1f} | {mo:.1f} | "
-                    f"{mn / mo:.2f}x ({target}) |")
-                if act == "u8" and batch == 1 and threads == 1:
-                    prof = s.profile({"input": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)}, repeat=5)
+        models[act] = (p1, batch_model(p1))
+    rows = {}
+    for _ in range(rounds):
+        for act in ("u8", "s8"):
+            for batch in (1, 8):
+                for threads in (1, 2):
+                    r = max(3, reps // (4 if batch > 1 else 1))
+                    la = os.getloadavg()[0]
+                    *t, s = compare(models[act][0 if batch == 1 else 1], batch, threads, r)
+                    rows.setdefault((act, batch, threads), []).append(tuple(t) + (la,))
+                    if prof is None and act == "u8" and batch == 1 and threads == 1:
+                        prof = s.profile({"input": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)}, repeat=7)
+    for (act, batch, threads), v in rows.items():
+        mn, mo, cn, co, la = (statistics.median(c) for c in zip(*v))
+        results[act, batch, threads] = mn
+        target = ("<= 1.0x" if act == "u8" else "<= 0.5x") if threads == 1 else "-"
+        say(f"| resnet18 224 {act}s8 per-channel | {batch} | {threads} | {mn:.1f} | {mo:.1f} | "
+            f"{mn / mo:.2f}x ({target}) | {cn / co:.2f}x | {la:.1f} |")
     say()
     for act in ("u8", "s8"):
         for batch in (1, 8):
             say(f"two-thread scaling, {act}s8 batch {batch}: {results[act, batch, 1] / results[act, batch, 2]:.2f}x "
                 "(target >= 1.7x)")
     say()
-    say("Where the time goes (u8s8, batch 1, one thread, Session.profile, medians of 5):")
+    say("Where the time goes (u8s8, batch 1, one thread, Session.profile, medians of 7):")
     by_kind = {}
     for r in prof:
         by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["ms"]
@@ -163,4 +208,6 @@ def main(reps: int = 9):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=9)
-    main(ap.parse_args().reps)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    main(a.reps, a.rounds)

@@ -38,7 +38,7 @@ from . import build_cache
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 _SOURCES = ("isa.cpp", "gemm_s16.cpp", "conv_s16.cpp", "requant.cpp", "qconv.cpp", "pool_codes.cpp",
-            "module.cpp")
+            "quantize.cpp", "module.cpp")
 _HEADER_EXTS = (".h", ".hpp", ".hh", ".inc")
 _LIB_EXT = ".pyd" if os.name == "nt" else ".so"
 _PROTOCOL = "1"  # bump when the way a build is made changes (it is part of every key)

@@ -19,7 +19,7 @@ NAMES = ("portable", "avx2", "avx_vnni", "avx512_vnni")
 WHAT = {"portable": "plain C++ loops (any CPU)",
         "avx2": "vpmaddwd on int16 pairs, ymm (needs avx2 + fma)",
         "avx_vnni": "vpdpbusd u8 x s8 quads, ymm, VEX encoded (needs avx_vnni)",
-        "avx512_vnni": "vpdpbusd u8 x s8 quads, zmm, two 16-channel panels per tile "
+        "avx512_vnni": "vpdpbusd u8 x s8 quads, zmm, up to four 16-channel panels per tile "
                        "(needs avx512f/bw/vl + avx512_vnni)"}
 
 

@@ -76,6 +76,8 @@ class _CodeStep:
 
 
 class MaxPoolCodes(_CodeStep):
+    nhwc_capable, nhwc_in, nhwc_out = True, (), False  # layout.py
+
     def __init__(self, g, node, dq, q):
         self.g, self.node, self.node_name = g, node, node.name
         (dqn, xs, xz), (qn, ys, yz) = dq, q
@@ -93,22 +95,58 @@ class MaxPoolCodes(_CodeStep):
         self.y_dtype = yz.dtype
 
     def run(self, ins, threads, want_extra=False):
-        from .build import kernels as lib
-        from .errors import NPUError
+        from .layout import to_nchw, to_nhwc
+        x, nin = ins[0], bool(self.nhwc_in and self.nhwc_in[0])
+        y = self._pool_nhwc(x, threads) if nin else None
+        if y is None:
+            out = self._run_nchw(to_nchw(x) if nin else x, threads, want_extra)
+            if self.nhwc_out:
+                out[self.outputs[0]] = to_nhwc(out[self.outputs[0]])
+            return out
+        out = {self.outputs[0]: y if self.nhwc_out else to_nchw(y)}
+        if want_extra:
+            out[self.node.output[0]] = self._float_chain({self.inputs[0]: to_nchw(x)}, threads)[self.node.output[0]]
+        return out
+
+    def _geometry(self, x_nchw, threads):
+        """(kernel, strides, dilations, pads, oh, ow), or None where the float path must run."""
         from .ops_nn import pool_attrs
-        import torch
-        x = ins[0]
-        if x.dtype != self.x_dtype or x.ndim != 4:
-            raise NPUError(f"node {self.node_name!r}: MaxPool input codes {x.dtype} {x.shape}")
-        a = self.g.attrs(self.node)
-        ks, st, dil, pads, ceil = pool_attrs(self._ctx(self.node, threads), x, a)
+        ks, st, dil, pads, ceil = pool_attrs(self._ctx(self.node, threads), x_nchw, self.g.attrs(self.node))
         if ceil:
-            return self._by_nodes(ins, threads, want_extra)
-        n, c, h, w = x.shape
+            return None
+        n, c, h, w = x_nchw.shape
         oh = (h + pads[0] + pads[2] - dil[0] * (ks[0] - 1) - 1) // st[0] + 1
         ow = (w + pads[1] + pads[3] - dil[1] * (ks[1] - 1) - 1) // st[1] + 1
-        if oh < 1 or ow < 1:
+        return None if oh < 1 or ow < 1 else (ks, st, dil, pads, oh, ow)
+
+    def _pool_nhwc(self, x, threads):
+        """Pixel-major codes [N, OH, OW, C] of pixel-major x, or None (the NCHW path decides)."""
+        from .build import kernels as lib
+        import torch
+        if x.dtype != self.x_dtype or x.ndim != 4:
+            return None
+        geo = self._geometry(np.moveaxis(x, 3, 1), threads)
+        if geo is None:
+            return None
+        ks, st, dil, pads, oh, ow = geo
+        try:
+            return lib().maxpool_codes_nhwc(torch.from_numpy(np.ascontiguousarray(x)), ks[0], ks[1], st[0], st[1],
+                                            dil[0], dil[1], pads[0], pads[1], oh, ow, self.lut, self.base,
+                                            threads).numpy()
+        except RuntimeError:  # a window entirely in padding: the float path
+            return None
+
+    def _run_nchw(self, x, threads, want_extra):
+        from .build import kernels as lib
+        from .errors import NPUError
+        import torch
+        ins = [x]
+        if x.dtype != self.x_dtype or x.ndim != 4:
+            raise NPUError(f"node {self.node_name!r}: MaxPool input codes {x.dtype} {x.shape}")
+        geo = self._geometry(x, threads)
+        if geo is None:
             return self._by_nodes(ins, threads, want_extra)
+        (ks, st, dil, pads, oh, ow), (n, c) = geo, x.shape[:2]
         xt = torch.from_numpy(np.ascontiguousarray(x))
         try:
             ys = [lib().maxpool_codes(xt[b], ks[0], ks[1], st[0], st[1], dil[0], dil[1], pads[0],
@@ -134,6 +172,8 @@ class MaxPoolCodes(_CodeStep):
 
 
 class BinaryCodes(_CodeStep):
+    nhwc_capable, nhwc_in, nhwc_out = "all", (), False  # layout.py: elementwise, any one layout
+
     def __init__(self, g, node, dqa, dqb, act, q):
         from .ops_float import OPS
         self.g, self.node, self.node_name = g, node, node.name
@@ -157,6 +197,17 @@ class BinaryCodes(_CodeStep):
         self.lut = torch.from_numpy(np.ascontiguousarray(t.reshape(-1)))
 
     def run(self, ins, threads, want_extra=False):
+        from .layout import to_nchw, to_nhwc
+        nin = bool(self.nhwc_in and all(self.nhwc_in))
+        if nin and (ins[0].shape != ins[1].shape or want_extra):  # broadcasting is NCHW's
+            nin, ins = False, [to_nchw(v) for v in ins]
+        out = self._run(ins, threads, want_extra)
+        y = out[self.outputs[0]]
+        if nin != self.nhwc_out:
+            out[self.outputs[0]] = to_nhwc(y) if self.nhwc_out else to_nchw(y)
+        return out
+
+    def _run(self, ins, threads, want_extra):
         from .build import kernels as lib
         from .errors import NPUError
         import torch

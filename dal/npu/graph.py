@@ -160,3 +160,24 @@ class Graph:
         if name in self.consts:
             return self.consts[name].shape
         return self._shapes.get(name)
+
+    def clip_bounds(self, n):
+        """(lo, hi) of Clip ``n`` from its attributes (opset < 11) or constant inputs (None:
+        unbounded); (False, False) when a bound is not a scalar constant or lo > hi."""
+        lo = hi = None
+        a = self.attrs(n)
+        if self.opset < 11:
+            lo, hi = a.get("min"), a.get("max")
+        else:
+            for i, name in ((1, "lo"), (2, "hi")):
+                if len(n.input) > i and n.input[i]:
+                    v = self.const(n.input[i])
+                    if v is None or v.size != 1:
+                        return False, False
+                    if i == 1:
+                        lo = float(v.reshape(-1)[0])
+                    else:
+                        hi = float(v.reshape(-1)[0])
+        if lo is not None and hi is not None and lo > hi:
+            return False, False
+        return lo, hi

@@ -37,9 +37,15 @@ _OUT_CODES = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16)} | q
 
 
 class FusedStep:
-    """One integer group; ``outputs[0]`` is the QuantizeLinear output."""
+    """One integer group; ``outputs[0]`` is the QuantizeLinear output. Conv groups on the fused
+    kernel read and write pixel-major codes (layout.py) as the session plans it."""
 
     kind = "fused"
+    nhwc_in, nhwc_out = (), False
+
+    @property
+    def nhwc_capable(self):
+        return self.op == "Conv" and self.fast and self.acc_model is None
 
     def __init__(self, g, node, plan: dict, requantizer, threads_default):
         self.node = node
@@ -113,9 +119,10 @@ class FusedStep:
         self.fast_out = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2}.get(np.dtype(self.y_dtype), 0)
         self.fast = True
 
-    def _run_fast(self, xq, threads, want_extra):
+    def _run_fast(self, xq, threads, want_extra, layout=0):
         """(codes, rows) by the fused kernel; rows = int32 accumulators [C, -1] (+ bias_q) when
-        want_extra, else None."""
+        want_extra, else None. layout (Conv): bit 0 xq is [N, H, W, C], bit 1 the codes come
+        back [N, OH, OW, C]."""
         import torch
         from .build import kernels as lib
         c = self.channels
@@ -123,7 +130,8 @@ class FusedStep:
               float(self.y_scale), int(self.y_zp), int(self.lo), int(self.hi), self.fast_out)
         if self.op == "Conv":
             strides, dil, pads = self.conv_geo
-            oh, ow = kernels.check_conv_attrs(xq.shape, self.conv_w.shape, strides, dil, pads, 1,
+            shape = xq.shape if not layout & 1 or xq.ndim != 4 else tuple(xq.shape[i] for i in (0, 3, 1, 2))
+            oh, ow = kernels.check_conv_attrs(shape, self.conv_w.shape, strides, dil, pads, 1,
                                               repr(self.node_name))
             _, _, kh, kw = self.conv_w.shape
             x, zx = kernels.code_tensor(xq, self.x_zp)
@@ -132,9 +140,14 @@ class FusedStep:
             # the whole batch in one call: its pixels share the threads and the weight streams
             q = lib().qconv(x, zx, self.fast_b, self.fast_wsum, c, kh, kw, strides[0], strides[1], dil[0], dil[1],
                             pads[0], pads[1], oh, ow, self.implicit, *rq, accs, threads,
-                            self.isa).numpy().reshape(n, c, oh, ow)
+                            self.isa, layout).numpy()
+            q = q.reshape((n, oh, ow, c) if layout & 2 else (n, c, oh, ow))
             self._shape = (n, c, oh, ow)
-            rows = accs.numpy().transpose(1, 0, 2).reshape(c, -1) if want_extra else None
+            if want_extra:  # [N, P, C] (pixel-major) or [N, C, P] -> [C, N * P]
+                a = accs.numpy()
+                rows = a.reshape(-1, c).T if layout & 2 else a.transpose(1, 0, 2).reshape(c, -1)
+            else:
+                rows = None
         else:
             x2 = xq.reshape(-1, self.k)
             x, zx = kernels.code_tensor(x2, self.x_zp)
@@ -174,17 +187,28 @@ class FusedStep:
         return kernels.gemm(a, self.lin_b, self.channels, threads).numpy().T
 
     def run(self, ins, threads, want_extra=False):
-        xq = ins[0]
+        from .layout import to_nchw, to_nhwc
+        nin, nout = bool(self.nhwc_in and self.nhwc_in[0]), self.nhwc_out
+        if (nin or nout) and not self.nhwc_capable:  # planned pixel-major, now on another path
+            out = self._run_group(to_nchw(ins[0]) if nin else ins[0], threads, want_extra)
+            if nout:
+                out[self.q_out] = to_nhwc(out[self.q_out])
+            return out
+        return self._run_group(ins[0], threads, want_extra, nin | nout << 1)
+
+    def _run_group(self, xq, threads, want_extra, layout=0):
+        """The group on codes xq; layout (fused Conv only, see _run_fast) 0: NCHW in and out."""
         self._check_x(xq)
         if self.acc_model is not None:
             return self.acc_model.run(xq, threads, want_extra)
         if self.fast:
             try:
-                q, rows = self._run_fast(xq, threads, want_extra)
+                q, rows = self._run_fast(xq, threads, want_extra, layout)
             except RuntimeError as e:  # the kernel's overflow flag: recheck exactly, name the numbers
                 if "accumulator plus bias overflows int32" not in str(e):
                     raise
-                raise self._bias_overflow(xq, threads) from None
+                from .layout import to_nchw
+                raise self._bias_overflow(to_nchw(xq) if layout & 1 else xq, threads) from None
             out = {self.q_out: q}
             if want_extra:
                 self._extra(out, rows, xq)
@@ -384,7 +408,7 @@ def _plan_output_chain(g, node, plan) -> bool:
         if nxt.op_type == "Relu":
             plan["act_lo"] = 0.0
         else:
-            lo, hi = _clip_bounds(g, nxt)
+            lo, hi = g.clip_bounds(nxt)
             if lo is False:
                 return False
             plan["act_lo"], plan["act_hi"] = lo, hi
@@ -414,23 +438,3 @@ def _per_channel(z, channels):
 
 def _is_dq(g, n):
     return n is not None and n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx") and len(n.input) >= 2
-
-
-def _clip_bounds(g, n):
-    lo = hi = None
-    a = g.attrs(n)
-    if g.opset < 11:
-        lo, hi = a.get("min"), a.get("max")
-    else:
-        for i, name in ((1, "lo"), (2, "hi")):
-            if len(n.input) > i and n.input[i]:
-                v = g.const(n.input[i])
-                if v is None or v.size != 1:
-                    return False, False
-                if i == 1:
-                    lo = float(v.reshape(-1)[0])
-                else:
-                    hi = float(v.reshape(-1)[0])
-    if lo is not None and hi is not None and lo > hi:
-        return False, False
-    return lo, hi

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from . import layout
 from .errors import NPUError, UnsupportedNode
 from .graph import Graph, load_model
 from .metadata import read_requantizer, read_sparse24
@@ -66,6 +67,7 @@ class Session:
         from . import ops_dense  # noqa: F401  (after ops_nn: its Resize adds linear to the nearest kernel)
         from .fused_codes import match as match_codes
         from .integer_groups import FusedStep, match
+        from .quant_step import match as match_quant
         self.model = load_model(model)
         self.semantics = semantics
         # kernel variant (dispatch.py): None = the best this CPU's cpuid allows
@@ -113,13 +115,16 @@ class Session:
             fn = ops_float.OPS.get(n.op_type)
             if fn is None:
                 raise UnsupportedNode(n, self._in_types(n), "no implementation for this op type")
-            steps.append(NodeStep(g, n, fn))
+            qstep = match_quant(g, n, NodeStep(g, n, fn), self.isa) if semantics == "integer" else None
+            steps.append(qstep or NodeStep(g, n, fn))
         if semantics == "onnx":
             for name in self.sparse24:  # still verified, even though the float path runs
                 from .sparse import check_24
                 check_24(g.consts[name], self.sparse24[name] if True else 0, name)
         self.steps = steps
         self._live = self._liveness()
+        # tensors kept pixel-major between integer steps (layout.py); every one handed out is NCHW
+        self._nhwc = layout.plan(steps, self._live, g.outputs) if semantics == "integer" else set()
 
     def _in_types(self, n):
         out = []
@@ -191,19 +196,36 @@ class Session:
             raise NPUError(f"node {step.node_name!r} ({step.node.op_type}) failed: "
                            f"{type(e).__name__}: {e}") from None
 
+    def _ins(self, step, env, nchw):
+        """The step's input values from ``env`` (in the session's layout), each converted to NCHW
+        where the step does not read it pixel-major (converted once per run: ``nchw`` caches)."""
+        consts, takes = self.graph.consts, getattr(step, "nhwc_in", ()) or ()
+        ins = []
+        for k, i in enumerate(step.inputs):
+            v = None if not i else env[i] if i in env else consts[i]
+            if i in self._nhwc and not (k < len(takes) and takes[k]):
+                if i not in nchw:
+                    nchw[i] = layout.to_nchw(v)
+                v = nchw[i]
+            ins.append(v)
+        return ins
+
+    def _public(self, values: dict) -> dict:
+        """``values`` with every pixel-major tensor turned NCHW."""
+        return {k: layout.to_nchw(v) if k in self._nhwc else v for k, v in values.items()}
+
     def run(self, inputs, *, return_intermediates: bool = False):
         """Outputs (list, graph-output order); with return_intermediates also a dict of every
         tensor the graph names (inputs, constants excluded) with the value it holds."""
-        env = self._feed(inputs)
+        env, nchw = self._feed(inputs), {}
         consts = self.graph.consts
         for step, live in zip(self.steps, self._live):
             if not (live or return_intermediates):
                 continue
-            ins = [None if not i else env[i] if i in env else consts[i] for i in step.inputs]
-            env.update(self._exec(step, ins, return_intermediates))
+            env.update(self._exec(step, self._ins(step, env, nchw), return_intermediates))
         outs = [env[o] if o in env else consts[o] for o in self.graph.outputs]
         if return_intermediates:
-            values = {k: v for k, v in env.items() if k not in self.graph.inputs}
+            values = self._public({k: v for k, v in env.items() if k not in self.graph.inputs})
             return outs, values
         return outs
 
@@ -213,15 +235,13 @@ class Session:
         group, "node"), ms, share (of the sum)}. The steps run exactly as in ``run``."""
         import time
         times = [[] for _ in self.steps]
-        consts = self.graph.consts
         for _ in range(max(1, repeat)):
-            env = self._feed(inputs)
+            env, nchw = self._feed(inputs), {}
             for k, (step, live) in enumerate(zip(self.steps, self._live)):
                 if not live:
                     continue
-                ins = [None if not i else env[i] if i in env else consts[i] for i in step.inputs]
-                t0 = time.perf_counter()
-                env.update(self._exec(step, ins, False))
+                t0 = time.perf_counter()  # a layout conversion counts to the step that needs it
+                env.update(self._exec(step, self._ins(step, env, nchw), False))
                 times[k].append(time.perf_counter() - t0)
         rows = [{"node": st.node_name, "op": st.node.op_type, "kind": st.kind,
                  "ms": float(np.median(t)) * 1e3} for st, t in zip(self.steps, times) if t]
@@ -240,7 +260,9 @@ class Session:
                 ins = [None if not i else values[i] if i in values else consts[i] for i in step.inputs]
             except KeyError:
                 continue
-            out.update(self._exec(step, ins, True))
+            takes = getattr(step, "nhwc_in", ()) or ()
+            ins = [layout.to_nhwc(v) if k < len(takes) and takes[k] else v for k, v in enumerate(ins)]
+            out.update(self._public(self._exec(step, ins, True)))
         return out
 
     def run_teacher_forced(self, inputs, reference: dict) -> dict:
@@ -249,14 +271,12 @@ class Session:
         every value this session computed itself. Forcing the quantized tensors only makes each
         row "one layer from the same quantized inputs": the layer's own float arithmetic still
         runs here, and a near-tie flip upstream cannot cascade into it."""
-        env = self._feed(inputs)
-        consts = self.graph.consts
-        own = {}
+        env, own = self._feed(inputs), {}
         for step in self.steps:
-            ins = [None if not i else env[i] if i in env else consts[i] for i in step.inputs]
-            out = self._exec(step, ins, True)
-            own.update(out)
-            env.update({k: (reference[k] if k in reference else v) for k, v in out.items()})
+            out = self._exec(step, self._ins(step, env, {}), True)
+            own.update(self._public(out))
+            env.update({k: (layout.to_nhwc(reference[k]) if k in self._nhwc else reference[k])
+                        if k in reference else v for k, v in out.items()})
         return own
 
 

@@ -146,6 +146,7 @@ def test_only_dispatched_functions_use_avx(npu_lib):
             fn = m.group(1)
         elif fn and re.search(r"\t(v[a-z0-9]+|kmov[a-z]*)\s", line):
             users.add(fn)
-    allowed = re.compile(r"micro::|micro_avx2|micro_4x3|sparse_row_avx2|rq::bias_add_avx2|rq::float_codes_avx2")
+    allowed = re.compile(r"micro::|micro_avx2|micro_4x3|sparse_row_avx2|rq::bias_add_avx2|rq::float_codes_avx2"
+                         r"|rq::float_codes_avx512|rq::requant_block_avx512|quant_avx2")
     assert users, "no AVX kernel found at all: the variants were not compiled in"
     assert not [u for u in users if not allowed.search(u)], sorted(u for u in users if not allowed.search(u))

@@ -13,6 +13,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qconv", &dal_npu::qconv, "fused integer conv: codes in, codes out");
   m.def("qgemm", &dal_npu::qgemm, "fused integer gemm: codes in, codes out");
   m.def("maxpool_codes", &dal_npu::maxpool_codes, "max pool of codes + lookup table");
+  m.def("maxpool_codes_nhwc", &dal_npu::maxpool_codes_nhwc, "max pool of pixel-major codes + lookup table");
+  m.def("quantize_codes", &dal_npu::quantize_codes, "QuantizeLinear of float32 to 8-bit codes (one scale)");
   m.def("lut2_codes", &dal_npu::lut2_codes, "binary op of two code tensors by lookup table");
   m.def("cpu_supports_isa", &dal_npu::cpu_supports_isa, "this CPU runs kernel variant isa (cpuid)");
   m.def("best_isa", &dal_npu::best_isa, "the fastest kernel variant this CPU runs");

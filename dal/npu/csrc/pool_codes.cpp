@@ -94,6 +94,85 @@ torch::Tensor maxpool_codes(const torch::Tensor& X, int64_t kh, int64_t kw, int6
   return out;
 }
 
+namespace {
+// maxpool_codes_nhwc's loops, every parameter a local value (captured by reference, they were
+// reloaded after every char store and nothing vectorized). True when a window saw only padding.
+template <typename T>
+bool pool_nhwc(const T* x, int64_t N, int64_t H, int64_t W, int64_t C, int64_t kh, int64_t kw, int64_t sh,
+               int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t OH, int64_t OW,
+               const uint8_t* tb, int64_t lut_base, uint8_t* o, int64_t nthreads) {
+  bool empty_window = false;
+#pragma omp parallel for schedule(static) num_threads(nthreads) reduction(|| : empty_window)
+  for (int64_t r = 0; r < N * OH; ++r) {
+    const int64_t n = r / OH, oy = r % OH;
+    for (int64_t ox = 0; ox < OW; ++ox) {
+      uint8_t* d = o + ((n * OH + oy) * OW + ox) * C;
+      // blocks of 64 channels in a local array, so the max loop vectorizes
+      for (int64_t c0 = 0; c0 < C; c0 += 64) {
+        const int64_t cn = std::min<int64_t>(64, C - c0);
+        T m[64];
+        for (int c = 0; c < 64; ++c) m[c] = std::numeric_limits<T>::lowest();
+        bool any = false;
+        for (int64_t i = 0; i < kh; ++i) {
+          const int64_t y = oy * sh - pt + i * dh;
+          if (y < 0 || y >= H) continue;
+          for (int64_t j = 0; j < kw; ++j) {
+            const int64_t xx = ox * sw - pl + j * dw;
+            if (xx < 0 || xx >= W) continue;
+            const T* __restrict s = x + ((n * H + y) * W + xx) * C + c0;
+            // by value, not std::max (its reference return defeated the vectorizer)
+            if (cn == 64)
+              for (int c = 0; c < 64; ++c) m[c] = s[c] > m[c] ? s[c] : m[c];
+            else
+              for (int64_t c = 0; c < cn; ++c) m[c] = s[c] > m[c] ? s[c] : m[c];
+            any = true;
+          }
+        }
+        if (!any) empty_window = true;
+        for (int64_t c = 0; c < cn; ++c) d[c0 + c] = tb[int32_t(m[c]) - lut_base];
+      }
+    }
+  }
+  return empty_window;
+}
+
+// lut2_codes' loop with local parameters (through the lambda's references every char store
+// forced them to be reloaded)
+template <typename TA, typename TB>
+void lut2(const TA* __restrict a, const TB* __restrict b, int64_t n, const uint8_t* __restrict tb,
+          int64_t base_a, int64_t base_b, uint8_t* __restrict o, int64_t nthreads) {
+  const int32_t off = static_cast<int32_t>(-base_a * 256 - base_b);
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (int64_t i = 0; i < n; ++i) o[i] = tb[int32_t(a[i]) * 256 + int32_t(b[i]) + off];
+}
+}  // namespace
+
+// Pixel-major form: X [N, H, W, C] -> [N, OH, OW, C]; each output pixel is the channel-wise
+// max of the valid window positions (padding ignored, as -inf), vectorizable over channels.
+torch::Tensor maxpool_codes_nhwc(const torch::Tensor& X, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t OH, int64_t OW,
+                                 const torch::Tensor& lut, int64_t lut_base, int64_t nthreads) {
+  TORCH_CHECK(X.dim() == 4 && X.is_contiguous(), "maxpool_codes_nhwc: X must be contiguous codes [N, H, W, C]");
+  TORCH_CHECK(kh >= 1 && kw >= 1 && sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && pt >= 0 && pl >= 0 &&
+                  kh < (1 << 16) && kw < (1 << 16) && sh < (1 << 16) && sw < (1 << 16) &&
+                  dh < (1 << 16) && dw < (1 << 16) && pt < (1 << 16) && pl < (1 << 16),
+              "maxpool_codes_nhwc: bad geometry");
+  TORCH_CHECK(OH >= 0 && OW >= 0 && OH < (1 << 24) && OW < (1 << 24), "maxpool_codes_nhwc: bad output size");
+  check_lut(lut, 256, "maxpool_codes_nhwc");
+  TORCH_CHECK(lut_base == 0 || lut_base == -128, "maxpool_codes_nhwc: lut_base must be 0 or -128");
+  const int64_t N = X.size(0), H = X.size(1), W = X.size(2), C = X.size(3);
+  auto out = torch::empty({N, OH, OW, C}, torch::dtype(lut.scalar_type()));
+  const uint8_t* tb = reinterpret_cast<const uint8_t*>(lut.data_ptr());
+  uint8_t* o = reinterpret_cast<uint8_t*>(out.data_ptr());
+  nthreads = std::max<int64_t>(1, nthreads);
+  bool empty_window = false;
+  in_codes(X, "maxpool_codes_nhwc", [&](auto* x) {
+    empty_window = pool_nhwc(x, N, H, W, C, kh, kw, sh, sw, dh, dw, pt, pl, OH, OW, tb, lut_base, o, nthreads);
+  });
+  TORCH_CHECK(!empty_window, "maxpool_codes: a pooling window covers only padding");
+  return out;
+}
+
 torch::Tensor lut2_codes(const torch::Tensor& A, const torch::Tensor& B, const torch::Tensor& lut,
                          int64_t base_a, int64_t base_b, int64_t nb, int64_t nthreads) {
   TORCH_CHECK(A.is_contiguous() && B.is_contiguous() && A.sizes() == B.sizes(),
@@ -107,11 +186,7 @@ torch::Tensor lut2_codes(const torch::Tensor& A, const torch::Tensor& B, const t
   const int64_t n = A.numel();
   nthreads = std::max<int64_t>(1, nthreads);
   in_codes(A, "lut2_codes", [&](auto* a) {
-    in_codes(B, "lut2_codes", [&](auto* b) {
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-      for (int64_t i = 0; i < n; ++i)
-        o[i] = tb[(int32_t(a[i]) - base_a) * 256 + (int32_t(b[i]) - base_b)];
-    });
+    in_codes(B, "lut2_codes", [&](auto* b) { lut2(a, b, n, tb, base_a, base_b, o, nthreads); });
   });
   return out;
 }

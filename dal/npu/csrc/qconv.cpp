@@ -85,12 +85,13 @@ struct KChunk {
   int64_t ntaps, ck, boff;
 };
 
-// Reduction chunks of at most ~KC bytes of activations per pixel: a two-panel slice of the
-// weights for one chunk (32 channels x KC bytes) then stays in L1 while the pixel tiles of a
-// block stream past it, and the block's activations (PB pixels x KC) stay in L2.
+// Reduction chunks of at most ~KC bytes of activations per pixel: the weight slice of one
+// micro tile for one chunk (16 channels per panel x KC bytes) then stays in L1 while the pixel
+// tiles of a block stream past it, and the block's activations (PB pixels x KC) stay in L2.
+// KC = 2048 / (panels per micro tile): the slice is <= 32 KB whatever the tile width.
 template <int64_t KS, typename E>
-std::vector<KChunk> k_chunks(const std::vector<int64_t>& toff, std::vector<int64_t>& single, int64_t CK) {
-  constexpr int64_t KC = 1024;  // bytes
+std::vector<KChunk> k_chunks(const std::vector<int64_t>& toff, std::vector<int64_t>& single, int64_t CK,
+                             int64_t KC) {
   const int64_t ntaps = static_cast<int64_t>(toff.size());
   const int64_t step_bytes = KS * static_cast<int64_t>(sizeof(E));  // bytes per k step of one pixel
   std::vector<KChunk> out;
@@ -122,7 +123,8 @@ bool run_core(const std::vector<const E*>& rows, const std::vector<int64_t>& tof
   const int64_t panel_size = K2 * KS * TC;
   const int64_t npanels = q.Op / TC;
   std::vector<int64_t> single;
-  const std::vector<KChunk> chunks = k_chunks<KS, E>(toff, single, CK);
+  const int64_t wmax = kern.widest();  // panels per widest micro tile (1, 2 or 4)
+  const std::vector<KChunk> chunks = k_chunks<KS, E>(toff, single, CK, 2048 / wmax);
   // pixel blocks of ~192 pixels (fewer for long reductions: PB x KC bytes stays in L2)
   const int64_t ntiles = (P + TR - 1) / TR;
   const int64_t nblocks = std::max<int64_t>(1, (ntiles + 31) / 32);
@@ -131,7 +133,7 @@ bool run_core(const std::vector<const E*>& rows, const std::vector<int64_t>& tof
   int64_t nchunks = 1;
   while (nblocks * nchunks < 4 * nthreads && npanels >= 4 * nchunks) nchunks *= 2;
   const int64_t per_chunk = (npanels + nchunks - 1) / nchunks;
-  const int64_t per = kern.two[1] ? (per_chunk + 1) / 2 * 2 : per_chunk;  // keep panel pairs
+  const int64_t per = (per_chunk + wmax - 1) / wmax * wmax;  // whole widest tiles
   const int64_t ntasks = nblocks * nchunks;
   bool ovf = false;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(|| : ovf)
@@ -147,24 +149,45 @@ bool run_core(const std::vector<const E*>& rows, const std::vector<int64_t>& tof
     for (size_t kc = 0; kc < chunks.size(); ++kc) {
       const KChunk& c = chunks[kc];
       for (int64_t pnl = g0; pnl < g1;) {
-        const bool pair = kern.two[1] != nullptr && pnl + 1 < g1;
+        const int64_t np = kern.four[1] && pnl + 4 <= g1 ? 4 : kern.two[1] && pnl + 2 <= g1 ? 2 : 1;
+        const auto& fn = np == 4 ? kern.four : np == 2 ? kern.two : kern.one;
         const WT* B = Bp + pnl * panel_size + c.boff;
         for (int64_t t0 = 0; t0 < pn; t0 += TR) {
           const int r = static_cast<int>(std::min<int64_t>(TR, pn - t0));
-          (pair ? kern.two : kern.one)[r](rows.data() + p0 + t0, c.toff, c.ntaps, c.ck, B, panel_size,
-                                           acc + t0 * width + (pnl - g0) * TC, width, kc > 0);
+          fn[r](rows.data() + p0 + t0, c.toff, c.ntaps, c.ck, B, panel_size,
+                acc + t0 * width + (pnl - g0) * TC, width, kc > 0);
         }
-        pnl += pair ? 2 : 1;
+        pnl += np;
       }
     }
     const Requant part = q.slice(g0 * TC, g1 * TC);
     const int64_t st = lay.stride();
+    if (st == 1 && !acc_out && rq::block_ok<T>(part, isa)) {  // pixel-major codes: one pass
+      ovf = rq::requant_block_avx512<T>(part, acc, pn, out + lay.offset(p0) + g0 * TC, lay.O) || ovf;
+      continue;
+    }
     for (int64_t lp = 0; lp < pn; ++lp) {
       const int64_t at = lay.offset(p0 + lp) + g0 * TC * st;
       ovf = rq::requant_row<T>(part, acc + lp * width, out + at, st, acc_out ? acc_out + at : nullptr, st, isa) || ovf;
     }
   }
   return ovf;
+}
+
+// to_hwc (below) from pixel-major codes [H][W][C] (layout bit 0): row copies, vectorizable.
+template <typename S, typename T>
+void nhwc_to_hwc(const T* x, int64_t C, int64_t H, int64_t W, int32_t zx, S* dst, int64_t Wp,
+                 int64_t Cp, int64_t pt, int64_t pl) {
+  for (int64_t y = 0; y < H; ++y) {
+    S* row = dst + ((y + pt) * Wp + pl) * Cp;
+    const T* s = x + y * W * C;
+    if (Cp == C) {
+      for (int64_t i = 0; i < W * C; ++i) row[i] = static_cast<S>(int32_t(s[i]) - zx);
+    } else {
+      for (int64_t xx = 0; xx < W; ++xx)
+        for (int64_t c = 0; c < C; ++c) row[xx * Cp + c] = static_cast<S>(int32_t(s[xx * C + c]) - zx);
+    }
+  }
 }
 
 // code minus zero point (int16 image, S = int16) or code minus base (uint8 image, S = uint8:
@@ -252,12 +275,17 @@ struct Geo {
   int64_t kh, kw, sh, sw, dh, dw, pt, pl, OH, OW;
 };
 
+// Layout bits of qconv: X pixel-major [N, H, W, C]; output (and acc_out) pixel-major [N, P, O].
+constexpr int64_t kInNHWC = 1, kOutNHWC = 2;
+
 template <typename S>
 bool conv_impl(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, const torch::Tensor& wsum,
                const Geo& g, bool implicit, Requant& q, torch::Tensor& out, int32_t* ao,
-               int64_t nthreads, int isa) {
+               int64_t nthreads, int isa, int64_t layout) {
   constexpr int64_t KS = 4 / sizeof(S);
-  const int64_t N = X.size(0), C = X.size(1), H = X.size(2), W = X.size(3);
+  const bool in_nhwc = layout & kInNHWC;
+  const int64_t N = X.size(0), C = X.size(in_nhwc ? 3 : 1), H = X.size(in_nhwc ? 1 : 2),
+                W = X.size(in_nhwc ? 2 : 3);
   // extent of the padded image the windows touch (may be less or more than H + pads)
   const int64_t Hp = std::max(g.pt + H, (g.OH - 1) * g.sh + (g.kh - 1) * g.dh + 1);
   const int64_t Wp = std::max(g.pl + W, (g.OW - 1) * g.sw + (g.kw - 1) * g.dw + 1);
@@ -275,11 +303,19 @@ bool conv_impl(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, cons
     fill = off.uz;
     sub = off.base;
   }
-  std::vector<S> img(static_cast<size_t>(N * img_size), static_cast<S>(fill));
-  dispatch_in(X, [&](auto* x) {
+  // pixel-major uint8 codes (base 0) whose windows never leave the image: read in place
+  const bool direct = in_nhwc && implicit && KS == 4 && sub == 0 && Cp == C && g.pt == 0 &&
+                      g.pl == 0 && Hp == H && Wp == W && X.scalar_type() == torch::kUInt8;
+  std::vector<S> img(direct ? 0 : static_cast<size_t>(N * img_size), static_cast<S>(fill));
+  const S* image = direct ? reinterpret_cast<const S*>(X.data_ptr()) : img.data();
+  if (!direct)
+    dispatch_in(X, [&](auto* x) {
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t n = 0; n < N; ++n) to_hwc<S>(x + n * C * H * W, C, H, W, sub, img.data() + n * img_size, Wp, Cp, g.pt, g.pl);
-  });
+      for (int64_t n = 0; n < N; ++n) {
+        if (in_nhwc) nhwc_to_hwc<S>(x + n * C * H * W, C, H, W, sub, img.data() + n * img_size, Wp, Cp, g.pt, g.pl);
+        else to_hwc<S>(x + n * C * H * W, C, H, W, sub, img.data() + n * img_size, Wp, Cp, g.pt, g.pl);
+      }
+    });
   std::vector<const S*> rows(N * P);
   std::vector<int64_t> toff;
   std::vector<S> cols;
@@ -288,10 +324,19 @@ bool conv_impl(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, cons
     for (int64_t n = 0; n < N; ++n)
       for (int64_t oy = 0; oy < g.OH; ++oy)
         for (int64_t ox = 0; ox < g.OW; ++ox)
-          rows[n * P + oy * g.OW + ox] = img.data() + n * img_size + ((oy * g.sh) * Wp + ox * g.sw) * Cp;
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) toff.push_back((i * g.dh * Wp + j * g.dw) * Cp);
-    CK = Cp / KS;
+          rows[n * P + oy * g.OW + ox] = image + n * img_size + ((oy * g.sh) * Wp + ox * g.sw) * Cp;
+    // dw == 1 and a short kernel row (few channels, e.g. the 7x7 first conv): the kw taps of a
+    // kernel row are kw*Cp contiguous values of the image and kw*Cp contiguous reduction
+    // indices of the panels, so they are one tap of kw*Cp/KS steps (fewer, longer inner loops)
+    const int64_t kc_bytes = 2048 / kernels_for<S>(isa).widest();
+    if (g.dw == 1 && g.kw > 1 && g.kw * Cp * int64_t(sizeof(S)) <= kc_bytes) {
+      for (int64_t i = 0; i < g.kh; ++i) toff.push_back(i * g.dh * Wp * Cp);
+      CK = g.kw * Cp / KS;
+    } else {
+      for (int64_t i = 0; i < g.kh; ++i)
+        for (int64_t j = 0; j < g.kw; ++j) toff.push_back((i * g.dh * Wp + j * g.dw) * Cp);
+      CK = Cp / KS;
+    }
   } else {
     // explicit patch matrix [N*P][K], k = (i*kw + j)*C + c, zero padded (zero weights) to K
     TORCH_CHECK(N * P * K * int64_t(sizeof(S)) < (int64_t(1) << 31), "qconv: patch matrix too large");
@@ -317,8 +362,8 @@ bool conv_impl(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, cons
   }
   using WT = std::conditional_t<sizeof(S) == 1, int8_t, int16_t>;
   return dispatch_out(out, [&](auto* o) {
-    return run_core(rows, toff, CK, Bp.data_ptr<WT>(), q, o, OutLayout{P, q.O}, ao, nthreads,
-                    kernels_for<S>(isa), isa);
+    return run_core(rows, toff, CK, Bp.data_ptr<WT>(), q, o, OutLayout{layout & kOutNHWC ? 0 : P, q.O}, ao,
+                    nthreads, kernels_for<S>(isa), isa);
   });
 }
 
@@ -338,13 +383,17 @@ bool gemm_impl(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, cons
     fill = off.uz;
     sub = off.base;
   }
-  std::vector<S> a(static_cast<size_t>(M * K), static_cast<S>(fill));
-  dispatch_in(X, [&](auto* x) {
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < Kx; ++k) a[m * K + k] = static_cast<S>(int32_t(x[m * Kx + k]) - sub);
-  });
+  // uint8 codes with K % 4 == 0 are already the rows vpdpbusd reads: no copy
+  const bool direct = KS == 4 && sub == 0 && K == Kx && X.scalar_type() == torch::kUInt8;
+  std::vector<S> a(direct ? 0 : static_cast<size_t>(M * K), static_cast<S>(fill));
+  if (!direct)
+    dispatch_in(X, [&](auto* x) {
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < Kx; ++k) a[m * K + k] = static_cast<S>(int32_t(x[m * Kx + k]) - sub);
+    });
+  const S* base = direct ? reinterpret_cast<const S*>(X.data_ptr()) : a.data();
   std::vector<const S*> rows(M);
-  for (int64_t m = 0; m < M; ++m) rows[m] = a.data() + m * K;
+  for (int64_t m = 0; m < M; ++m) rows[m] = base + m * K;
   if (M == 0) return false;
   using WT = std::conditional_t<sizeof(S) == 1, int8_t, int16_t>;
   return dispatch_out(out, [&](auto* o) {
@@ -368,9 +417,10 @@ torch::Tensor qconv(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp,
                     const torch::Tensor& mult, const torch::Tensor& bias_q, const torch::Tensor& bias_f,
                     const torch::Tensor& fp_m, const torch::Tensor& fp_n, int64_t rounding, double ys,
                     int64_t zy, int64_t lo, int64_t hi, int64_t out_code, const torch::Tensor& acc_out,
-                    int64_t nthreads, int64_t isa) {
+                    int64_t nthreads, int64_t isa, int64_t layout) {
   TORCH_CHECK((X.dim() == 3 || X.dim() == 4) && X.is_contiguous(),
-              "qconv: X must be contiguous codes [C, H, W] or [N, C, H, W]");
+              "qconv: X must be contiguous codes [C, H, W] or [N, C, H, W] ([H, W, C] / [N, H, W, C] pixel-major)");
+  TORCH_CHECK(layout >= 0 && layout <= 3, "qconv: layout must be 0..3 (bit 0: X pixel-major, bit 1: output pixel-major)");
   TORCH_CHECK(kh >= 1 && kw >= 1 && kh <= 4096 && kw <= 4096, "qconv: bad kernel size");
   TORCH_CHECK(sh >= 1 && sw >= 1 && dh >= 1 && dw >= 1 && sh < (1 << 16) && sw < (1 << 16) &&
                   dh < (1 << 16) && dw < (1 << 16), "qconv: strides and dilations must be in [1, 65535]");
@@ -383,13 +433,15 @@ torch::Tensor qconv(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp,
   nthreads = std::max<int64_t>(1, std::min<int64_t>(nthreads, 1024));
   const torch::Tensor X4 = X.dim() == 4 ? X : X.unsqueeze(0);
   const int64_t N = X4.size(0), P = OH * OW;
-  auto out = torch::empty(X.dim() == 4 ? std::vector<int64_t>{N, O, P} : std::vector<int64_t>{O, P},
+  const bool onhwc = layout & kOutNHWC;
+  auto out = torch::empty(X.dim() == 4 ? (onhwc ? std::vector<int64_t>{N, P, O} : std::vector<int64_t>{N, O, P})
+                                       : (onhwc ? std::vector<int64_t>{P, O} : std::vector<int64_t>{O, P}),
                           torch::dtype(out_type(out_code)));
   if (N == 0) return out;
   int32_t* ao = acc_out_ptr(acc_out, N * O * P, "qconv");
   const Geo g{kh, kw, sh, sw, dh, dw, pt, pl, OH, OW};
-  const bool ovf = ks == 4 ? conv_impl<uint8_t>(X4, zx, Bp, wsum, g, implicit, q, out, ao, nthreads, v)
-                           : conv_impl<int16_t>(X4, zx, Bp, wsum, g, implicit, q, out, ao, nthreads, v);
+  const bool ovf = ks == 4 ? conv_impl<uint8_t>(X4, zx, Bp, wsum, g, implicit, q, out, ao, nthreads, v, layout)
+                           : conv_impl<int16_t>(X4, zx, Bp, wsum, g, implicit, q, out, ao, nthreads, v, layout);
   TORCH_CHECK(!ovf, "accumulator plus bias overflows int32");
   return out;
 }

@@ -25,7 +25,10 @@ namespace dal_npu {
 // isa (last argument): the kernel variant of isa.h, -1 = the best this CPU runs; a variant
 // the CPU lacks is refused. int8 panels run on any variant (portable code below avx_vnni).
 // X: codes [C, H, W] (uint8 / int8 / int16) -> codes [O, OH*OW]; or a batch [N, C, H, W] ->
-// [N, O, OH*OW] in one call (acc_out then holds N*O*P values in the same layout)
+// [N, O, OH*OW] in one call (acc_out then holds N*O*P values in the same layout).
+// layout bit 0: X is pixel-major [N, H, W, C] (channels contiguous: the image copy is a row
+// copy, and uint8 codes whose windows stay inside the image are read in place); bit 1: the
+// output and acc_out are pixel-major [N, OH*OW, O] (each pixel's codes contiguous).
 torch::Tensor qconv(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, const torch::Tensor& wsum,
                     int64_t O,
                     int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw,
@@ -33,7 +36,7 @@ torch::Tensor qconv(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp,
                     const torch::Tensor& mult, const torch::Tensor& bias_q, const torch::Tensor& bias_f,
                     const torch::Tensor& fp_m, const torch::Tensor& fp_n, int64_t rounding, double ys,
                     int64_t zy, int64_t lo, int64_t hi, int64_t out_code, const torch::Tensor& acc_out,
-                    int64_t nthreads, int64_t isa);
+                    int64_t nthreads, int64_t isa, int64_t layout);
 
 // X: codes [M, K] -> codes [M, O]
 torch::Tensor qgemm(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, const torch::Tensor& wsum,
@@ -47,6 +50,16 @@ torch::Tensor qgemm(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp,
 torch::Tensor maxpool_codes(const torch::Tensor& X, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
                             int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t OH, int64_t OW,
                             const torch::Tensor& lut, int64_t lut_base, int64_t nthreads);
+
+// The same on pixel-major codes [N, H, W, C] -> [N, OH, OW, C].
+torch::Tensor maxpool_codes_nhwc(const torch::Tensor& X, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                                 int64_t dh, int64_t dw, int64_t pt, int64_t pl, int64_t OH, int64_t OW,
+                                 const torch::Tensor& lut, int64_t lut_base, int64_t nthreads);
+
+// QuantizeLinear of float32 X (one scale, one zero point) to uint8 (out_code 1) / int8 (2)
+// codes (csrc/quantize.cpp); nhwc: X [N, C, H, W] -> codes [N, H, W, C]. Refuses NaN.
+torch::Tensor quantize_codes(const torch::Tensor& X, double scale, int64_t zp, int64_t out_code, bool nhwc,
+                             int64_t nthreads, int64_t isa);
 
 // out[i] = lut[(a[i] - base_a) * na + (b[i] - base_b)] for two code tensors of one shape.
 torch::Tensor lut2_codes(const torch::Tensor& A, const torch::Tensor& B, const torch::Tensor& lut,

@@ -3,7 +3,8 @@
 //
 //   int16 rows (code - zero point) x int16 panels [K/2][16][2]   vpmaddwd   (portable, avx2)
 //   uint8 rows (code - base)       x int8 panels  [K/4][16][4]   vpdpbusd   (portable,
-//                                                                 avx_vnni ymm, avx512_vnni zmm)
+//                                                                 avx_vnni ymm, avx512_vnni zmm:
+//                                                                 1, 2 or 4 panels per tile)
 // Every form sums the same products exactly in int32 (vpmaddwd pairs of int16 products and
 // vpdpbusd quads of u8 x s8 products cannot saturate), so all variants agree bit for bit.
 // Included by qconv.cpp only; each variant carries its own target attribute (isa.h).
@@ -193,24 +194,69 @@ DAL_TARGET_AVX512VNNI void u8_avx512x2(const uint8_t* const* rp, const int64_t* 
 #undef DAL_ROWPTRS
 #undef DAL_ALL_ROWS
 
-// A variant's kernels: one[r] (16 channels) and, where it has one, two[r] (32 channels).
+// zmm, NP panels (16 * NP channels) x R pixels: R * NP accumulators (24 for 6 x 4), each
+// broadcast feeds NP vpdpbusd and each weight load R of them. Fully unrolled over the
+// constant bounds, so GCC keeps the arrays in registers (checked: no spills in the loop).
+template <int R, int NP>
+DAL_TARGET_AVX512VNNI void u8_avx512_wide(const uint8_t* const* rp, const int64_t* toff, int64_t ntaps,
+                                          int64_t C4, const int8_t* B, int64_t bstride, int32_t* C,
+                                          int64_t ldc, bool add) {
+  __m512i acc[R][NP];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_si512();
+  for (int64_t t = 0; t < ntaps; ++t) {
+    const uint8_t* a[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) a[r] = rp[r] + toff[t];
+    for (int64_t k = 0; k < C4; ++k, B += 4 * TC) {
+      __m512i b[NP];
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) b[p] = _mm512_loadu_si512(B + p * bstride);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512i x = _mm512_set1_epi32(quad_at(a[r] + 4 * k));
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_dpbusd_epi32(acc[r][p], x, b[p]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; ++p) {
+      int32_t* c = C + r * ldc + TC * p;
+      _mm512_storeu_si512(c, add ? _mm512_add_epi32(acc[r][p], _mm512_loadu_si512(c)) : acc[r][p]);
+    }
+}
+template <int R>
+DAL_TARGET_AVX512VNNI void u8_avx512x4(const uint8_t* const* rp, const int64_t* toff, int64_t ntaps, int64_t C4,
+                                       const int8_t* B, int64_t bstride, int32_t* C, int64_t ldc, bool add) {
+  u8_avx512_wide<R, 4>(rp, toff, ntaps, C4, B, bstride, C, ldc, add);
+}
+
+// A variant's kernels: one[r] (16 channels) and, where it has them, two[r] (32 channels) and
+// four[r] (64 channels; panels at B + p * bstride).
 template <typename E, typename WT>
 struct Kernels {
   Fn<E, WT> one[TR + 1];
-  Fn<E, WT> two[TR + 1];  // all null: no two-panel form
+  Fn<E, WT> two[TR + 1];   // all null: no two-panel form
+  Fn<E, WT> four[TR + 1];  // all null: no four-panel form
+  int widest() const { return four[1] ? 4 : two[1] ? 2 : 1; }
 };
 
 #define DAL_TABLE(f) {nullptr, f<1>, f<2>, f<3>, f<4>, f<5>, f<6>}
 #define DAL_NONE {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}
 inline const Kernels<int16_t, int16_t>& kernels_s16(int isa) {
-  static const Kernels<int16_t, int16_t> port{DAL_TABLE(s16_portable), DAL_NONE};
-  static const Kernels<int16_t, int16_t> avx2{DAL_TABLE(s16_avx2), DAL_NONE};
+  static const Kernels<int16_t, int16_t> port{DAL_TABLE(s16_portable), DAL_NONE, DAL_NONE};
+  static const Kernels<int16_t, int16_t> avx2{DAL_TABLE(s16_avx2), DAL_NONE, DAL_NONE};
   return isa_has_avx2(isa) ? avx2 : port;
 }
 inline const Kernels<uint8_t, int8_t>& kernels_u8(int isa) {
-  static const Kernels<uint8_t, int8_t> port{DAL_TABLE(u8_portable), DAL_NONE};
-  static const Kernels<uint8_t, int8_t> vnni{DAL_TABLE(u8_avxvnni), DAL_NONE};
-  static const Kernels<uint8_t, int8_t> zmm{DAL_TABLE(u8_avx512), DAL_TABLE(u8_avx512x2)};
+  static const Kernels<uint8_t, int8_t> port{DAL_TABLE(u8_portable), DAL_NONE, DAL_NONE};
+  static const Kernels<uint8_t, int8_t> vnni{DAL_TABLE(u8_avxvnni), DAL_NONE, DAL_NONE};
+  static const Kernels<uint8_t, int8_t> zmm{DAL_TABLE(u8_avx512), DAL_TABLE(u8_avx512x2), DAL_TABLE(u8_avx512x4)};
   return isa == kAvx512Vnni ? zmm : isa == kAvxVnni ? vnni : port;
 }
 #undef DAL_TABLE

@@ -4,7 +4,7 @@
 // The AVX2 form (8 channels at a time) performs the same IEEE operations in the same order as
 // the scalar form (cvtpd_ps and round_ps round to nearest even, as the scalar casts and
 // nearbyint do under the default rounding mode; -ffp-contract=off forbids fused multiply-adds),
-// so the two are bit-identical. Included by qconv.cpp only.
+// so the two are bit-identical; the AVX-512 form (16 channels) likewise. Included by qconv.cpp only.
 #pragma once
 #include <immintrin.h>
 
@@ -93,6 +93,84 @@ DAL_TARGET_AVX2 inline void float_codes_avx2(const Requant& q, const int32_t* ac
   }
 }
 
+// The same on zmm, 16 channels a step (avx512_vnni variant), the codes stored straight into
+// out when it is contiguous (ostride 1; vpmovdb / vpmovdw truncation is exact: the codes are
+// already clamped to the output type's range). Returns the channels done (a multiple of 16).
+template <typename T>
+DAL_TARGET_AVX512VNNI inline int64_t float_codes_avx512(const Requant& q, const int32_t* acc, T* out,
+                                                        int64_t ostride) {
+  const __m512 vys = _mm512_set1_ps(q.ys), vlo = _mm512_set1_ps(float(q.lo - q.zy)),
+               vhi = _mm512_set1_ps(float(q.hi - q.zy));
+  const __m512i vz = _mm512_set1_epi32(q.zy);
+  int64_t o = 0;
+  for (; o + 16 <= q.O; o += 16) {
+    const __m512i x = _mm512_loadu_si512(acc + o);
+    const __m256 f0 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(x)),
+                                                    _mm512_loadu_pd(q.mult + o)));
+    const __m256 f1 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(x, 1)),
+                                                    _mm512_loadu_pd(q.mult + o + 8)));
+    __m512 v = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(f0)),
+                                                   _mm256_castps_pd(f1), 1));
+    if (q.bias_f) v = _mm512_add_ps(v, _mm512_loadu_ps(q.bias_f + o));
+    v = _mm512_roundscale_ps(_mm512_div_ps(v, vys), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(_mm512_max_ps(v, vlo), vhi);
+    const __m512i c = _mm512_add_epi32(_mm512_cvtps_epi32(v), vz);
+    if (ostride == 1 && sizeof(T) == 1) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + o), _mm512_cvtepi32_epi8(c));
+    } else if (ostride == 1 && sizeof(T) == 4) {
+      _mm512_storeu_si512(out + o, c);
+    } else {
+      alignas(64) int32_t codes[16];
+      _mm512_store_si512(codes, c);
+      for (int k = 0; k < 16; ++k) out[(o + k) * ostride] = static_cast<T>(codes[k]);
+    }
+  }
+  return o;
+}
+
+// A whole block at once (avx512_vnni, float requantizer, 8-bit codes, pixel-major output, no
+// acc_out, every channel of the slice real and a multiple of 16): per 16 channels the VNNI
+// offset subtraction, the bias add with its overflow test, the requantizer and the store, all
+// in registers -- the same operations as requant_row's passes, in the same order per element.
+// acc: pn rows of q.Op int32; row lp's codes go to out + lp * ldo. True on bias overflow.
+template <typename T>
+inline bool block_ok(const Requant& q, int isa) {
+  return sizeof(T) == 1 && isa == kAvx512Vnni && !q.fp_m && q.O == q.Op && q.O % 16 == 0;
+}
+
+template <typename T>
+DAL_TARGET_AVX512VNNI inline bool requant_block_avx512(const Requant& q, const int32_t* acc, int64_t pn, T* out,
+                                                       int64_t ldo) {
+  const __m512 vys = _mm512_set1_ps(q.ys), vlo = _mm512_set1_ps(float(q.lo - q.zy)),
+               vhi = _mm512_set1_ps(float(q.hi - q.zy));
+  const __m512i vz = _mm512_set1_epi32(q.zy), zero = _mm512_setzero_si512();
+  __m512i bad = zero;
+  for (int64_t lp = 0; lp < pn; ++lp) {
+    const int32_t* a = acc + lp * q.Op;
+    T* o = out + lp * ldo;
+    for (int64_t c = 0; c < q.O; c += 16) {
+      __m512i x = _mm512_loadu_si512(a + c);
+      if (q.corr) x = _mm512_sub_epi32(x, _mm512_loadu_si512(q.corr + c));  // wraps, as uint32
+      if (q.bias_q) {
+        const __m512i b = _mm512_loadu_si512(q.bias_q + c), sum = _mm512_add_epi32(x, b);
+        bad = _mm512_or_si512(bad, _mm512_and_si512(_mm512_xor_si512(x, sum), _mm512_xor_si512(b, sum)));
+        x = sum;
+      }
+      const __m256 f0 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(x)),
+                                                      _mm512_loadu_pd(q.mult + c)));
+      const __m256 f1 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(x, 1)),
+                                                      _mm512_loadu_pd(q.mult + c + 8)));
+      __m512 v = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(f0)),
+                                                     _mm256_castps_pd(f1), 1));
+      if (q.bias_f) v = _mm512_add_ps(v, _mm512_loadu_ps(q.bias_f + c));
+      v = _mm512_roundscale_ps(_mm512_div_ps(v, vys), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v = _mm512_min_ps(_mm512_max_ps(v, vlo), vhi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c), _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(v), vz)));
+    }
+  }
+  return _mm512_cmplt_epi32_mask(bad, zero) != 0;  // a sign bit set: some sum left int32
+}
+
 // acc row (Op int32, one pixel) -> codes[0..O) of that pixel at stride ostride; the final
 // accumulators (+ bias_q) to acc_out when given. Returns true on bias overflow.
 template <typename T>
@@ -126,7 +204,8 @@ bool requant_row(const Requant& q, int32_t* acc, T* out, int64_t ostride, int32_
     return ovf;
   }
   int64_t o = 0;
-  if (avx2) {
+  if (isa == kAvx512Vnni) o = float_codes_avx512<T>(q, acc, out, ostride);
+  if (avx2 && o + 8 <= q.O) {
     alignas(32) int32_t codes[64];
     for (; o + 8 <= q.O; o += 64) {
       const int64_t n8 = std::min<int64_t>(64, q.O - o) / 8 * 8;
