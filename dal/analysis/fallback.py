@@ -66,6 +66,10 @@ class FallbackResult:
                 f"{moved}: {self.metric:.6f} (all quantized: {self.baseline:.6f}{verified})")
 
 
+#: marks an ``output_quant = None`` that was a plain attribute (not in ``_modules``) before the simulation
+_PLAIN_NONE = object()
+
+
 def _fp16_quantizer(name: str):
     from ..quantizer import FakeQuantizer
 
@@ -94,8 +98,10 @@ def precision_fallback(model: nn.Module, formats: dict) -> Iterator[None]:
 
 @contextlib.contextmanager
 def fp16_fallback(model: nn.Module, names) -> Iterator[None]:
-    """Temporarily give the named QAT layers the quantizers of a ``fallback: fp16`` spec
-    (input and weight: FP16 casts; no output quantizer; functional ops: FP16 inputs)."""
+    """Temporarily give the named QAT layers the quantizers of a ``fallback: fp16`` spec, as
+    ``dal.nn.spec.role_specs`` builds them: input, weight and output FP16 casts (functional ops:
+    FP16 inputs and output). The output cast is added where the layer had no output quantizer:
+    the chip writes the FP16 result, which the next int8 quantizer reads (export/SPEC.md §6)."""
     from torch.nn import ModuleList
 
     mods = dict(qat_layers(model))
@@ -104,15 +110,18 @@ def fp16_fallback(model: nn.Module, names) -> Iterator[None]:
         for name in names:
             mod = mods[name]
             for attr in ("input_quant", "weight_quant", "output_quant", "input_quants"):
+                if attr == "output_quant" and "output_quant" in mod.__dict__:
+                    # a plain ``self.output_quant = None`` attribute: register the FP16 cast as a module
+                    saved.append((mod, attr, _PLAIN_NONE))
+                    setattr(mod, attr, _fp16_quantizer(f"{name}.{attr}"))
+                    continue
                 if attr not in mod._modules:
                     continue
                 old = mod._modules[attr]
                 saved.append((mod, attr, old))
-                if old is None:
+                if old is None and attr != "output_quant":
                     continue
-                if attr == "output_quant":
-                    new = None
-                elif attr == "input_quants":
+                if attr == "input_quants":
                     new = ModuleList([_fp16_quantizer(f"{name}.input_quants.{i}") for i in range(len(old))])
                 else:
                     new = _fp16_quantizer(f"{name}.{attr}")
@@ -120,7 +129,11 @@ def fp16_fallback(model: nn.Module, names) -> Iterator[None]:
         yield
     finally:
         for mod, attr, old in reversed(saved):
-            mod._modules[attr] = old
+            if old is _PLAIN_NONE:
+                del mod._modules[attr]
+                object.__setattr__(mod, attr, None)
+            else:
+                mod._modules[attr] = old
 
 
 def auto_fallback(model: nn.Module, data: Optional[Iterable] = None, target: float = 0.99, metric: Metric = "cosine",

@@ -118,8 +118,12 @@ class _HalfRegions:
             if kind == "act":
                 p = self.ph[i]
                 # a placeholder that already closed an earlier region (two FP16 layers in a row):
-                # its source was renamed to that region's half tensor, which this op reads as is
-                node.input[k] = self.half_out.get(id(p)) or self.cast_in(p.input[0], fmt, node)
+                # its source was renamed to that region's half tensor, which this op reads as is;
+                # likewise when p reads such a placeholder (an FP16 output quantizer, then the
+                # next layer's FP16 input quantizer)
+                prev = self.producers.get(p.input[0])
+                node.input[k] = (self.half_out.get(id(p)) or self.half_out.get(id(prev))
+                                 or self.cast_in(p.input[0], fmt, node))
             elif kind == "weight":
                 p, perm, _ = (self.ph[i], None, None) if i in self.ph else self.ph_const(i)
                 value = self.const(p.input[0])

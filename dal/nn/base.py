@@ -113,6 +113,10 @@ class QATModule(nn.Module):
             return None
         scale = self.bias_scale()
         if scale is None:
+            q_w = self.weight_quant
+            if q_w is not None and not q_w.fmt.is_scaled and q_w.state in ("quantize", "frozen"):
+                # an FP16 / BF16 layer: the exporter writes its bias in that format (SPEC.md §6)
+                return fake_quantize(bias, q_w.fmt, check=False)
             return bias
         if scale.numel() == 1:
             scale = scale.reshape(())

@@ -5,7 +5,7 @@
 without a recipe; they return those same validated types (``SimpleTensorSpec`` /
 ``SimpleLayerSpec`` are their former names). A layer kept in FP16 is written one way, as the
 recipe writes it: ``LayerSpec(fallback_fp16=True)`` with no tensor specs; the QAT module then
-casts its input and weight to FP16 (``FP16_CAST``).
+casts its input, weight, bias and output to FP16 (``FP16_CAST``), as the chip computes it.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..formats import PER_TENSOR, Granularity, get_format
 from ..quantizer import FakeQuantizer
 from ..recipe.spec import LayerSpec, TensorSpec
 
-#: an FP16 cast round trip: what a layer kept in FP16 applies to its input and weight
+#: an FP16 cast round trip: what a layer kept in FP16 applies to its input, weight and output
 FP16_CAST = TensorSpec.for_role("fp16", "input")
 
 
@@ -43,11 +43,13 @@ SimpleLayerSpec = layer_spec
 
 def role_specs(spec: Optional[LayerSpec]) -> tuple[Optional[TensorSpec], Optional[TensorSpec], Optional[TensorSpec]]:
     """``(input, weight, output)`` tensor specs a QAT module builds quantizers from; a layer kept
-    in FP16 casts its input and weight (its output is the next layer's input)."""
+    in FP16 casts its input, weight and output: the chip writes the FP16 result, and an int8
+    quantizer reading an unrounded float32 value instead flips ~5e-4 of its codes
+    (export/SPEC.md §6)."""
     if spec is None:
         return None, None, None
     if spec.fallback_fp16:
-        return FP16_CAST, FP16_CAST, None
+        return FP16_CAST, FP16_CAST, FP16_CAST
     return spec.input, spec.weight, spec.output
 
 

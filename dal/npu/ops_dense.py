@@ -25,6 +25,54 @@ from .ops_float import OPS, op
 from .tensors import as_compute_type, is_float
 
 _NEAREST = OPS.get("Resize")  # ops_nn's nearest Resize, registered before this module
+_CONV, _CONV_T, _GEMM = OPS.get("Conv"), OPS.get("ConvTranspose"), OPS.get("Gemm")  # ops_nn's
+
+
+def _f64(v):
+    return None if v is None else np.asarray(v).astype(np.float64)
+
+
+def _half_with_bias(original):
+    """A float16 Conv / ConvTranspose (an FP16 region, export/SPEC.md §6): the bias is part of
+    the float64 sum and the result is rounded ONCE to float16, ``y = f16(sum x*w + b)``, as an
+    accumulator holding the bias does; other types: ops_nn's kernel (float32: the sum rounded
+    to float32, then the bias added in float32, onnxruntime's order)."""
+    def run(ctx, ins, a):
+        if np.asarray(ins[0]).dtype != np.float16:
+            return original(ctx, ins, a)
+        s = original(ctx, [_f64(ins[0]), _f64(ins[1])], a)[0]  # float64 in: the float64 sum, unrounded
+        b = ins[2] if len(ins) > 2 and ins[2] is not None else None
+        if b is not None:
+            s = s + _f64(b).reshape((1, -1) + (1,) * (s.ndim - 2))
+        return [s.astype(np.float16)]
+    return run
+
+
+if _CONV is not None:
+    op("Conv")(_half_with_bias(_CONV))
+if _CONV_T is not None:
+    op("ConvTranspose")(_half_with_bias(_CONV_T))
+
+
+@op("Gemm")
+def _gemm(ctx, ins, a):
+    """Gemm. float16 (an FP16 region, export/SPEC.md §6): ``y = f16(alpha * A @ B + beta * C)``
+    with the products, the sum and the bias term in float64, one rounding. Other types:
+    ops_nn's Gemm."""
+    x, w = ins[0], ins[1]
+    if np.asarray(x).dtype != np.float16 or _GEMM is None:
+        return _GEMM(ctx, ins, a)
+    c = ins[2] if len(ins) > 2 else None
+    if not (is_float(w) and x.ndim == 2 and w.ndim == 2):
+        raise UnsupportedNode(ctx.node, [x.dtype, w.dtype], "Gemm needs 2-D float inputs")
+    x = x.T if a.get("transA", 0) else x
+    w = w.T if a.get("transB", 0) else w
+    if x.shape[1] != w.shape[0]:
+        raise NPUError(f"node {ctx.node.name!r}: Gemm shapes {x.shape} x {w.shape}")
+    y = float(np.float32(a.get("alpha", 1.0))) * np.matmul(_f64(x), _f64(w))
+    if c is not None:
+        y = y + float(np.float32(a.get("beta", 1.0))) * _f64(c)
+    return [y.astype(np.float16)]
 
 
 def _text(v, default: str) -> str:

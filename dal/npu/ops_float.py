@@ -1,15 +1,19 @@
 """Float and data-movement ops, node by node, with ONNX semantics in numpy (and torch float64).
 
-Float precision contract:
-  * float32 tensors: elementwise ops are computed in float32 (numpy, IEEE-rounded like ORT).
-  * float16 tensors (layers the exporter keeps in FP16, between Cast nodes): each op is
-    computed in float32 and its result rounded to float16 once.
+Float precision contract (export/SPEC.md §5a "float islands" and §6 "FP16 regions", written
+once there; dal.convert implements the same rules independently). Each node rounds ONCE to its
+output type (float32, or float16 inside an FP16 region):
+  * elementwise arithmetic (Add, Sub, Mul, Div, Max, Min, Relu, Clip, ...): one IEEE operation
+    in the tensor type (float16 is computed in float32 and rounded once: float32 has at least
+    2 * 11 + 2 bits, so that is the correctly rounded float16 result, as numpy's float16 loops);
   * reductions (Conv, Gemm, MatMul, AveragePool sums, ReduceMean) are accumulated in float64
-    and rounded ONCE to the tensor type (float32 / float16): the correctly rounded result,
+    and rounded ONCE to the tensor type: the correctly rounded result up to float64 rounding,
     independent of summation order. A bias (Conv B, Gemm C) is then added in the tensor type,
-    as onnxruntime and onnx.reference do. Division by the pool size is in the tensor type.
-  * transcendental functions (Erf, Tanh, Sigmoid, Softmax...) use numpy's float32 routines;
-    they may differ from onnxruntime by an ulp.
+    as onnxruntime (float32) and onnx.reference (float16) do. Division by the pool size is in
+    the tensor type;
+  * Sigmoid, Tanh, Erf, Gelu, Elu, Softplus, Mish: computed in float64 from the input and
+    rounded once; Exp, Log, Sqrt and Softmax use numpy's float32 routines (they may differ
+    from onnxruntime by an ulp).
 """
 from __future__ import annotations
 
@@ -65,7 +69,7 @@ def _exp(x: np.ndarray) -> np.ndarray:
 op("Relu")(_unary(lambda x, a: np.maximum(x, x.dtype.type(0))))
 # 1 / (1 + exp(-x)) in float64; exp(-x) = +inf (far left tail) gives exactly 0, as before.
 op("Sigmoid")(_unary(lambda x, a: (1.0 / (1.0 + _exp(-x.astype(np.float64))))))
-op("Tanh")(_unary(lambda x, a: np.tanh(x)))
+op("Tanh")(_unary(lambda x, a: np.tanh(x.astype(np.float64))))  # float64, rounded once
 op("Exp")(_unary(lambda x, a: _exp(x)))
 op("Log")(_unary(lambda x, a: np.log(x)))
 op("Sqrt")(_unary(lambda x, a: np.sqrt(x)))

@@ -82,8 +82,8 @@ def _conv(ctx, ins, a):
 
 def _add_bias(y64, b, dtype):
     """The float64 sum rounded once to the input's type, then the bias added in the compute
-    type (float32) and rounded again: onnx.reference's order for float16 Conv, bit for bit
-    (tests/npu/test_float_islands.py), and onnxruntime's for float32."""
+    type (float32): onnxruntime's order for float32. (A float16 Conv / ConvTranspose does not
+    come here: ops_dense.py registers its single-rounding form over these, export/SPEC.md §6.)"""
     y = y64.astype(dtype)
     if b is None:
         return y

@@ -220,3 +220,39 @@ def test_layerwise_reference_survives_an_in_place_residual_add():
         got, ref = q.eval().get_submodule("conv")(x), net.conv(x)
     cos = float(torch.nn.functional.cosine_similarity(got.flatten().double(), ref.flatten().double(), dim=0))
     assert row["cosine"] == pytest.approx(cos, abs=1e-9) and cos > 0.99
+
+
+def test_simulated_fp16_fallback_computes_what_prepare_builds(w4a8):
+    """auto_fallback's in-place FP16 simulation of a layer gives, from the same input, exactly the
+    output of the layer prepare_qat builds for a ``fallback: fp16`` rule (FP16 input, weight, bias
+    and output): so the metric it ranks with is the one the re-prepared model will have."""
+    from dal.analysis.fallback import fp16_fallback
+
+    net, q, calib, _ = w4a8
+    layer = next(n for n, m in q.named_modules() if n and hasattr(m, "weight_quant") and n != "conv1")
+    recipe = dal.prepared(q).recipe.with_rules_prepended([{"match": layer, "fallback": "fp16"}])
+    rebuilt = dal.prepare_qat(copy.deepcopy(net), recipe=recipe, hardware="a2000",
+                              example_inputs=(torch.zeros(2, 1, 28, 28),))
+    dal.calibrate(rebuilt, calib, progress=False)
+    built = rebuilt.get_submodule(layer)
+    assert built.output_quant is not None and built.output_quant.fmt.name.lower() == "fp16"
+    x = torch.randn(4, *_layer_input_shape(q, layer, calib[0][0]))
+    q.eval(), rebuilt.eval()
+    built.load_state_dict(q.get_submodule(layer).state_dict(), strict=False)  # same weights and bias
+    original = q.get_submodule(layer).output_quant
+    with torch.no_grad(), fp16_fallback(q, [layer]):
+        simulated = q.get_submodule(layer)(x)
+    with torch.no_grad():
+        expected = built(x)
+    assert torch.equal(simulated, expected)
+    assert torch.equal(simulated, simulated.half().float())  # the output is an FP16 value
+    assert q.get_submodule(layer).output_quant is original  # restored
+
+
+def _layer_input_shape(model, layer, x):
+    shape = []
+    h = model.get_submodule(layer).register_forward_pre_hook(lambda m, a: shape.append(tuple(a[0].shape[1:])))
+    with torch.no_grad():
+        model.eval()(x)
+    h.remove()
+    return shape[0]

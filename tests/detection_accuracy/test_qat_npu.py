@@ -3,9 +3,15 @@ from dal.npu running the exported file: same decoding, same evaluator.
 
 The float models are trained just long enough that the scores are far from zero (asserted), so
 an NPU that got boxes or classes wrong would move them. The bench (400 scenes) holds the
-engines to 0.1 point; on the 48 scenes here one near-tie code that moves one box across one IoU
-threshold is worth about 0.1-0.2 point of mAP@[.5:.95] (a class has ~12 boxes, 10 thresholds),
-so mAP is held to 0.3 point and the raw head outputs to the LSB criterion end to end.
+engines to 0.1 point. Measured on the 48 scenes here: 0.000 points for both detector recipes
+(int8_balanced: every head code identical; int8_detection: 0.6-0.8% of the FP16 head outputs
+differ, by near-tie cascades). One near-tie code that moves one box across one IoU threshold
+is worth about 0.1-0.2 point of mAP@[.5:.95] here (a class has ~12 boxes, 10 thresholds), and
+another CPU's float32 kernels may produce such a flip, so mAP is held to one box, 0.2 point,
+and the raw head outputs to the LSB criterion end to end (int8 heads) or to the share of FP16
+head outputs that differ at all (int8_detection: <= 5%; before the QAT model rounded its FP16
+layers' bias and output as the chip does, export/SPEC.md §6, ~100% differed and mAP@.5 was
+0.22 point off on the bench).
 """
 import os
 
@@ -47,10 +53,15 @@ def _qat_and_npu(model_class, task, recipe, data, tmp_path):
     return torch_scores, npu_scores, raw, path
 
 
-def test_detector_map_on_the_npu_equals_torch_qat(data, tmp_path):
-    t, n, (ours, theirs), path = _qat_and_npu(DigitDetector, "detect", "int8_balanced", data, tmp_path)
+@pytest.mark.parametrize("recipe", ["int8_balanced", "int8_detection"])
+def test_detector_map_on_the_npu_equals_torch_qat(recipe, data, tmp_path):
+    t, n, (ours, theirs), path = _qat_and_npu(DigitDetector, "detect", recipe, data, tmp_path)
     assert t["map50"] > 10.0, f"the detector did not learn enough for the comparison to mean much: {t}"
-    assert abs(t["map"] - n["map"]) <= 0.3 and abs(t["map50"] - n["map50"]) <= 0.3, (t, n)
+    assert abs(t["map"] - n["map"]) <= 0.2 and abs(t["map50"] - n["map50"]) <= 0.2, (t, n)
+    if recipe == "int8_detection":  # FP16 heads: float outputs, no LSB; same float16 values
+        for k, (a, b) in enumerate(zip(ours, theirs)):
+            assert (a.numpy() != b).mean() <= 0.05, f"output {k}: {(a.numpy() != b).mean():.4f} of FP16 values differ"
+        return
     for k, (a, b) in enumerate(zip(ours, theirs)):
         stats = lsb_stats(a.numpy(), b, output_scale(path, k))
         # end to end a near-tie flip can cascade (float vs integer accumulation), so the bar is

@@ -169,13 +169,10 @@ def _act_in(b, fin, data):
 
 
 def _with_bias(b, op, x, w, bias, **attrs):
-    """``op(x, w, bias)``; in the float64 twin, the sum rounded to float16 before the bias is
-    added (and rounded again): the order of onnx.reference's float16 Conv, which dal.npu follows
-    (tests/npu/test_float_islands.py pins it bit for bit)."""
-    if not b.twin64:
-        return b.node(op, [x, w, bias], **attrs)
-    y = b.round16(b.node(op, [x, w], **attrs))
-    return b.node("Add", [y, b.node("Reshape", [bias, b.const(np.array([1, -1, 1, 1], np.int64))])])
+    """``op(x, w, bias)``; in the float64 twin too: the bias is part of the float64 sum and the
+    result is rounded once to float16 (export/SPEC.md §6, as in the Gemm case; onnx.reference's
+    own float16 Conv rounds the sum before adding the bias, tests/npu/test_float_islands.py)."""
+    return b.node(op, [x, w, bias], **attrs)
 
 
 def _dense(b, rng, cls, fin, fw):

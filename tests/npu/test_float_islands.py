@@ -3,8 +3,8 @@ onnx.reference and onnxruntime (ORT_DISABLE_ALL).
 
 Measured here (onnx 1.23, onnxruntime 1.32): the reference runtime (every op computed in
 float32, reductions in float64, one rounding to float16) equals onnx.reference bit for bit on
-the ops below (Gemm: within one float16 ulp -- onnx.reference rounds A*B to float16 before
-adding C); onnxruntime's CPU float16 kernels are not correctly rounded: elementwise ops differ
+the ops below (Conv and Gemm with a bias: within one float16 ulp -- onnx.reference rounds the
+sum to float16 before adding the bias, dal.npu rounds once, export/SPEC.md §6); onnxruntime's CPU float16 kernels are not correctly rounded: elementwise ops differ
 on ~25-33% of elements by up to 2^-10 relative (up to 3 ulps near cancellation), Conv / MatMul
 / Gemm by up to 0.64% (float16 accumulation); data movement (Relu, MaxPool) agrees exactly. FP8 (E4M3FN / E5M2) DQ -> Conv/Gemm -> Q equals onnx.reference on every code.
 """
@@ -42,7 +42,7 @@ def _cases(rng):
         "Div": (_island("Div", {"b": _h(rng, 1, 4, 8, 8) + np.float16(3)}), True),
         "Relu": (_island("Relu", {}), True),
         "Tanh": (_island("Tanh", {}), True),
-        "Conv": (_island("Conv", {"w": _h(rng, 6, 4, 3, 3), "b": _h(rng, 6)}, {"pads": [1, 1, 1, 1]}), True),
+        "Conv": (_island("Conv", {"w": _h(rng, 6, 4, 3, 3), "b": _h(rng, 6)}, {"pads": [1, 1, 1, 1]}), False),
         "MatMul": (_island("MatMul", {"w": _h(rng, 8, 5)}), True),
         "Gemm": (_island("Gemm", {"w": _h(rng, 5, 32), "c": _h(rng, 5)}, {"transB": 1}, (3, 32)), False),
         "MaxPool": (_island("MaxPool", {}, {"kernel_shape": [2, 2]}), True),
@@ -73,8 +73,14 @@ def test_fp16_island(name, semantics, npu_lib):
     assert got.dtype == np.float32 and got.shape == ref.shape == ort.shape
     if exact_vs_ref:
         assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), name
-    else:  # onnx.reference's float16 Gemm rounds the product to float16 before adding C
-        assert _ulps16(got, ref).max() <= 1
+    else:  # onnx.reference's float16 Conv / Gemm round the sum s to float16 before adding the
+        # bias; export/SPEC.md §6 (and dal.npu) round once with the bias in the float64 sum. Each
+        # rounding is at most half an ulp, <= 2^-11 of its value (plus half the smallest subnormal)
+        inits = {t.name: numpy_helper.to_array(t).astype(np.float32) for t in m.graph.initializer}
+        b = inits["b"].reshape(1, -1, 1, 1) if "b" in inits else inits["c"]
+        bound = 2.0**-11 * (np.abs(ref - b) + np.abs(ref) + np.abs(got)) + 2.0**-24
+        assert np.all(np.abs(got - ref) <= bound), name
+        assert (_ulps16(got, ref) == 0).mean() > 0.5, name
     # onnxruntime is not an oracle for float16 arithmetic (see module doc): bound the gap,
     # relative to max(|y|, 1): measured <= 2^-10 elementwise, <= 0.0064 for Conv/MatMul/Gemm
     rel = np.abs(got - ort) / np.maximum(np.abs(got), 1)
