@@ -78,3 +78,31 @@ def linear_exact(x_int: torch.Tensor, w32: torch.Tensor, chunks: list) -> torch.
         part = torch.matmul(xs, ws.t())
         acc = part.round_().double() if acc is None else acc.add_(part.round_())
     return acc
+
+
+#: what a B-bit accumulator does with an exact sum outside its range
+OVERFLOWS = ("saturate", "wrap")
+
+
+def limit(acc: torch.Tensor, bits, overflow: str) -> torch.Tensor:
+    """The exact sum ``acc`` (float64 integer values, bias included) as the hardware's ``bits``-wide
+    accumulator holds it (export/SPEC.md §5, ``dal.accumulator``), before the requantizer:
+
+    * ``saturate``: ``clamp(acc, -2^(B-1), 2^(B-1) - 1)``;
+    * ``wrap``: the B-bit two's complement, ``((acc + 2^(B-1)) mod 2^B) - 2^(B-1)``.
+
+    Both are exact: |acc| < 2^53 (float64 integers) and B <= 53 here. ``bits`` None or >= 53:
+    ``acc`` unchanged (no accumulator is narrower than the exact float64 sum then).
+
+    >>> limit(torch.tensor([300.0, -300.0, 5.0], dtype=torch.float64), 9, "wrap").tolist()
+    [-212.0, 212.0, 5.0]
+    """
+    if bits is None or bits >= 53:
+        return acc
+    if overflow not in OVERFLOWS:
+        raise ValueError(f"accumulator overflow {overflow!r} is not one of {OVERFLOWS}")
+    half = float(1 << (bits - 1))
+    if overflow == "saturate":
+        return acc.clamp_(-half, half - 1.0)
+    a = acc.to(torch.int64) + (1 << (bits - 1))
+    return (torch.remainder(a, 1 << bits) - (1 << (bits - 1))).to(torch.float64)

@@ -18,49 +18,85 @@ from ..formats import quantize
 from ..nn.base import QATModule, QWeightedModule
 from ..nn.conv_bn import QConvBn2d
 from ..quantizer import FakeQuantizer
+from .accumulate import OVERFLOWS
 from .errors import ConvertError
 from .float_ops import NPUFloatOps
+from .forms import swap_forms
 from .layers import IntegerLayer
 from .probe import plan_groups, record
 
 
 class Requantizer:
-    """The hardware model's requantizer: kind "float" or "fixed_point" (bits, rounding)."""
+    """The hardware model's requantizer: kind "float", "fixed_point" (bits, rounding) or
+    "power_of_two" (a shift, rounding), and its accumulator (``accumulator_bits`` B with
+    ``accumulator_overflow`` "saturate" or "wrap"; None: exact)."""
 
-    def __init__(self, kind: str = "float", multiplier_bits: int = 31, rounding: str = "half_up"):
-        if kind not in ("float", "fixed_point"):
+    KINDS = ("float", "fixed_point", "power_of_two")
+
+    def __init__(self, kind: str = "float", multiplier_bits: int = 31, rounding: str = "half_up",
+                 accumulator_bits: Optional[int] = None, accumulator_overflow: str = "saturate"):
+        if kind not in self.KINDS:
             raise ConvertError(f"the hardware's requantizer kind {kind!r} has no integer model here "
-                               "(float and fixed_point do)")
+                               f"(one of {', '.join(self.KINDS)})")
+        if accumulator_overflow not in OVERFLOWS:
+            raise ConvertError(f"the hardware's accumulator_overflow {accumulator_overflow!r} is not one of "
+                               f"{', '.join(OVERFLOWS)}")
         self.kind, self.multiplier_bits, self.rounding = kind, int(multiplier_bits), rounding
+        self.accumulator_bits = None if accumulator_bits is None else int(accumulator_bits)
+        self.accumulator_overflow = accumulator_overflow
 
     def __repr__(self):
+        acc = ("" if self.accumulator_bits is None
+               else f", {self.accumulator_bits}-bit accumulator ({self.accumulator_overflow})")
         if self.kind == "float":
-            return "float requantizer (ONNX QuantizeLinear)"
-        return f"fixed-point requantizer ({self.multiplier_bits}-bit multiplier, {self.rounding})"
+            return f"float requantizer (ONNX QuantizeLinear){acc}"
+        if self.kind == "power_of_two":
+            return f"power-of-two requantizer (shift, {self.rounding}){acc}"
+        return f"fixed-point requantizer ({self.multiplier_bits}-bit multiplier, {self.rounding}){acc}"
 
 
 def requantizer_of(model: nn.Module) -> Requantizer:
-    """The requantizer of the hardware ``model`` was prepared for (float when none)."""
+    """The requantizer and accumulator of the hardware ``model`` was prepared for (float and
+    exact when none)."""
     from ..prepare.handle import find_prepared
     handle = find_prepared(model)
-    rq = getattr(getattr(handle, "hardware", None), "requantizer", None)
+    hw = getattr(handle, "hardware", None)
+    rq = getattr(hw, "requantizer", None)
+    acc = dict(accumulator_bits=getattr(hw, "accumulator_bits", None),
+               accumulator_overflow=getattr(hw, "accumulator_overflow", None) or "saturate")
     if rq is None:
-        return Requantizer()
+        return Requantizer(**acc)
     kind = getattr(rq, "kind", rq if isinstance(rq, str) else "float")
-    return Requantizer(kind, getattr(rq, "multiplier_bits", None) or 31, getattr(rq, "rounding", None) or "half_up")
+    return Requantizer(kind, getattr(rq, "multiplier_bits", None) or 31,
+                       getattr(rq, "rounding", None) or "half_up", **acc)
 
 
-def _check_calibrated(model: nn.Module) -> None:
+def _check_calibrated(model: nn.Module, opset: Optional[int]) -> int:
+    """The export opset of ``model`` (``opset`` checked, or the exporter's default); ConvertError
+    naming every quantizer never calibrated or still observing."""
     from ..export.errors import ExportError
     from ..export.plan import make_plan
     try:
-        make_plan(model)
+        return make_plan(model).resolve_opset(opset)
     except ExportError as e:
         raise ConvertError(f"dal.convert: {e}".replace("before dal.export_onnx", "before dal.convert")) from None
 
 
 def _weighted(m: nn.Module) -> bool:
     return isinstance(m, (QWeightedModule, QConvBn2d))
+
+
+def _refuse_nan(args: tuple, kwargs: dict) -> None:
+    """ConvertError naming the first float input that holds NaN: QuantizeLinear leaves the code
+    of NaN undefined, and mapping it to a zero point would be a silently wrong result."""
+    named = [(f"input {i}", a) for i, a in enumerate(args)] + [(f"input {k!r}", v) for k, v in kwargs.items()]
+    for name, value in named:
+        for j, t in enumerate(tree_flatten(value)[0]):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and bool(torch.isnan(t).any()):
+                where = "" if j == 0 and isinstance(value, torch.Tensor) else f" (tensor {j} in it)"
+                n = int(torch.isnan(t).sum())
+                raise ConvertError(f"integer model: {name}{where} holds {n} NaN of {t.numel()} elements; "
+                                   "the NPU's QuantizeLinear has no code for NaN: clean the input first")
 
 
 def _slice_batch(args: tuple) -> tuple:
@@ -74,11 +110,12 @@ def _slice_batch(args: tuple) -> tuple:
 class IntegerModel(nn.Module):
     """The converted model; ``forward`` takes and returns what the QAT model's does."""
 
-    def __init__(self, net: nn.Module, layers: dict, requantizer: Requantizer):
+    def __init__(self, net: nn.Module, layers: dict, requantizer: Requantizer, forms: Optional[dict] = None):
         super().__init__()
         self.net = net
         self.requantizer = requantizer
         self._layers = layers  # path -> IntegerLayer (also inside net)
+        self.forms = dict(forms or {})  # path of a replaced operator -> its form (forms.py)
         self._planned = False
 
     def _plan(self, args, kwargs) -> None:
@@ -96,6 +133,7 @@ class IntegerModel(nn.Module):
         self._planned = True
 
     def forward(self, *args, **kwargs):
+        _refuse_nan(args, kwargs)
         with torch.no_grad():
             if not self._planned:
                 self._plan(args, kwargs)
@@ -104,9 +142,10 @@ class IntegerModel(nn.Module):
             with NPUFloatOps():
                 return self.net(*args, **kwargs)
 
-    def run_with_codes(self, *args, **kwargs) -> tuple[Any, dict]:
+    def run_with_codes(self, *args, fp8_bits: bool = False, **kwargs) -> tuple[Any, dict]:
         """(output, {quantizer path: [codes of each call]}): every integer tensor of the run, the
-        values the NPU's QuantizeLinear outputs hold (storage dtype of the format)."""
+        values the NPU's QuantizeLinear outputs hold (storage dtype of the format). With
+        ``fp8_bits`` also every FP8 tensor, as its bit patterns (uint8: compare them bit for bit)."""
         if not self._planned:
             with torch.no_grad():
                 self._plan(args, kwargs)  # before the taps: the probe forward is not this run
@@ -114,9 +153,11 @@ class IntegerModel(nn.Module):
         hooks = []
 
         def hook(q, inputs, output):
-            if q.fmt.is_integer and q.state in ("quantize", "frozen"):
-                s, zp = q.effective_qparams()
-                taps.setdefault(q.name, []).append(quantize(inputs[0], q.fmt, s, zp, q.granularity))
+            if q.state not in ("quantize", "frozen") or not (q.fmt.is_integer or (fp8_bits and q.fmt.is_float8)):
+                return
+            s, zp = q.effective_qparams()
+            c = quantize(inputs[0], q.fmt, s, zp, q.granularity)
+            taps.setdefault(q.name, []).append(c.view(torch.uint8) if q.fmt.is_float8 else c)
         for m in self.net.modules():
             if isinstance(m, FakeQuantizer):
                 hooks.append(m.register_forward_hook(hook))
@@ -151,6 +192,11 @@ class IntegerModel(nn.Module):
         n_int = sum(v == "integer" for v in forms.values())
         lines = [f"integer model: {n_int} of {len(forms)} weighted layers as integer groups, {self.requantizer}"]
         lines += [f"  {p}: {f}" for p, f in forms.items() if f != "integer"]
+        if self.forms:
+            n_form = sum(not f.startswith("QAT module") for f in self.forms.values())
+            lines.append(f"  {n_form} of {len(self.forms)} replaced operators (attention, softmax, "
+                         "layer norm, LUT) in their exported form")
+            lines += [f"  {p}: {f}" for p, f in self.forms.items() if f.startswith("QAT module")]
         return "\n".join(lines)
 
 
@@ -161,31 +207,37 @@ def _swap(parent: nn.Module, name: str, new: nn.Module) -> None:
         setattr(parent, name, new)
 
 
-def convert(model: nn.Module, example_inputs: Optional[tuple] = None) -> IntegerModel:
+def convert(model: nn.Module, example_inputs: Optional[tuple] = None, opset: Optional[int] = None) -> IntegerModel:
     """The integer model of a calibrated QAT ``model``: what the NPU computes, in torch.
 
     Every weighted layer (Conv2d, Linear, Conv+BN) whose output the NPU requantizes becomes an
     integer group: exact integer accumulation (float32 over channel chunks that keep every
-    partial sum below 2^24 on the CPU, float64 on CUDA; see dal/convert/accumulate.py) and the
-    hardware model's requantizer (float scale, or fixed-point multiplier and shift with its
-    rounding; requant.py). Every other tensor follows ONNX Q/DQ semantics (the QAT model's
-    frozen quantizers) and export/SPEC.md's float-island rules (float_ops.py). The numbers come
-    from the torch model (scales, zero points, folded and masked weights, int32 bias codes),
-    not from an ONNX file. ``model`` is not changed. Structure (which layers are integer groups)
-    is read by one probe forward (probe.py) on the first call, or here on ``example_inputs``.
+    partial sum below 2^24 on the CPU, float64 on CUDA; see dal/convert/accumulate.py), the
+    hardware's accumulator width (saturate or wrap, accumulate.py) and its requantizer (float
+    scale, fixed-point multiplier and shift, or a power-of-two shift, with its rounding;
+    requant.py). The replaced operators of dal.replace (``QMatMul``, ``NpuSoftmax``,
+    ``Fp16LayerNorm``, ``QLutActivation``) compute what their exported nodes compute (forms.py).
+    Every other tensor follows ONNX Q/DQ semantics (the QAT model's frozen quantizers) and
+    export/SPEC.md's float-island rules (float_ops.py). The numbers come from the torch model
+    (scales, zero points, folded and masked weights, int32 bias codes), not from an ONNX file.
+    ``model`` is not changed. Structure (which layers are integer groups) is read by one probe
+    forward (probe.py) on the first call, or here on ``example_inputs``. ``opset``: the one the
+    file is exported at, when not the exporter's default (LayerNorm and GELU are spelled
+    differently from opset 17 and 20 on).
 
-    Not covered yet (they run as their QAT modules, and may differ from the NPU): FP16 regions
-    and the attention / LayerNorm / GELU / softmax replacements (export/SPEC.md §5a). A layer
-    without an integer form (per-group weights, Conv1d, ...) runs in float, as on the NPU, and
-    ``summary()`` lists it with the reason.
+    Not covered yet (they run as their QAT modules, may differ from the NPU, and ``summary()``
+    lists them): GELU's tanh form through a table, a QMatMul inside an FP16 region (see
+    export/SPEC.md §5a for the rest). A layer without an integer form (per-group weights,
+    Conv1d, ...) runs in float, as on the NPU, and ``summary()`` lists it with the reason.
 
-    Raises ConvertError naming the quantizers of a model never calibrated or still observing.
+    Raises ConvertError naming the quantizers of a model never calibrated or still observing;
+    the integer model raises it on an input holding NaN (ONNX leaves its code undefined).
 
     >>> int_model = dal.convert(qat_model)          # doctest: +SKIP
     >>> int_model(x).equal(torch.from_numpy(dal.npu.run(path, {"input": x.numpy()})[0]))  # doctest: +SKIP
     True
     """
-    _check_calibrated(model)
+    opset = _check_calibrated(model, opset)
     rq = requantizer_of(model)
     net = copy.deepcopy(model).eval()
     net.requires_grad_(False)
@@ -197,7 +249,7 @@ def convert(model: nn.Module, example_inputs: Optional[tuple] = None) -> Integer
         parent = net.get_submodule(parent_path) if parent_path else net
         layers[path] = IntegerLayer(mod, path, rq)
         _swap(parent, name, layers[path])
-    im = IntegerModel(net, layers, rq)
+    im = IntegerModel(net, layers, rq, swap_forms(net, opset, _swap))
     if example_inputs is not None:
         args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
         with torch.no_grad():

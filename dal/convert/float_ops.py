@@ -8,7 +8,7 @@ reference implements instead (written once in export/SPEC.md), and which these f
 * GlobalAveragePool / ReduceMean / AveragePool: the sum in float64 rounded once to float32,
   then one float32 division by the element count;
 * Sigmoid (and SiLU, exported as ``x * Sigmoid(x)``): ``1 / (1 + exp(-x))`` in float64, rounded
-  once to float32 (the Mul in float32);
+  once to float32 (the Mul in float32); Tanh: float64, rounded once;
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
 * everything else (Relu, Clip, Add, Mul, MaxPool, Flatten, Reshape, Concat, ...) is exact or
   one IEEE float32 operation, in torch as in numpy.
@@ -71,6 +71,13 @@ def sigmoid_f64(x):
     return torch.reciprocal(1.0 + torch.exp(-x.double())).float()
 
 
+def tanh_f64(x):
+    """float32(tanh(x)) computed in float64 (ONNX Tanh, export/SPEC.md §5a)."""
+    if x.dtype != torch.float32:
+        return None
+    return torch.tanh(x.double()).float()
+
+
 def _silu(x, inplace=False):
     s = sigmoid_f64(x)
     return None if s is None else x * s
@@ -91,6 +98,7 @@ _IMPL = {
     F.adaptive_avg_pool2d: _adaptive_avg, torch.mean: _mean, torch.Tensor.mean: _mean,
     F.avg_pool2d: _avg_pool2d, torch.sigmoid: sigmoid_f64, torch.Tensor.sigmoid: sigmoid_f64,
     F.silu: _silu, F.hardsigmoid: _hardsigmoid, F.hardswish: _hardswish,
+    torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64,
 }
 
 

@@ -30,12 +30,14 @@ from torch import nn
 
 from ..formats import INT32, PER_TENSOR, per_channel, quantize
 from ..nn.base import apply_activation
-from .accumulate import chunk_bounds, conv_exact, linear_exact
+from .accumulate import chunk_bounds, conv_exact, limit, linear_exact
 from .errors import ConvertError
+from .fp16_region import half_dtype, half_forward
 from .probe import GroupPlan
 from .requant import FixedPoint
 
-_IN_CODES = {"int8", "uint8", "int4", "uint4"}
+_IN_CODES = {"int8", "uint8", "int4", "uint4", "int16", "uint16"}  # 16-bit: exact in float64
+_W_CODES = {"int8", "uint8", "int4", "uint4"}
 _OUT_CODES = {"int8", "uint8", "int16", "uint16", "int4", "uint4"}
 
 
@@ -93,8 +95,8 @@ class IntegerLayer(nn.Module):
                                     or isinstance(self.qat.padding, str)):
             return "not a zero-padded 2-D convolution"
         if not (_active(q_in) and q_in.fmt.name in _IN_CODES and q_in.granularity.axis is None):
-            return "input is not per-tensor 8/4-bit integer codes"
-        if not (_active(q_w) and q_w.fmt.name in _IN_CODES and not q_w.granularity.block_size):
+            return "input is not per-tensor 16/8/4-bit integer codes"
+        if not (_active(q_w) and q_w.fmt.name in _W_CODES and not q_w.granularity.block_size):
             return "weight is not 8/4-bit integer codes per tensor or per channel"
         s_x, zp_x = q_in.effective_qparams()
         s_w, zp_w = q_w.effective_qparams()
@@ -119,8 +121,8 @@ class IntegerLayer(nn.Module):
                 self.bias_q = bq.double().reshape(-1)
             else:
                 self.bias_f = b.float().reshape(-1)
-        if self.rq.kind == "fixed_point" and self.bias_f is not None:
-            raise ConvertError(f"{self.path}: the fixed-point requantizer needs an int32 bias with scale "
+        if self.rq.kind != "float" and self.bias_f is not None:
+            raise ConvertError(f"{self.path}: the {self.rq.kind} requantizer needs an int32 bias with scale "
                                "s_x * s_w (bias_mode='int32'), this layer has a float bias")
         return ""
 
@@ -137,6 +139,9 @@ class IntegerLayer(nn.Module):
         return self._float(x)
 
     def _float(self, x):
+        half = half_dtype(self.qat)
+        if half is not None:  # an FP16 / BF16 region (export/SPEC.md §6), fp16_region.py
+            return half_forward(self.qat, self.kind, self.w_dq, self.b_dq, x, half)
         q_in = self.qat.input_quant
         xd = q_in(x) if q_in is not None else x
         if self.kind == "conv":
@@ -159,10 +164,14 @@ class IntegerLayer(nn.Module):
             self.taps.setdefault(self.qat.input_quant.name, []).append(
                 quantize(x, self.in_fmt, self.s_x, self.zp_x))
         # x_q - zp_x directly: clamp(round(x / s_x), qmin - zp, qmax - zp) is ONNX Q minus the
-        # zero point (float32 division, half-even rounding; NaN -> the zero point, as dal.formats)
+        # zero point (float32 division, half-even rounding); NaN has no code: refused
         lo, hi = self.in_fmt.qmin - self.zp_x, self.in_fmt.qmax - self.zp_x
         s_x = torch.tensor(self.s_x, dtype=torch.float32, device=x.device)
-        xi = torch.round(x.float() / s_x).nan_to_num_(0.0).clamp_(lo, hi)
+        xi = torch.round(x.float() / s_x)
+        if bool(torch.isnan(xi).any()):
+            raise ConvertError(f"{self.path}: its input holds {int(torch.isnan(xi).sum())} NaN; the NPU's "
+                               f"QuantizeLinear ({self.qat.input_quant.name}) has no code for NaN")
+        xi.clamp_(lo, hi)
         if self.kind == "conv":
             q = self.qat
             acc = conv_exact(xi, self.w_int, self.chunks, q.stride, q.padding, q.dilation, q.groups)
@@ -174,7 +183,8 @@ class IntegerLayer(nn.Module):
         shape[axis] = -1
         if self.bias_q is not None:
             acc.add_(self.bias_q.reshape(shape))  # exact: integers below 2^53
-        if self.rq.kind == "fixed_point":
+        acc = limit(acc, self.rq.accumulator_bits, self.rq.accumulator_overflow)
+        if self.rq.kind in ("fixed_point", "power_of_two"):
             return self._fixed(acc, axis, plan)
         v = acc.mul_(self.mult.reshape(shape)).float()  # one rounding: float64 product -> float32
         if self.bias_f is not None:
@@ -189,7 +199,8 @@ class IntegerLayer(nn.Module):
         s_y, zp_y = float(s_y.reshape(())), int(zp_y.reshape(()))
         key = id(q)
         if key not in self.fixed:
-            self.fixed[key] = FixedPoint(self.mult.cpu(), s_y, self.rq.multiplier_bits, self.rq.rounding, self.path)
+            self.fixed[key] = FixedPoint(self.mult.cpu(), s_y, self.rq.multiplier_bits, self.rq.rounding,
+                                         self.path, self.rq.kind)
         fp = self.fixed[key].to(acc.device)
         bounds = _act_bounds(self.qat.activation) or plan.act or (None, None)
         lo, hi = int(q.fmt.qmin), int(q.fmt.qmax)  # the ONNX type's range (no narrow range)

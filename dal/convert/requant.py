@@ -12,6 +12,10 @@ same contract from the ONNX metadata): agreement is the cross-check.
   ``q = clamp(round_shift(acc * m, n) + zp_y, lo, hi)``, round_shift by R: ``half_up`` (ties
   to +inf), ``half_even``, ``half_away`` (from zero); ``n <= 0`` multiplies by ``2^-n``.
   ``acc * m`` fits int64 because |acc| < 2^31 and m < 2^31.
+* **power_of_two** (a shift-only requantizer, ``rounding`` R): every scale is ``2^k``, so
+  ``M = s_x * s_w[c] / s_y`` (float64 on the float32 scales) is exactly ``2^-n``;
+  ``q = clamp(round_shift(acc, n) + zp_y, lo, hi)`` (``m = 1`` above). A multiplier that is
+  not a power of two is refused, naming the layer (the exporter and the NPU refuse it too).
 """
 from __future__ import annotations
 
@@ -55,16 +59,30 @@ def round_shift(prod: torch.Tensor, n: torch.Tensor, rounding: str) -> torch.Ten
     return torch.where(n >= 63, torch.zeros_like(r), r)
 
 
-class FixedPoint:
-    """Per-channel (m, n) of one layer for its consumer's output scale; see the module doc."""
+def power_of_two_shift(multiplier: float, who: str) -> tuple[int, int]:
+    """(1, n) with ``multiplier == 2^-n`` exactly; ConvertError naming ``who`` otherwise."""
+    f, e = math.frexp(multiplier) if math.isfinite(multiplier) and multiplier > 0 else (0.0, 0)
+    if f != 0.5:
+        raise ConvertError(f"{who}: the power_of_two requantizer needs s_x * s_w / s_y = 2^-n, got "
+                           f"{multiplier!r}; train with power-of-two scales (scale_constraint: power_of_two)")
+    return 1, 1 - e
 
-    def __init__(self, mult: torch.Tensor, s_y: float, bits: int, rounding: str, who: str):
+
+class FixedPoint:
+    """Per-channel (m, n) of one layer for its consumer's output scale; see the module doc.
+    ``kind`` "fixed_point" (``bits``-bit multipliers) or "power_of_two" (m = 1, a shift)."""
+
+    def __init__(self, mult: torch.Tensor, s_y: float, bits: int, rounding: str, who: str,
+                 kind: str = "fixed_point"):
         if rounding not in ROUNDINGS:
             raise ConvertError(f"{who}: requantizer rounding {rounding!r} is not one of {ROUNDINGS}")
-        pairs = [fixed_point_multiplier(float(m) / float(s_y), bits, who) for m in mult.tolist()]
+        if kind == "power_of_two":
+            pairs = [power_of_two_shift(float(m) / float(s_y), who) for m in mult.tolist()]
+        else:
+            pairs = [fixed_point_multiplier(float(m) / float(s_y), bits, who) for m in mult.tolist()]
         self.m = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
         self.n = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
-        self.rounding = rounding
+        self.rounding, self.who = rounding, who
 
     def to(self, device) -> "FixedPoint":
         self.m, self.n = self.m.to(device), self.n.to(device)
@@ -74,5 +92,8 @@ class FixedPoint:
         """Codes (int64) of ``acc`` (float64 exact integers), channels along ``channel_axis``."""
         shape = [1] * acc.ndim
         shape[channel_axis] = -1
+        if float(acc.abs().max()) * float(self.m.max()) >= 2.0 ** 62 if acc.numel() else False:
+            raise ConvertError(f"{self.who}: accumulator times multiplier passes 2^62 (16-bit codes with a "
+                               "fixed-point multiplier): no exact int64 form here")
         prod = acc.long() * self.m.reshape(shape)
         return (round_shift(prod, self.n.reshape(shape), self.rounding) + zp).clamp_(lo, hi)

@@ -121,6 +121,9 @@ def test_torchvision_float_equal_and_quantized_parity(name, tmp_path):
     print(f"{name}: torch vs ORT teacher forced, {len(forced)} quantizers: {merge(forced)}")
     # dal.npu vs onnxruntime, each layer from onnxruntime's quantized inputs
     report = dal.verify(path, q, (x,))
+    # the integer model (dal.convert) equals dal.npu on every output and quantized tensor
+    print(f"{name}: {report.integer}")
+    assert report.integer.identical and report.integer.tensors > 100, str(report.integer)
     rows = report.layers_forced
     differ, codes = sum(r.differ for r in rows), sum(r.elements for r in rows)
     print(f"{name}: NPU vs ORT layer by layer, {len(rows)} tensors: {differ}/{codes} codes differ, "

@@ -1,0 +1,82 @@
+"""The attention operators of ``npu_attention`` (dal.replace) in the integer model: the two
+activation products (``QMatMul``: ``Q @ K^T``, ``P @ V``) and the softmax (``NpuSoftmax``), with
+the float semantics of export/SPEC.md §5a / §6a, i.e. what the exported graph computes:
+
+* **MatMul of two activations** (``DQ(a) @ DQ(b)``, both operands quantized activations): a float
+  island, never an integer group (the NPU fuses only constant weights), so
+  ``y = float32(float64 matmul of the dequantized float32 operands)`` (one rounding), then the
+  QMatMul's output quantizer if it has one. The QAT module sums in float32.
+* **Softmax** ``softmax(x + a_1 + ...)`` (addends added in float32, in order), per mode:
+  ``"fp16"``: ``x`` rounded to float16 (Cast round trip), the softmax, the output rounded to
+  float16; ``"lut"``: the exported form ``Softmax(DQ(Q(x)) + Clip(x + 1e30, max=0))`` (the mask
+  term only with addends), not the training table; ``"float"``: on ``x``. The softmax itself is
+  ``e = exp32(x - max(x))``, ``p = e / float32(sum_float64(e))`` (float32 division), where
+  ``exp32`` is :func:`exp_f32`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+#: the exported mask term's constant (dal.replace.softmax_lut.MASKED_BELOW, float32 in the file)
+MASK_OFFSET = 1e30
+
+
+def exp_f32(x: torch.Tensor) -> torch.Tensor:
+    """``exp`` of a float32 tensor as the NPU reference's Softmax computes it: numpy's float32
+    ``np.exp`` on a C-contiguous array (export/SPEC.md §5a). That routine is not correctly
+    rounded (on an AVX-512 CPU ~40% of its results differ by an ulp from ``float32(exp(float64
+    x))``, and torch's own ``exp`` differs from it as often), so there is no torch kernel that
+    reproduces it: the values go through numpy (from the GPU and back when ``x`` is on CUDA)."""
+    a = np.ascontiguousarray(x.detach().to("cpu", torch.float32).numpy())
+    return torch.from_numpy(np.exp(a)).to(x.device)
+
+
+def softmax_f32(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``e / float32(sum_float64(e))`` with ``e = exp_f32(x - max(x))`` along ``dim`` (module doc)."""
+    x = x.float()
+    e = exp_f32(x - x.amax(dim=dim, keepdim=True))
+    s = e.double().sum(dim=dim, keepdim=True).float()
+    return e / s
+
+
+class MatMulForm(nn.Module):
+    """A ``QMatMul`` (``qat``) of two activations, computed as the NPU's float island."""
+
+    def __init__(self, qat: nn.Module, path: str):
+        super().__init__()
+        self.qat, self.path = qat, path
+
+    def forward(self, a, b):
+        q = self.qat
+        qs = list(q.input_quants)  # one per operand, or none (the operand is used as it is)
+        a, b = (qs[0](a), qs[1](b)) if len(qs) == 2 else (a, b)
+        y = torch.matmul(a.double(), b.double()).float()
+        return q.output_quant(y) if q.output_quant is not None else y
+
+
+class SoftmaxForm(nn.Module):
+    """An ``NpuSoftmax`` (``qat``) as the exported graph computes it (module docstring)."""
+
+    def __init__(self, qat: nn.Module, path: str):
+        super().__init__()
+        self.qat, self.path = qat, path
+
+    def forward(self, x, *addends):
+        q = self.qat
+        has_addends = False
+        for a in addends:
+            if a is not None:
+                x = x + a
+                has_addends = True
+        if q.mode == "lut":
+            xq = q.input_quant(x)
+            if has_addends:  # exactly 0 above -1e30, below -6e22 for the -inf masks
+                off = torch.tensor(MASK_OFFSET, dtype=torch.float32, device=x.device)
+                xq = xq + torch.clamp(x + off, max=0.0)
+            x = xq
+        elif q.input_quant is not None:
+            x = q.input_quant(x)
+        y = softmax_f32(x, q.dim)
+        return q.output_quant(y) if q.output_quant is not None else y

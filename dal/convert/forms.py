@@ -1,0 +1,68 @@
+"""The integer-model forms of dal.replace's operators, swapped into the converted copy.
+
+``QMatMul`` -> :class:`~dal.convert.attention.MatMulForm`, ``NpuSoftmax`` ->
+:class:`~dal.convert.attention.SoftmaxForm`, ``Fp16LayerNorm`` and float ``nn.LayerNorm`` ->
+:class:`~dal.convert.layernorm.LayerNormForm`, ``QLutActivation`` ->
+:class:`~dal.convert.lut.LutForm`, a float ``nn.GELU`` -> :class:`~dal.convert.lut.GeluForm`.
+Each keeps the QAT module (its quantizers still run, so the integer model's code taps see them)
+and computes what the exported nodes compute. A module
+with no form here stays as it is and is listed with the reason (:func:`swap_forms`).
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from ..export.plan import TRACE_MAX_OPSET
+from ..nn.functional import QMatMul
+from ..replace.layernorm import Fp16LayerNorm
+from ..replace.lut import QLutActivation
+from ..replace.softmax import NpuSoftmax
+from .attention import MatMulForm, SoftmaxForm
+from .layernorm import LayerNormForm
+from .lut import GeluForm, LutForm, lut_form_why_not
+
+_HALF = ("fp16", "bf16")
+
+
+def _active_half(q) -> bool:
+    return q is not None and q.state != "off" and q.fmt.name in _HALF
+
+
+def _form(mod: nn.Module, path: str, opset: int):
+    """(form or None, why not)."""
+    if isinstance(mod, QMatMul):
+        if any(_active_half(q) for q in mod.input_quants) or _active_half(mod.output_quant):
+            return None, "an FP16 matmul (FP16 region)"
+        return MatMulForm(mod, path), ""
+    if isinstance(mod, NpuSoftmax):
+        return SoftmaxForm(mod, path), ""
+    if isinstance(mod, Fp16LayerNorm) or type(mod) is nn.LayerNorm:
+        return LayerNormForm(mod, path, opset), ""
+    if type(mod) is nn.GELU:
+        if mod.approximate != "none":
+            return None, "GELU's tanh form (computed by torch)"
+        return GeluForm(mod, path, opset), ""
+    if isinstance(mod, QLutActivation):
+        why = lut_form_why_not(mod)
+        return (None, why) if why else (LutForm(mod, path, opset), "")
+    return None, ""
+
+
+def swap_forms(net: nn.Module, opset: int, swap) -> dict[str, str]:
+    """Replace every module of ``net`` that has a form; ``opset`` is the export's (the traced
+    opset is ``min(opset, 20)``). ``swap(parent, name, new)`` installs one. Returns
+    ``{path: "<Form name>" | "QAT module: <why>"}`` for every such operator."""
+    traced = min(int(opset), TRACE_MAX_OPSET)
+    listing = {}
+    for path, mod in list(net.named_modules()):
+        if not path or not (isinstance(mod, (QMatMul, NpuSoftmax, Fp16LayerNorm, QLutActivation))
+                            or type(mod) in (nn.LayerNorm, nn.GELU)):
+            continue
+        form, why = _form(mod, path, traced)
+        if form is None:
+            listing[path] = f"QAT module: {why} (may differ from the NPU)"
+            continue
+        parent_path, _, name = path.rpartition(".")
+        swap(net.get_submodule(parent_path) if parent_path else net, name, form)
+        listing[path] = type(form).__name__
+    return listing

@@ -1,0 +1,109 @@
+"""dal.convert == dal.npu on every element for transformers with dal.replace's operators:
+torchvision's VisionTransformer and SwinTransformer (small configurations of the vit_b_16 /
+swin_t classes, random weights) with ``npu_attention`` (QMatMul for Q@K^T and P@V, the
+hardware's softmax: FP16 round trip on the a2000, the int8 exp-table softmax on the a1000),
+``layernorm_fp16`` and ``lut_activation`` (GELU by table); outputs and every quantized tensor of
+the file (integer and FP8 codes), several random batches each."""
+import pytest
+import torch
+import yaml
+
+import dal
+from convert_common import assert_bit_exact, build, compare, random_batches
+
+torch.set_num_threads(1)
+RULES = ["npu_attention", "layernorm_fp16", "lut_activation"]
+SHAPE = (3, 32, 32)
+
+
+def recipe(base="int8_balanced", rules=RULES):
+    rec = yaml.safe_load(open(dal.recipe.load.__file__.rsplit("/dal/", 1)[0] + f"/recipes/{base}.yaml"))
+    rec["name"], rec["replace"] = f"{base}+attention", list(rules)
+    return rec
+
+
+def vit():
+    tvt = pytest.importorskip("torchvision.models.vision_transformer")
+    torch.manual_seed(0)
+    m = tvt.VisionTransformer(image_size=32, patch_size=4, num_layers=2, num_heads=2, hidden_dim=64,
+                              mlp_dim=256, num_classes=10)
+    torch.nn.init.normal_(m.heads.head.weight, std=0.02)  # torchvision zero-inits it: outputs all 0
+    return m
+
+
+def swin():
+    tvs = pytest.importorskip("torchvision.models.swin_transformer")
+    torch.manual_seed(0)
+    # swin_t's blocks, two stages, 4x4 windows: shifted windows with the -inf mask, relative
+    # position bias, patch merging
+    return tvs.SwinTransformer(patch_size=[2, 2], embed_dim=32, depths=[2, 2], num_heads=[2, 4],
+                               window_size=[4, 4], num_classes=10)
+
+
+def _kinds(model):
+    return {type(m).__name__ for m in model.modules()}
+
+
+_BUILT = {}
+
+
+def _built(make, hardware, base="int8_balanced"):
+    """(qat, proto, session) per model and hardware, built once per test session."""
+    key = (make.__name__, hardware, base)
+    if key not in _BUILT:
+        _BUILT[key] = build(make(), torch.randn((2,) + SHAPE), hardware, recipe=recipe(base))
+    return _BUILT[key]
+
+
+@pytest.mark.parametrize("hardware", ["a2000", "a1000"])
+@pytest.mark.parametrize("make", [vit, swin], ids=["vit", "swin"])
+def test_transformer_bit_exact(make, hardware):
+    qat, proto, sess = _built(make, hardware)
+    # the a1000 runs layer norm in int8 vector code, not FP16: a float nn.LayerNorm there
+    want = {"QMatMul", "NpuSoftmax", "QLutActivation", "Fp16LayerNorm" if hardware == "a2000" else "LayerNorm"}
+    assert want <= _kinds(qat)
+    modes = {m.mode for m in qat.modules() if type(m).__name__ == "NpuSoftmax"}
+    assert modes == {"fp16" if hardware == "a2000" else "lut"}
+    im = dal.convert(qat)
+    assert_bit_exact(im, proto, sess, random_batches((2,) + SHAPE, n=3), f"{make.__name__}/{hardware}")
+    # every replaced operator ran in its exported form (none left as its QAT module)
+    assert im.forms and all(not f.startswith("QAT module") for f in im.forms.values()), im.summary()
+    assert {"MatMulForm", "SoftmaxForm", "LayerNormForm", "LutForm"} == set(im.forms.values())
+
+
+def test_fp8_attention_bit_exact():
+    """w4a8_fp8_performance: FP8 E4M3 Q@K^T and P@V operands (their codes compared bit for bit),
+    int4 per-group linear weights (float on both engines), int8 elsewhere."""
+    qat, proto, sess = _built(vit, "a2000", "w4a8_fp8_performance")
+    fp8 = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"
+           and any(t.name == n.input[2] and t.data_type == 17 for t in proto.graph.initializer)]
+    assert len(fp8) >= 8, "the attention products should have FP8 E4M3 inputs"
+    im = dal.convert(qat)
+    _, codes = im.run_with_codes(random_batches((2,) + SHAPE, n=1)[0], fp8_bits=True)
+    assert sum(c[0].dtype == torch.uint8 and "matmul" in k for k, c in codes.items()) >= 8
+    assert_bit_exact(im, proto, sess, random_batches((2,) + SHAPE, n=2, seed=7), "vit/w4a8_fp8")
+
+
+def test_the_qat_modules_would_differ():
+    """The forms matter: the QAT modules' own float32 attention, layer norm and table (what the
+    integer model ran before) disagree with the NPU on this model; the forms do not."""
+    qat, proto, sess = _built(vit, "a2000")
+    im = dal.convert(qat)
+    xs = random_batches((2,) + SHAPE, n=2, seed=3)
+    assert sum(compare(im, proto, sess, x)["code_diff"] for x in xs) == 0
+    for path in im.forms:  # put the QAT modules back in place of the forms
+        parent, _, name = path.rpartition(".")
+        setattr(im.net.get_submodule(parent), name, im.net.get_submodule(path).qat)
+    assert sum(compare(im, proto, sess, x)["code_diff"] for x in xs) > 0
+
+
+def test_float_gelu_in_its_exported_form():
+    """Without ``lut_activation`` GELU stays a float nn.GELU: the integer model computes the
+    exported Erf decomposition (Div, Erf in float64 rounded once, Add, Mul, Mul), not torch's
+    float32 GELU kernel."""
+    qat, proto, sess = build(vit(), torch.randn((2,) + SHAPE), "a2000",
+                             recipe=recipe(rules=["npu_attention", "layernorm_fp16"]))
+    assert "GELU" in _kinds(qat) and "QLutActivation" not in _kinds(qat)
+    im = dal.convert(qat)
+    assert_bit_exact(im, proto, sess, random_batches((2,) + SHAPE, n=2, seed=11), "vit/float gelu")
+    assert "GeluForm" in set(im.forms.values()), im.forms

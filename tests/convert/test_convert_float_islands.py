@@ -1,0 +1,267 @@
+"""FP16 regions and float islands (export/SPEC.md §5a, §6): dal.convert and dal.npu implement the
+same single-rounding rules, each checked here against a float64 oracle written in numpy from
+the spec (products and sums in float64, rounded once with numpy's / ml_dtypes' casts), and
+against each other on whole models with FP16 fallback layers, element by element.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+import dal
+from convert_common import assert_bit_exact, build, random_batches
+from dal.nn import QConv2d, QLinear, SimpleLayerSpec
+from dal.prepare import set_quantizer_state
+from dal.zoo import MnistCNN
+
+torch.set_num_threads(1)
+F16 = np.float16
+
+
+# ---- the oracle: numpy, float64, one rounding per node ------------------------------------
+def conv_oracle(x16, w16, b16, pad):
+    """f16(sum float64 x16 * w16 + b16) (stride 1), one rounding: im2col with float64 einsum."""
+    n, c, h, w = x16.shape
+    o, _, kh, kw = w16.shape
+    xp = np.pad(x16.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    ho, wo = h + 2 * pad - kh + 1, w + 2 * pad - kw + 1
+    cols = np.stack([xp[:, :, i:i + ho, j:j + wo] for i in range(kh) for j in range(kw)], axis=2)
+    s = np.einsum("nckhw,ock->nohw", cols, w16.astype(np.float64).reshape(o, c, kh * kw))
+    return (s + b16.astype(np.float64).reshape(1, -1, 1, 1)).astype(F16)
+
+
+def gemm_oracle(x16, w16, b16):
+    """f16(float64 x16 @ w16.T + b16), one rounding."""
+    return (x16.astype(np.float64) @ w16.astype(np.float64).T + b16.astype(np.float64)).astype(F16)
+
+
+def _graph(nodes, inits, xshape):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xshape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def _region(op, inits, attrs, xshape, tail=None):
+    """Cast(FLOAT16) -> op(h, inits...) [-> tail] -> Cast(FLOAT), as the exporter writes a region."""
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16),
+             helper.make_node(op, ["h"] + list(inits), ["o16"], **attrs)]
+    last = "o16"
+    if tail:
+        nodes.append(helper.make_node(tail, ["o16"], ["t16"]))
+        last = "t16"
+    nodes.append(helper.make_node("Cast", [last], ["y"], to=TensorProto.FLOAT))
+    return _graph(nodes, inits, xshape)
+
+
+def _wide(rng, shape, scale=3.0):
+    """float32 inputs spread over many binades (so float16 rounding boundaries are hit often)."""
+    return (scale * rng.standard_normal(shape) * np.exp(rng.uniform(-4, 4, shape))).astype(np.float32)
+
+
+def _bits(a):
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_npu_fp16_conv_gemm_matmul_equal_the_float64_oracle(seed):
+    import dal.npu
+    rng = np.random.default_rng(seed)
+    x = _wide(rng, (2, 8, 9, 9), 1.0)
+    w, b = rng.standard_normal((6, 8, 3, 3)).astype(F16), rng.standard_normal(6).astype(F16)
+    got = dal.npu.run(_region("Conv", {"w": w, "b": b}, {"pads": [1, 1, 1, 1]}, x.shape, "Relu"), {"x": x})[0]
+    want = np.maximum(conv_oracle(x.astype(F16), w, b, 1), F16(0)).astype(np.float32)
+    assert np.array_equal(_bits(got), _bits(want))
+    x2 = _wide(rng, (5, 64), 1.0)
+    w2, b2 = rng.standard_normal((7, 64)).astype(F16), rng.standard_normal(7).astype(F16)
+    got = dal.npu.run(_region("Gemm", {"w": w2, "c": b2}, {"transB": 1}, x2.shape), {"x": x2})[0]
+    assert np.array_equal(_bits(got), _bits(gemm_oracle(x2.astype(F16), w2, b2).astype(np.float32)))
+    got = dal.npu.run(_region("MatMul", {"w": w2.T.copy()}, {}, x2.shape), {"x": x2})[0]
+    want = (x2.astype(F16).astype(np.float64) @ w2.T.astype(np.float64)).astype(F16).astype(np.float32)
+    assert np.array_equal(_bits(got), _bits(want))
+
+
+def _t64(f):
+    """torch's float64 function (an implementation dal.npu's numpy code does not share)."""
+    return lambda v: f(torch.from_numpy(np.asarray(v, np.float64))).numpy()
+
+
+@pytest.mark.parametrize("op,fn", [("Sigmoid", _t64(lambda t: 1.0 / (1.0 + torch.exp(-t)))), ("Tanh", _t64(torch.tanh))])
+def test_npu_transcendental_in_fp16_and_fp32_round_once_from_float64(op, fn):
+    import dal.npu
+    x = _wide(np.random.default_rng(3), (4, 4096), 2.0)
+    got16 = dal.npu.run(_region(op, {}, {}, x.shape), {"x": x})[0]
+    want16 = fn(x.astype(F16).astype(np.float64)).astype(F16).astype(np.float32)
+    assert np.array_equal(_bits(got16), _bits(want16))
+    got32 = dal.npu.run(_graph([helper.make_node(op, ["x"], ["y"])], {}, x.shape), {"x": x})[0]
+    assert np.array_equal(_bits(got32), _bits(fn(x.astype(np.float64)).astype(np.float32)))
+
+
+def test_fp16_add_and_bf16_round_trip_are_the_correctly_rounded_casts():
+    import dal.npu
+    rng = np.random.default_rng(4)
+    x = _wide(rng, (3, 5000))
+    c = rng.standard_normal(5000).astype(F16)
+    got = dal.npu.run(_region("Add", {"c": c}, {}, x.shape), {"x": x})[0]
+    # the exact sum of two float16 values (float64 holds it exactly), rounded once to float16
+    want = (x.astype(F16).astype(np.float64) + c.astype(np.float64)).astype(F16).astype(np.float32)
+    assert np.array_equal(_bits(got), _bits(want))
+    bf = _graph([helper.make_node("Cast", ["x"], ["h"], to=TensorProto.BFLOAT16),
+                 helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT)], {}, x.shape)
+    got = dal.npu.run(bf, {"x": x})[0]
+    assert np.array_equal(_bits(got), _bits(x.astype(ml_dtypes.bfloat16).astype(np.float32)))
+
+
+# ---- dal.convert's FP16 layers against the same oracle ---------------------------------------
+def _fp16_layer(module, name, activation=None):
+    cls = QConv2d if isinstance(module, nn.Conv2d) else QLinear
+    q = cls.from_float(module, SimpleLayerSpec(fallback_fp16=True), name, activation=activation)
+    set_quantizer_state(q, "frozen")  # as after dal.calibrate (an FP16 cast has nothing to observe)
+    return q.eval()
+
+
+class _Wrap(nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def _convert_one(layer, x):
+    """The integer model of a one-layer model (no prepare: a hand-built FP16 layer)."""
+    from dal.convert.api import IntegerModel
+    from dal.convert.api import Requantizer
+    from dal.convert.layers import IntegerLayer
+    wrap = _Wrap(layer)
+    lay = IntegerLayer(layer, "layer", Requantizer())
+    wrap.layer = lay
+    im = IntegerModel(wrap, {"layer": lay}, Requantizer())
+    return im(x)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_convert_fp16_conv_and_linear_equal_the_float64_oracle(seed):
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    conv = _fp16_layer(nn.Conv2d(8, 6, 3, padding=1), "c", activation="relu6")
+    x = torch.from_numpy(_wide(rng, (2, 8, 9, 9), 1.0))
+    got = _convert_one(conv, x).numpy()
+    w16 = conv.weight.detach().numpy().astype(F16)
+    b16 = conv.bias.detach().numpy().astype(F16)
+    want = np.clip(conv_oracle(x.numpy().astype(F16), w16, b16, 1), F16(0), F16(6)).astype(np.float32)
+    assert np.array_equal(_bits(got), _bits(want))
+    lin = _fp16_layer(nn.Linear(64, 7), "l")
+    x2 = torch.from_numpy(_wide(rng, (5, 64), 1.0))
+    got = _convert_one(lin, x2).numpy()
+    want = gemm_oracle(x2.numpy().astype(F16), lin.weight.detach().numpy().astype(F16),
+                       lin.bias.detach().numpy().astype(F16)).astype(np.float32)
+    assert np.array_equal(_bits(got), _bits(want))
+
+
+def test_convert_float_island_ops_round_once_from_float64():
+    from dal.convert.float_ops import NPUFloatOps, mean_f64
+    x = torch.from_numpy(_wide(np.random.default_rng(5), (2, 16, 7, 7), 2.0))
+    with NPUFloatOps():
+        sig, silu, pooled = torch.sigmoid(x), torch.nn.functional.silu(x), torch.nn.functional.adaptive_avg_pool2d(x, 1)
+        tanh = torch.tanh(x)
+    x64 = x.numpy().astype(np.float64)
+    assert np.array_equal(_bits(tanh.numpy()), _bits(np.tanh(x64).astype(np.float32)))
+    s64 = (1.0 / (1.0 + np.exp(-x64))).astype(np.float32)
+    assert np.array_equal(_bits(sig.numpy()), _bits(s64))
+    assert np.array_equal(_bits(silu.numpy()), _bits(x.numpy() * s64))
+    want = x64.sum(axis=(2, 3), keepdims=True).astype(np.float32) / np.float32(49)
+    assert np.array_equal(_bits(pooled.numpy()), _bits(want))
+    assert torch.equal(mean_f64(x, (2, 3), True), pooled)
+
+
+# ---- whole models with FP16 fallback layers: integer model == dal.npu on every element -------
+def _digit_detector():
+    from dal.zoo_detection import DigitDetector
+    return DigitDetector(width=8)
+
+
+def _resnet18():
+    tv = pytest.importorskip("torchvision")
+    return tv.models.resnet18(weights=None)
+
+
+MODELS = [("mnist_cnn", MnistCNN, (1, 28, 28)), ("digit_detector", _digit_detector, (1, 64, 64)),
+          ("resnet18", _resnet18, (3, 32, 32))]
+
+
+@pytest.mark.parametrize("name,make,shape", MODELS, ids=[m[0] for m in MODELS])
+def test_models_with_fp16_layers_bit_exact(name, make, shape):
+    """int8_detection keeps the first conv and the heads in FP16 (MnistCNN: stem.0 and head, a
+    Gemm; DigitDetector: fpn.stem.0, heat_head.1, box_head.1; resnet18: conv1)."""
+    torch.manual_seed(0)
+    qat, proto, sess = build(make(), torch.randn((2,) + shape), "a2000", recipe="int8_detection")
+    casts = [n for n in proto.graph.node if n.op_type == "Cast" and n.attribute[0].i == TensorProto.FLOAT16]
+    halves = [n for n in proto.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")
+              and any(i.endswith(".fp16") for i in n.input)]
+    assert casts and halves, f"{name}: no FP16 region in the file"
+    im = dal.convert(qat)
+    assert_bit_exact(im, proto, sess, random_batches((3,) + shape, n=3), name)
+
+
+class _Tokens(nn.Module):
+    """A Linear on rank-3 inputs kept in FP16 (exported MatMul + Add: two roundings), then int8."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 12)
+        self.act = nn.ReLU()
+        self.out = nn.Linear(12, 4)
+
+    def forward(self, x):
+        return self.out(self.act(self.proj(x))).mean(1)
+
+
+def _fallback_recipe(tmp_path, names):
+    import yaml
+    recipe = yaml.safe_load(open("recipes/int8_balanced.yaml"))
+    recipe["name"] = "fp16_" + "_".join(names)
+    recipe["rules"] = [{"match": list(names), "fallback": "fp16"}] + recipe["rules"]
+    path = tmp_path / "fp16.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    return str(path)
+
+
+def test_fp16_linear_on_tokens_bit_exact(tmp_path):
+    torch.manual_seed(0)
+    qat, proto, sess = build(_Tokens(), torch.randn(2, 5, 16), "a2000", recipe=_fallback_recipe(tmp_path, ["proj"]))
+    assert any(n.op_type == "MatMul" and any(i.endswith(".fp16") for i in n.input) for n in proto.graph.node)
+    assert_bit_exact(dal.convert(qat), proto, sess, random_batches((3, 5, 16), n=3, scale=3.0), "tokens")
+
+
+def test_a_wrong_fp16_bias_in_the_file_is_caught():
+    """One float16 ulp added to each bias value of the exported FP16 stem: integer model vs NPU
+    must see it (the integer model reads the bias from the torch model, dal.npu from the file)."""
+    import dal.npu
+    from convert_common import compare
+    torch.manual_seed(0)
+    qat, proto, _ = build(MnistCNN(), torch.randn(2, 1, 28, 28), "a2000", recipe="int8_detection")
+    conv16 = next(n for n in proto.graph.node if n.op_type == "Conv" and n.input[1].endswith(".fp16"))
+    init = next(t for t in proto.graph.initializer if t.name == conv16.input[2])
+    b = numpy_helper.to_array(init).copy()
+    b = np.nextafter(b, F16(np.inf)).astype(F16)
+    init.CopyFrom(numpy_helper.from_array(b, init.name))
+    r = compare(dal.convert(qat), proto, dal.npu.load(proto, threads=1), random_batches((3, 1, 28, 28), n=1)[0])
+    assert r["code_diff"] > 0 and r["out_diff"] > 0, r
+
+
+def test_fp16_add_of_two_fp16_activations_bit_exact(tmp_path):
+    """MnistCNN's residual ``x + bn(conv(x))`` and that conv in FP16: the Add joins the region
+    (float16 inputs, one correctly rounded float16 addition, the QAT module's FP16 output
+    quantizer rounding its float32 sum), the Relu after it too."""
+    torch.manual_seed(0)
+    qat, proto, sess = build(MnistCNN(), torch.randn(2, 1, 28, 28), "a2000", recipe=_fallback_recipe(tmp_path, ["add", "conv"]))
+    assert any(n.op_type == "Add" and all(i.endswith(".fp16") for i in n.input) for n in proto.graph.node)
+    assert_bit_exact(dal.convert(qat), proto, sess, random_batches((3, 1, 28, 28), n=3), "fp16 add")
