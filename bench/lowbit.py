@@ -236,17 +236,7 @@ def run(name: str, args, rows: list, checks: list) -> None:
     ada = {"iters": 100 if args.quick else 500}
     ptq = lambda rec, steps=(), method="minmax": quantize_ptq(  # noqa: E731
         fm, rec, calib, hardware="a2000", steps=steps, method=method, adaround_args=ada)
-    m, s = timed(lambda: ptq("int8_balanced"))
-    int8_mm = accuracy(m, test)
-    add("dal", "INT8 PTQ min-max", int8_mm, f_acc, s)
-    res, s = timed(lambda: dal.auto_quantize(fm, calib, lambda mod: accuracy(mod, val), max_drop=0.5,
-                                             hardware="a2000", recipe="int8_balanced", progress=False,
-                                             adaround_args=ada))
-    ladder = accuracy(res.model, test)
-    add("dal", "INT8 PTQ ladder (auto_quantize, max_drop 0.5 on valid)", ladder, f_acc, s,
-        f"settled on: {res.chosen} ({res.status})")
-    m, s = timed(lambda: ao_ptq_int8(fm, calib))
-    add("torch.ao", "INT8 PTQ (eager, qnnpack int8 model)", accuracy(m, test), f_acc, s)
+    ladder = int8_ptq_rows(fm, calib, val, test, add, f_acc, ada)
     results = {}
     for tag, rec in (("all INT4", W4A8_ALL_INT4), ("first conv + last linear INT8", "w4a8_fp8_performance")):
         m, s = timed(lambda: ptq(rec))
