@@ -125,7 +125,10 @@ class MaxPoolCodes(_CodeStep):
         import torch
         if x.dtype != self.x_dtype or x.ndim != 4:
             return None
-        geo = self._geometry(np.moveaxis(x, 3, 1), threads)
+        cache = self.__dict__.setdefault("_geo_nhwc", {})  # the attributes are fixed: once per shape
+        if x.shape not in cache:
+            cache[x.shape] = self._geometry(np.moveaxis(x, 3, 1), threads)
+        geo = cache[x.shape]
         if geo is None:
             return None
         ks, st, dil, pads, oh, ow = geo
@@ -202,8 +205,8 @@ class BinaryCodes(_CodeStep):
         if nin and (ins[0].shape != ins[1].shape or want_extra):  # broadcasting is NCHW's
             nin, ins = False, [to_nchw(v) for v in ins]
         out = self._run(ins, threads, want_extra)
-        y = out[self.outputs[0]]
         if nin != self.nhwc_out:
+            y = out[self.outputs[0]]
             out[self.outputs[0]] = to_nhwc(y) if self.nhwc_out else to_nchw(y)
         return out
 

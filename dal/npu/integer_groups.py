@@ -117,6 +117,11 @@ class FusedStep:
         else:
             self.fast_m, self.fast_n, self.fast_round = empty(torch.int64), empty(torch.int64), 0
         self.fast_out = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2}.get(np.dtype(self.y_dtype), 0)
+        # per-run constants, built once: the requantizer arguments, an empty accumulator tensor
+        # (no accumulators wanted), and the checked output size per input shape (_run_fast)
+        self.fast_rq = (self.fast_mult, self.fast_bq, self.fast_bf, self.fast_m, self.fast_n, self.fast_round,
+                        float(self.y_scale), int(self.y_zp), int(self.lo), int(self.hi), self.fast_out)
+        self.fast_no_acc, self.fast_geo = empty(torch.int32), {}
         self.fast = True
 
     def _run_fast(self, xq, threads, want_extra, layout=0):
@@ -125,18 +130,19 @@ class FusedStep:
         back [N, OH, OW, C]."""
         import torch
         from .build import kernels as lib
-        c = self.channels
-        rq = (self.fast_mult, self.fast_bq, self.fast_bf, self.fast_m, self.fast_n, self.fast_round,
-              float(self.y_scale), int(self.y_zp), int(self.lo), int(self.hi), self.fast_out)
+        c, rq = self.channels, self.fast_rq
         if self.op == "Conv":
             strides, dil, pads = self.conv_geo
-            shape = xq.shape if not layout & 1 or xq.ndim != 4 else tuple(xq.shape[i] for i in (0, 3, 1, 2))
-            oh, ow = kernels.check_conv_attrs(shape, self.conv_w.shape, strides, dil, pads, 1,
-                                              repr(self.node_name))
+            geo = self.fast_geo.get((xq.shape, layout & 1))
+            if geo is None:  # the other arguments are fixed: checked once per input shape
+                shape = xq.shape if not layout & 1 or xq.ndim != 4 else tuple(xq.shape[i] for i in (0, 3, 1, 2))
+                geo = self.fast_geo[xq.shape, layout & 1] = kernels.check_conv_attrs(
+                    shape, self.conv_w.shape, strides, dil, pads, 1, repr(self.node_name))
+            oh, ow = geo
             _, _, kh, kw = self.conv_w.shape
             x, zx = kernels.code_tensor(xq, self.x_zp)
             n = xq.shape[0]
-            accs = torch.empty((n, c, oh * ow) if want_extra else (0,), dtype=torch.int32)
+            accs = torch.empty((n, c, oh * ow), dtype=torch.int32) if want_extra else self.fast_no_acc
             # the whole batch in one call: its pixels share the threads and the weight streams
             q = lib().qconv(x, zx, self.fast_b, self.fast_wsum, c, kh, kw, strides[0], strides[1], dil[0], dil[1],
                             pads[0], pads[1], oh, ow, self.implicit, *rq, accs, threads,
@@ -151,7 +157,7 @@ class FusedStep:
         else:
             x2 = xq.reshape(-1, self.k)
             x, zx = kernels.code_tensor(x2, self.x_zp)
-            acc = torch.empty((x2.shape[0], c) if want_extra else (0,), dtype=torch.int32)
+            acc = torch.empty((x2.shape[0], c), dtype=torch.int32) if want_extra else self.fast_no_acc
             q = lib().qgemm(x, zx, self.fast_b, self.fast_wsum, c, *rq, acc, threads, self.isa).numpy()
             q = q.reshape(xq.shape[:-1] + (c,))
             rows = np.ascontiguousarray(acc.numpy().T) if want_extra else None
@@ -187,9 +193,9 @@ class FusedStep:
         return kernels.gemm(a, self.lin_b, self.channels, threads).numpy().T
 
     def run(self, ins, threads, want_extra=False):
-        from .layout import to_nchw, to_nhwc
         nin, nout = bool(self.nhwc_in and self.nhwc_in[0]), self.nhwc_out
         if (nin or nout) and not self.nhwc_capable:  # planned pixel-major, now on another path
+            from .layout import to_nchw, to_nhwc
             out = self._run_group(to_nchw(ins[0]) if nin else ins[0], threads, want_extra)
             if nout:
                 out[self.q_out] = to_nhwc(out[self.q_out])

@@ -13,7 +13,10 @@ semantics:
 """
 from __future__ import annotations
 
+import gc
 import os
+import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
@@ -31,6 +34,21 @@ def named(e: NPUError, node) -> NPUError:
     if f"{node.name!r}" not in str(e):
         e.args = (f"node {node.name!r} ({node.op_type}): {e}",) + tuple(e.args[1:])
     return e
+
+
+@contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off inside the block, back on afterwards only if it was
+    on (never left changed). A session run makes no reference cycles; a full collection would
+    walk every live torch object, milliseconds in the middle of a run."""
+    was_on = gc.isenabled()
+    if was_on:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 class NodeStep:
@@ -214,15 +232,67 @@ class Session:
         """``values`` with every pixel-major tensor turned NCHW."""
         return {k: layout.to_nchw(v) if k in self._nhwc else v for k, v in values.items()}
 
+    def _fetch_plan(self, every: bool):
+        """Per step to run (every step, or the live ones), built once per session: (step, fetch,
+        drop), fetch = ((name, how), ...) with how 0: absent input (None), 1: the value as held,
+        2: NCHW of a pixel-major value (the step does not read it pixel-major), the same
+        decisions as ``_ins`` taken once instead of per run; drop: the tensors no later live
+        step reads (none of them a graph input, output or constant; none when ``every``)."""
+        key = "_plan_all" if every else "_plan_live"
+        plan = self.__dict__.get(key)
+        if plan is None:
+            plan, last = [], {}
+            for step, live in zip(self.steps, self._live):
+                if not (live or every):
+                    continue
+                takes = getattr(step, "nhwc_in", ()) or ()
+                plan.append((step, tuple((i, 0 if not i else 2 if i in self._nhwc and not (k < len(takes) and takes[k])
+                                          else 1) for k, i in enumerate(step.inputs)), []))
+                last.update((i, len(plan) - 1) for i in step.inputs if i)
+            if not every:  # drop each tensor after its last reader: its buffer is reused while hot
+                keep = set(self.graph.outputs) | set(self.graph.inputs) | set(self.graph.consts)
+                for name, k in last.items():
+                    if name not in keep:
+                        plan[k][2].append(name)
+            self.__dict__[key] = plan
+        return plan
+
+    def _steps_on(self, env, every, want_extra, timer=None):
+        """Run the planned steps on ``env`` (updated in place); ``timer(k, seconds)`` per step."""
+        consts, nchw, exe = self.graph.consts, {}, self._exec
+        clock = time.perf_counter
+        for k, (step, fetch, drop) in enumerate(self._fetch_plan(every)):
+            t0 = clock() if timer else 0.0  # a layout conversion counts to the step that needs it
+            ins = []
+            for i, how in fetch:
+                if how:
+                    v = env[i] if i in env else consts[i]
+                    if how == 2:
+                        if i not in nchw:
+                            nchw[i] = layout.to_nchw(v)
+                        v = nchw[i]
+                    ins.append(v)
+                else:
+                    ins.append(None)
+            env.update(exe(step, ins, want_extra))
+            del ins
+            for i in drop:
+                env.pop(i, None)
+                nchw.pop(i, None)
+            if timer:
+                timer(k, clock() - t0)
+        return env
+
     def run(self, inputs, *, return_intermediates: bool = False):
         """Outputs (list, graph-output order); with return_intermediates also a dict of every
-        tensor the graph names (inputs, constants excluded) with the value it holds."""
-        env, nchw = self._feed(inputs), {}
+        tensor the graph names (inputs, constants excluded) with the value it holds.
+
+        Python's cyclic garbage collector is paused for the run (a run makes no reference
+        cycles; a full collection would walk every torch object) and restored in ``finally``
+        if the caller had it on."""
+        with gc_paused():
+            env = self._steps_on(self._feed(inputs), return_intermediates, return_intermediates)
         consts = self.graph.consts
-        for step, live in zip(self.steps, self._live):
-            if not (live or return_intermediates):
-                continue
-            env.update(self._exec(step, self._ins(step, env, nchw), return_intermediates))
         outs = [env[o] if o in env else consts[o] for o in self.graph.outputs]
         if return_intermediates:
             values = self._public({k: v for k, v in env.items() if k not in self.graph.inputs})
@@ -233,18 +303,13 @@ class Session:
         """Where the time goes: each step's median wall time over ``repeat`` runs of ``inputs``,
         slowest first, as dicts {node, op, kind ("fused" integer group, "codes" table/pool
         group, "node"), ms, share (of the sum)}. The steps run exactly as in ``run``."""
-        import time
-        times = [[] for _ in self.steps]
-        for _ in range(max(1, repeat)):
-            env, nchw = self._feed(inputs), {}
-            for k, (step, live) in enumerate(zip(self.steps, self._live)):
-                if not live:
-                    continue
-                t0 = time.perf_counter()  # a layout conversion counts to the step that needs it
-                env.update(self._exec(step, self._ins(step, env, nchw), False))
-                times[k].append(time.perf_counter() - t0)
+        plan = self._fetch_plan(False)
+        times = [[] for _ in plan]
+        with gc_paused():  # as in run
+            for _ in range(max(1, repeat)):
+                self._steps_on(self._feed(inputs), False, False, lambda k, t: times[k].append(t))
         rows = [{"node": st.node_name, "op": st.node.op_type, "kind": st.kind,
-                 "ms": float(np.median(t)) * 1e3} for st, t in zip(self.steps, times) if t]
+                 "ms": float(np.median(t)) * 1e3} for (st, _, _), t in zip(plan, times) if t]
         total = sum(r["ms"] for r in rows) or 1.0
         for r in rows:
             r["share"] = r["ms"] / total

@@ -237,3 +237,37 @@ def test_pixel_major_requant_flags_bias_overflow(npu_lib):
                 want = np.clip(np.rint((acc + edge[:, None]) * 1e-9 / 0.5), -128, 127)  # all near 4.3
                 q = q.reshape(hw * hw, cout).T if lay & 2 else q.reshape(cout, -1)
                 assert np.array_equal(q, want.astype(np.int8)), lay
+
+
+def test_run_plans_once_restores_gc_and_rechecks_new_shapes(npu_lib):
+    """Session.run's per-session plan (fetch plan, tensors freed after their last reader,
+    requantizer arguments, output size per input shape) gives the same codes as a fresh session when one session sees batch 2, then 1, then
+    2 again; the cyclic GC is paused only inside run/profile and left as the caller had it,
+    also when a run fails."""
+    import gc
+    import dal.npu as npu
+    from dal.npu.errors import NPUError
+    model = _chain_model("u8", seed=3)
+    rng = np.random.default_rng(4)
+    feeds = [{"x": rng.standard_normal((n, 5, 13, 13)).astype(np.float32)} for n in (2, 1, 2)]
+    s = npu.load(model, threads=1)
+    for feed in feeds:
+        fresh = npu.load(model, threads=1).run(feed)
+        assert all(np.array_equal(a, b) for a, b in zip(s.run(feed), fresh))
+    assert {r["node"] for r in s.profile(feeds[1], repeat=1)} == {st.node_name for st, live in zip(s.steps, s._live) if live}
+    was = gc.isenabled()
+    try:
+        for on in (True, False):
+            gc.enable() if on else gc.disable()
+            s.run(feeds[0])
+            s.profile(feeds[0], repeat=1)
+            assert gc.isenabled() == on
+            with pytest.raises(NPUError, match="must be float32"):
+                s.run({"x": feeds[0]["x"].astype(np.float64)})
+            assert gc.isenabled() == on
+    finally:
+        gc.enable() if was else gc.disable()
+    conv = next(st for st in s.steps if st.kind == "fused")
+    assert {k[0][0] for k in conv.fast_geo} == {1, 2}  # each batch size checked, once
+    dropped = [n for *_, drop in s._fetch_plan(False) for n in drop]  # freed after the last reader
+    assert dropped and not set(dropped) & (set(s.graph.outputs) | set(s.graph.inputs))
