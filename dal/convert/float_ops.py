@@ -10,12 +10,15 @@ reference implements instead (written once in export/SPEC.md), and which these f
 * Sigmoid (and SiLU, exported as ``x * Sigmoid(x)``): ``1 / (1 + exp(-x))`` in float64, rounded
   once to float32 (the Mul in float32); Tanh: float64, rounded once;
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
+* Resize linear (``F.interpolate`` bilinear): separable in float64, rounded once to float32;
 * everything else (Relu, Clip, Add, Mul, MaxPool, Flatten, Reshape, Concat, ...) is exact or
   one IEEE float32 operation, in torch as in numpy.
 
 A float op used by the model but absent from this list runs as torch computes it.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -94,11 +97,61 @@ def _hardswish(x, inplace=False):
     return None if h is None else x * h
 
 
+def _source_index(n_in: int, n_out: int, scale: float, align_corners: bool, device) -> torch.Tensor:
+    """ONNX Resize's source coordinate in float64, clamped to [0, n_in - 1] (the ``half_pixel`` /
+    ``align_corners`` modes torch exports), in dal.npu's operation order."""
+    o = torch.arange(n_out, dtype=torch.float64, device=device)
+    if align_corners:
+        src = o * (n_in - 1) / (n_out - 1) if n_out > 1 else o * 0.0
+    else:
+        src = (o + 0.5) / scale - 0.5
+    return src.clamp(0, n_in - 1)
+
+
+def linear_resize_f64(x: torch.Tensor, sizes: list, scales: list, align_corners: bool) -> torch.Tensor:
+    """ONNX Resize ``linear`` (export/SPEC.md §5a: separable, each axis in float64 in turn,
+    ``x[lo] * (1 - w) + x[hi] * w``, the result rounded once to float32)."""
+    out = x.double()
+    for ax in range(2, x.ndim):
+        n_in, n_out = out.shape[ax], sizes[ax - 2]
+        if n_out == n_in and scales[ax - 2] == 1:
+            continue
+        src = _source_index(n_in, n_out, scales[ax - 2], align_corners, x.device)
+        lo = torch.floor(src).long()
+        hi = torch.clamp(lo + 1, max=n_in - 1)
+        w = (src - lo).reshape([-1 if i == ax else 1 for i in range(x.ndim)])
+        out = out.index_select(ax, lo) * (1.0 - w) + out.index_select(ax, hi) * w
+    return out.float()
+
+
+def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                 recompute_scale_factor=None, antialias=False):
+    """F.interpolate's (bi)linear modes as the exported Resize computes them: ``size`` gives
+    ``sizes`` (scale = out / in in float64); ``scale_factor`` gives float32 ``scales`` and
+    ``floor(in * scale)`` outputs, unless ``recompute_scale_factor`` makes them sizes."""
+    if mode not in ("linear", "bilinear", "trilinear") or input.dtype != torch.float32 or antialias:
+        return None
+    spatial = list(input.shape[2:])
+    n = len(spatial)
+    if size is not None:
+        sizes = [int(v) for v in (size if isinstance(size, (list, tuple)) else [size] * n)]
+        scales = [o / i for o, i in zip(sizes, spatial)]
+    elif scale_factor is not None:
+        factors = scale_factor if isinstance(scale_factor, (list, tuple)) else [scale_factor] * n
+        scales = [float(torch.tensor(f, dtype=torch.float32)) for f in factors]
+        sizes = [int(math.floor(i * s)) for i, s in zip(spatial, scales)]
+        if recompute_scale_factor:
+            scales = [o / i for o, i in zip(sizes, spatial)]
+    else:
+        return None
+    return linear_resize_f64(input, sizes, scales, bool(align_corners))
+
+
 _IMPL = {
     F.adaptive_avg_pool2d: _adaptive_avg, torch.mean: _mean, torch.Tensor.mean: _mean,
     F.avg_pool2d: _avg_pool2d, torch.sigmoid: sigmoid_f64, torch.Tensor.sigmoid: sigmoid_f64,
     F.silu: _silu, F.hardsigmoid: _hardsigmoid, F.hardswish: _hardswish,
-    torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64,
+    torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64, F.interpolate: _interpolate,
 }
 
 

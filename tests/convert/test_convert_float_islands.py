@@ -265,3 +265,44 @@ def test_fp16_add_of_two_fp16_activations_bit_exact(tmp_path):
     qat, proto, sess = build(MnistCNN(), torch.randn(2, 1, 28, 28), "a2000", recipe=_fallback_recipe(tmp_path, ["add", "conv"]))
     assert any(n.op_type == "Add" and all(i.endswith(".fp16") for i in n.input) for n in proto.graph.node)
     assert_bit_exact(dal.convert(qat), proto, sess, random_batches((3, 1, 28, 28), n=3), "fp16 add")
+
+
+class _Upsampler(torch.nn.Module):
+    """Bilinear Resize inside the network (by a scale factor, between quantizers) and at its
+    float outputs (by size, half_pixel and align_corners), as the segmenters export it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.b = torch.nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.nn.functional.interpolate(torch.relu(self.a(x)), scale_factor=2.0, mode="bilinear")
+        y = self.b(y)
+        return (torch.nn.functional.interpolate(y, size=(37, 41), mode="bilinear", align_corners=False),
+                torch.nn.functional.interpolate(y, size=(20, 20), mode="bilinear", align_corners=True))
+
+
+def test_bilinear_resize_float_island_is_bit_exact(tmp_path):
+    """The float Resize after the last quantizer: dal.convert's float64 separable form equals
+    dal.npu's on every output element (torch's float32 kernel differed on most of them), and it
+    is within float32 rounding of a float64 oracle, torch's own interpolate on float64 inputs."""
+    from dal.convert.float_ops import linear_resize_f64
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 24, 24)
+    q = dal.prepare_qat(_Upsampler(), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    dal.calibrate(q, [torch.randn(2, 3, 24, 24) for _ in range(3)], progress=False)
+    dal.prepare.set_quantizer_state(q, "frozen")
+    q.eval()
+    path = tmp_path / "up.onnx"
+    dal.export_onnx(q, (x,), path)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        report = dal.verify(path, q, (torch.randn(2, 3, 24, 24),), onnxruntime=False)
+        assert report.integer.identical, report.integer
+    y = torch.randn(1, 2, 7, 9)
+    for size, corners in (((37, 41), False), ((20, 20), True), ((14, 18), False)):
+        ours = linear_resize_f64(y, list(size), [o / i for o, i in zip(size, y.shape[2:])], corners)
+        oracle = torch.nn.functional.interpolate(y.double(), size=size, mode="bilinear", align_corners=corners)
+        assert (ours.double() - oracle).abs().max() <= 2.0 ** -23 * oracle.abs().max() * 2

@@ -28,6 +28,8 @@ def test_torchvision_model_trains_exports_and_runs_on_the_npu_reference(name, tm
     assert total > 0 and worst <= 1 and differ <= 1e-5 * total, (differ, total, worst)
     differ, total, worst = layer_figures(out["report"], "torch_layers")  # the QAT model, each call of a head
     assert total > 0 and worst <= 1 and differ <= 1e-5 * total, ("torch", differ, total, worst)
+    integer = out["report"].integer  # dal.convert of the QAT model against dal.npu, every element
+    assert integer is not None and integer.identical, integer
     verdict = run_a1000(name)  # every model here holds a hardswish / groupnorm / bilinear the a1000 lacks
     assert verdict.startswith("refused: ") and "cannot run" in verdict and "fix:" in verdict
     if name in DETECTORS:
