@@ -23,11 +23,6 @@ fails on shape-dependent Python. The mode needs one example forward (the structu
 loops), runs the user's own code unchanged, and also sees the calls torch.jit tracing sees,
 so the export holds the same quantizers the training used.
 
-While a submodule of an owner runs, the owner's mode is off the stack (``_suspend``): nothing
-there is the owner's own code, and a mode that sees every op of an FPN, a head and their
-quantizers costs a few microseconds per op. Discovery and training suspend alike, so both see
-the same calls.
-
 A site called again in a later call of the same owner (an owner module shared between calls)
 reuses the same key and so the same quantizers: one set of statistics per call site of the
 owner's code, as for a module called several times (see ``FakeQuantizer.forward``).
@@ -164,41 +159,9 @@ class _SiteMode(TorchFunctionMode):
 
 
 def _enter(module, args):
-    if not module.__dict__.get("dal_site_children_hooked"):
-        module.__dict__["dal_site_children_hooked"] = True
-        _hook_children(module)
     mode = _SiteMode(module, getattr(module, "dal_site_path", ""))
     module.__dict__.setdefault("dal_site_modes", []).append(mode)
     mode.__enter__()
-
-
-def _suspend(module, args):
-    """A submodule of an owner starts: take the owner's mode off the stack for its forward.
-    Nothing it runs is the owner's own code (the mode would pass every call through after a
-    frame walk: a few microseconds each, thousands per step in a detector's FPN and head)."""
-    top = torch._C._len_torch_function_stack()
-    mode = torch._C._get_function_stack_at(top - 1) if top else None
-    popped = torch._C._pop_torch_function_stack() if isinstance(mode, _SiteMode) else None
-    module.__dict__.setdefault("dal_site_suspended", []).append(popped)
-
-
-def _resume(module, args, output):
-    stack = module.__dict__.get("dal_site_suspended")
-    popped = stack.pop() if stack else None
-    if popped is not None:
-        torch._C._push_on_torch_function_stack(popped)
-    return None
-
-
-def _hook_children(owner: nn.Module) -> list:
-    """Suspend/resume hooks on every submodule of ``owner``: first before and last after the
-    submodule's own hooks, so an owner nested inside enters and leaves its own mode in between."""
-    handles = []
-    for mod in owner.modules():
-        if mod is not owner:
-            handles.append(mod.register_forward_pre_hook(_suspend, prepend=True))
-            handles.append(mod.register_forward_hook(_resume, always_call=True))
-    return handles
 
 
 def _exit(module, args, output):
@@ -222,8 +185,7 @@ def discover(model: nn.Module, owners: list[str], run) -> list[Site]:
     for path in owners:
         mod = model.get_submodule(path) if path else model
         handles.append(mod.register_forward_pre_hook(lambda m, a, p=path: pre(m, a, p)))
-        handles.append(mod.register_forward_hook(_exit, always_call=True, prepend=True))
-        handles += _hook_children(mod)  # as in training, so both see the same calls
+        handles.append(mod.register_forward_hook(_exit, always_call=True))
     try:
         run()
     finally:
@@ -241,5 +203,5 @@ def install(model: nn.Module, site: Site, qmod: nn.Module) -> None:
         owner.add_module(SITES_ATTR, sites)
         owner.dal_site_path = site.owner
         owner.register_forward_pre_hook(_enter)
-        owner.register_forward_hook(_exit, always_call=True, prepend=True)
+        owner.register_forward_hook(_exit, always_call=True)
     sites[site.key] = qmod
