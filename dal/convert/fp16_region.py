@@ -28,10 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: plain float formats (no scale) that form a region, and the torch dtype each computes in
-HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
 def _active(q) -> bool:
     return q is not None and q.state in ("quantize", "frozen")
 
@@ -43,7 +39,8 @@ def half_dtype(qat: nn.Module) -> Optional[torch.dtype]:
     q_in, q_w = getattr(qat, "input_quant", None), getattr(qat, "weight_quant", None)
     if not (_active(q_in) and _active(q_w)) or q_in.fmt.name != q_w.fmt.name:
         return None
-    return HALF_DTYPES.get(q_in.fmt.name)
+    fmt = q_in.fmt  # a plain float cast (FP16 / BF16: no scale) forms a region; QFormat knows its dtype
+    return fmt.torch_dtype() if fmt.kind == "float" and fmt.bits < 32 else None
 
 
 def add_half(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
