@@ -40,8 +40,12 @@ def _dq_params(g, name):
 
 
 def _q_after(g, name):
-    n = g.sole_consumer(name)
-    if n is None or n.op_type != "QuantizeLinear" or len(n.input) < 3:
+    return _q_params(g, g.sole_consumer(name))
+
+
+def _q_params(g, n):
+    """(q node, scale, zp) when ``n`` is a QuantizeLinear with scalar float32 scale and 8-bit zp."""
+    if n is None or n.op_type != "QuantizeLinear" or n.domain not in ("", "ai.onnx") or len(n.input) < 3:
         return None
     s, z = g.const(n.input[1]), g.const_opt(n, 2)
     if s is None or z is None or s.size != 1 or z.size != 1 or s.dtype != np.float32 or z.dtype not in _8BIT:
@@ -233,7 +237,8 @@ class BinaryCodes(_CodeStep):
 
 
 def match(g, node):
-    """A code step rooted at ``node`` (MaxPool or a binary op), else None."""
+    """The code step rooted at ``node`` (MaxPool or a binary op): one step, a list of steps (a
+    binary op read by several quantizers, one step each), or None."""
     if node.domain not in ("", "ai.onnx"):
         return None
     if node.op_type == "MaxPool":
@@ -253,8 +258,24 @@ def match(g, node):
             if c.op_type == "Clip" and (g.opset < 11 or any(i and g.const(i) is None for i in c.input[1:])):
                 return None
             act, nxt = c, c.output[0]
-        q = _q_after(g, nxt)
-        if q is None:
+        qs = _quantizers_of(g, nxt)
+        if not qs:
             return None
-        return BinaryCodes(g, node, dqa, dqb, act, q)
+        steps = [BinaryCodes(g, node, dqa, dqb, act, q) for q in qs]
+        return steps[0] if len(steps) == 1 else steps
     return None
+
+
+def _quantizers_of(g, name):
+    """The QuantizeLinear readers of ``name`` (each with scalar 8-bit parameters) when they are
+    all its readers and ``name`` is not a graph output, else ``[]``. A residual block's sum feeds
+    the next conv's input quantizer and the next sum's: one code step per reader, each its own
+    table -- the float value is never needed, so none is computed."""
+    readers = g.consumers(name)
+    if not readers or name in g.outputs:
+        return []
+    if len(readers) == 1:
+        q = _q_after(g, name)
+        return [q] if q is not None else []
+    qs = [_q_params(g, n) for n in readers]
+    return qs if all(q is not None for q in qs) else []

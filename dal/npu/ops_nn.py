@@ -151,7 +151,10 @@ def _maxpool(ctx, ins, a):
     if len(ctx.node.output) > 1 and ctx.node.output[1]:
         raise UnsupportedNode(ctx.node, [x.dtype], "MaxPool Indices output")
     ks, st, dil, pads, ceil = pool_attrs(ctx, x, a)
-    xt = torch.from_numpy(np.ascontiguousarray(x).astype(np.float64))  # exact for all inputs
+    # max is exact in any type that holds every input: float32 for float16/32 (2x faster than
+    # float64 here), float64 for 8/16/32-bit integers
+    wide = np.float32 if x.dtype in (np.float16, np.float32) else np.float64
+    xt = torch.from_numpy(np.ascontiguousarray(x, dtype=wide))
     xt = torch.nn.functional.pad(xt, (pads[1], pads[3], pads[0], pads[2]), value=-np.inf)
     y = torch.nn.functional.max_pool2d(xt, ks, st, 0, dil, ceil_mode=ceil)
     return [y.numpy().astype(x.dtype)]

@@ -126,9 +126,10 @@ class Session:
                     cstep = match_codes(g, n)
                 except Exception:  # unusual attributes: the node-by-node path reports them
                     cstep = None
+                for one in (cstep if isinstance(cstep, list) else [cstep] if cstep is not None else []):
+                    steps.append(one)
+                    absorbed.update(id(c) for c in one.absorbed)
                 if cstep is not None:
-                    steps.append(cstep)
-                    absorbed.update(id(c) for c in cstep.absorbed)
                     continue
             fn = ops_float.OPS.get(n.op_type)
             if fn is None:

@@ -129,6 +129,37 @@ def test_code_ops_equal_nodes_and_oracles(op, act, monkeypatch, npu_lib):
 
 
 @pytest.mark.parametrize("act", ["u8", "s8"])
+@pytest.mark.parametrize("relu", [True, False])
+def test_code_op_read_by_several_quantizers(act, relu, monkeypatch, npu_lib):
+    """A residual sum read by two quantizers of different scales (the next conv's input and the
+    next sum's) becomes two code steps, each bit-exact with the nodes and with both oracles; a
+    third, float reader of the sum keeps it (and the product that reads it) on the float path."""
+    for float_reader in (False, True):
+        b = graphs.Builder(3, act)
+        xa = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 9, 9])
+        xb = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 9, 9])
+        v = b.node("Add", [b.qdq("x")[0], b.qdq("y")[0]])
+        if relu:
+            v = b.node("Relu", [v])
+        d1, _ = b.qdq(v, scale=np.float32(0.021))
+        d2, _ = b.qdq(v, scale=np.float32(0.0337))
+        out = b.node("Mul", [d1, d2])
+        if float_reader:
+            out = b.node("Sub", [out, v])
+        m = b.model([xa, xb], b.qdq(out)[0])
+        rng = np.random.default_rng(relu)
+        feed = {k: (2 * rng.standard_normal((1, 6, 9, 9))).astype(np.float32) for k in ("x", "y")}
+        fast = _same(m, feed, monkeypatch, min_fast=0 if float_reader else 3)
+        n_codes = [s.kind for s in fast.steps].count("codes")
+        assert n_codes == (0 if float_reader else 3), [s.kind for s in fast.steps]
+        vals = fast.run(feed, return_intermediates=True)[1]
+        qn = oracles.q_names(m)
+        for who, ov in (("ort", oracles.ort_values(m, feed)), ("ref", oracles.ref_values(m, feed))):
+            r = oracles.compare_codes(vals, ov, qn)
+            assert r["differ"] == 0, (who, float_reader, r)
+
+
+@pytest.mark.parametrize("act", ["u8", "s8"])
 def test_resnet18_fast_equals_old(act, model_dir, monkeypatch, npu_lib):
     m = onnx.load(zoo.torchvision_qdq("resnet18", model_dir, hw=64, activation=act, per_channel=True))
     x = np.random.default_rng(1).standard_normal((1, 3, 64, 64)).astype(np.float32)

@@ -152,3 +152,28 @@ def test_fp8_conv_gemm_vs_reference(op, fmt, semantics, npu_lib):
         assert a.dtype == b.dtype and a.shape == b.shape, k
         assert np.array_equal(a.view(np.uint8) if a.dtype.itemsize == 1 else a,
                               b.view(np.uint8) if b.dtype.itemsize == 1 else b), k
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.FLOAT16])
+def test_float_maxpool_exact_with_padding_and_infinities(dtype):
+    """A float MaxPool (taken in float32 for float16/float32 inputs, where max is exact) equals
+    onnx.reference and onnxruntime bit for bit, with asymmetric pads, dilation, ceil_mode,
+    +-inf and -0.0 in the input."""
+    import dal.npu as npu
+    np_t = np.float32 if dtype == TensorProto.FLOAT else np.float16
+    x = np.random.default_rng(4).standard_normal((2, 3, 11, 10)).astype(np_t)
+    x[0, 0, 0, :3] = [np.inf, -np.inf, -0.0]
+    x[1, 2, 5:, 4] = -np.inf
+    for attrs in ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+                  {"kernel_shape": [2, 3], "strides": [1, 2], "dilations": [2, 1], "pads": [0, 2, 1, 0]},
+                  {"kernel_shape": [3, 2], "strides": [2, 2], "ceil_mode": 1}):
+        g = helper.make_graph([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("x", dtype, list(x.shape))],
+                              [helper.make_tensor_value_info("y", dtype, None)])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+        m.ir_version = 10
+        got = npu.load(m).run({"x": x})[0]
+        for want in (oracles.run_reference(m, {"x": x})[0], oracles.run_ort(m, {"x": x})[0]):
+            assert got.dtype == want.dtype and got.shape == want.shape, attrs
+            assert np.array_equal(got.view(np.uint32 if np_t is np.float32 else np.uint16),
+                                  want.view(np.uint32 if np_t is np.float32 else np.uint16)), attrs
