@@ -225,9 +225,10 @@ def convert(model: nn.Module, example_inputs: Optional[tuple] = None, opset: Opt
     file is exported at, when not the exporter's default (LayerNorm and GELU are spelled
     differently from opset 17 and 20 on).
 
-    Not covered yet (they run as their QAT modules, may differ from the NPU, and ``summary()``
-    lists them): GELU's tanh form through a table, a QMatMul inside an FP16 region (see
-    export/SPEC.md §5a for the rest). A layer without an integer form (per-group weights,
+    A Linear on rank > 2 inputs with an int32 bias (MatMul + Add in the file) is an integer
+    group like a Gemm. Not covered yet (see export/SPEC.md §5a; ``summary()`` lists what runs as
+    its QAT module): an FP16 QMatMul with no output quantizer, and ops an FP16 region pulls in
+    after a layer's own Relu / Clip. A layer without an integer form (per-group weights,
     Conv1d, ...) runs in float, as on the NPU, and ``summary()`` lists it with the reason.
 
     Raises ConvertError naming the quantizers of a model never calibrated or still observing;

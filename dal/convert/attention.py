@@ -5,7 +5,8 @@ the float semantics of export/SPEC.md §5a / §6a, i.e. what the exported graph 
 * **MatMul of two activations** (``DQ(a) @ DQ(b)``, both operands quantized activations): a float
   island, never an integer group (the NPU fuses only constant weights), so
   ``y = float32(float64 matmul of the dequantized float32 operands)`` (one rounding), then the
-  QMatMul's output quantizer if it has one. The QAT module sums in float32.
+  QMatMul's output quantizer if it has one; in an FP16 region (both operands FP16) the MatMul is
+  float16 and rounds once to float16. The QAT module sums in float32.
 * **Softmax** ``softmax(x + a_1 + ...)`` (addends added in float32, in order), per mode:
   ``"fp16"``: ``x`` rounded to float16 (Cast round trip), the softmax, the output rounded to
   float16; ``"lut"``: the exported form ``Softmax(DQ(Q(x)) + Clip(x + 1e30, max=0))`` (the mask
@@ -41,18 +42,37 @@ def softmax_f32(x: torch.Tensor, dim: int) -> torch.Tensor:
     return e / s
 
 
+def half_operands(qs: list):
+    """The torch dtype (float16 / bfloat16) of an FP16 / BF16 region MatMul, or None: both
+    operand quantizers active and of the same plain float format below 32 bits, which is when
+    the exporter writes the MatMul itself in that type (dal/export/casts.py)."""
+    if len(qs) != 2 or any(q is None or q.state not in ("quantize", "frozen") for q in qs):
+        return None
+    f0, f1 = qs[0].fmt, qs[1].fmt
+    if f0.name != f1.name or f0.kind != "float" or f0.bits >= 32:
+        return None
+    return f0.torch_dtype()
+
+
 class MatMulForm(nn.Module):
-    """A ``QMatMul`` (``qat``) of two activations, computed as the NPU's float island."""
+    """A ``QMatMul`` (``qat``) of two activations, computed as the NPU's float island: in
+    float32, ``float32(float64 matmul)``; in an FP16 / BF16 region (both operands that format),
+    ``T(float64 matmul of the T operands)``, one rounding to T (export/SPEC.md §5a, §6), then the
+    Cast back to float32 (exact) and the output quantizer (an FP16 one: that Cast, a no-op)."""
 
     def __init__(self, qat: nn.Module, path: str):
         super().__init__()
         self.qat, self.path = qat, path
+        self.half = half_operands(list(qat.input_quants))
 
     def forward(self, a, b):
         q = self.qat
         qs = list(q.input_quants)  # one per operand, or none (the operand is used as it is)
         a, b = (qs[0](a), qs[1](b)) if len(qs) == 2 else (a, b)
-        y = torch.matmul(a.double(), b.double()).float()
+        if self.half is not None:  # operands already on the T grid: the casts are exact
+            y = torch.matmul(a.to(self.half).double(), b.to(self.half).double()).to(self.half).float()
+        else:
+            y = torch.matmul(a.double(), b.double()).float()
         return q.output_quant(y) if q.output_quant is not None else y
 
 

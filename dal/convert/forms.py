@@ -17,30 +17,25 @@ from ..nn.functional import QMatMul
 from ..replace.layernorm import Fp16LayerNorm
 from ..replace.lut import QLutActivation
 from ..replace.softmax import NpuSoftmax
-from .attention import MatMulForm, SoftmaxForm
+from .attention import MatMulForm, SoftmaxForm, half_operands
 from .layernorm import LayerNormForm
 from .lut import GeluForm, LutForm, lut_form_why_not
-
-_HALF = ("fp16", "bf16")
-
-
-def _active_half(q) -> bool:
-    return q is not None and q.state != "off" and q.fmt.name in _HALF
-
 
 def _form(mod: nn.Module, path: str, opset: int):
     """(form or None, why not)."""
     if isinstance(mod, QMatMul):
-        if any(_active_half(q) for q in mod.input_quants) or _active_half(mod.output_quant):
-            return None, "an FP16 matmul (FP16 region)"
+        qo = mod.output_quant
+        if half_operands(list(mod.input_quants)) is not None and (qo is None or qo.state == "off"):
+            # the region then runs on through the ops after it (export/SPEC.md §5a, region tails)
+            return None, "an FP16 matmul with no output quantizer (FP16 region tail)"
         return MatMulForm(mod, path), ""
     if isinstance(mod, NpuSoftmax):
         return SoftmaxForm(mod, path), ""
     if isinstance(mod, Fp16LayerNorm) or type(mod) is nn.LayerNorm:
         return LayerNormForm(mod, path, opset), ""
     if type(mod) is nn.GELU:
-        if mod.approximate != "none":
-            return None, "GELU's tanh form (computed by torch)"
+        if mod.approximate not in ("none", "tanh"):
+            return None, f"GELU approximate={mod.approximate!r}"
         return GeluForm(mod, path, opset), ""
     if isinstance(mod, QLutActivation):
         why = lut_form_why_not(mod)

@@ -17,7 +17,8 @@ float path (dal/npu/README.md, "Numeric contract"):
 
 The integer conditions are the NPU's: 8/4-bit per-tensor input codes, 8/4-bit weights per
 tensor or per output channel (not per group), a 2-D Conv weight, a Linear whose input is 2-D or
-that has no bias (torch exports a batched Linear with bias as MatMul + Add), a per-tensor
+whose bias is int32 codes (torch exports a batched Linear with bias as MatMul + Add; the NPU
+takes an Add of the int32 bias into the group, a float bias Add it leaves float), a per-tensor
 consumer of 8/16/4-bit codes.
 """
 from __future__ import annotations
@@ -132,10 +133,14 @@ class IntegerLayer(nn.Module):
             return self.qat(x, *rest)
         plan = self.plans[self.calls % len(self.plans)] if self.plans else GroupPlan(False)
         self.calls += 1
-        if plan.fused and not self.why_not and (self.kind == "conv" or x.ndim == 2 or self.b_dq is None):
+        # a Linear on rank > 2 inputs is MatMul + Add(bias): a group when the Add's bias is the
+        # int32 codes of s_x * s_w (export/SPEC.md §4, §5a); a float bias leaves it float
+        batched_float_bias = self.kind == "linear" and x.ndim != 2 and self.b_dq is not None and getattr(self, "bias_q", None) is None
+        if plan.fused and not self.why_not and not batched_float_bias:
             self.ran.add("integer")
             return self._integer(x, plan)
-        self.ran.add("float" if not plan.fused or self.why_not else "float: batched Linear with bias (MatMul + Add)")
+        self.ran.add("float" if not plan.fused or self.why_not else
+                     "float: batched Linear with a float bias (MatMul + float Add)")
         return self._float(x)
 
     def _float(self, x):

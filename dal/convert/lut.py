@@ -4,15 +4,14 @@ graph spells it (export/SPEC.md §6a), not as torch's float32 kernels compute it
 
 * ``gelu`` (exact form), traced opset < 20: ``Mul(Mul(x, Add(Erf(Div(x, float32(sqrt 2))), 1)),
   0.5)``, each node one float32 op, ``Erf`` in float64 rounded once; opset 20: ``Gelu``,
-  ``0.5 x (1 + erf(x / sqrt 2))`` in float64 rounded once;
+  ``0.5 x (1 + erf(x / sqrt 2))`` in float64 rounded once; its tanh form: :func:`_gelu_tanh`;
 * ``sigmoid``: ``1 / (1 + exp(-x))`` in float64 rounded once; ``silu``: ``x * sigmoid(x)``;
 * ``tanh``: ``tanh`` in float64, rounded once;
 * ``hardsigmoid``: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32; ``hardswish``: ``x *`` that.
 
 The table is computed once, in numpy, for the 2^bits codes of the input format, so the
-integer model runs the same function on every device. GELU's tanh form has no table here (the
-layer runs as its QAT module and ``summary()`` lists it). A float ``nn.GELU`` module (no
-table) is :class:`GeluForm`: the same GELU nodes, in torch on the device.
+integer model runs the same function on every device. A float ``nn.GELU`` module (no
+table, either form) is :class:`GeluForm`: the same GELU nodes, in torch on the device.
 """
 from __future__ import annotations
 
@@ -40,9 +39,31 @@ def _hardsigmoid(x: np.ndarray) -> np.ndarray:
     return np.clip(x * _F(1.0 / 6.0) + _F(0.5), _F(0), _F(1))
 
 
+#: the float32 constants torch's exporter writes for GELU's tanh form (below opset 20)
+_KAPPA, _BETA = _F(0.044715), _F(math.sqrt(2.0 / math.pi))
+
+
+def _gelu_tanh(x: np.ndarray, opset: int) -> np.ndarray:
+    """GELU's tanh form as exported: opset >= 20 one ``Gelu(approximate="tanh")`` node,
+    ``0.5 x (1 + tanh(u)) = x / (1 + exp(-2u))``, ``u = sqrt(2/pi) (x + 0.044715 (x x) x)``, in
+    float64 rounded once (the second spelling: no cancellation where tanh(u) ~ -1); below,
+    ``Mul(0.5, Mul(x, Add(1, Tanh(Mul(beta, Add(x, Mul(kappa, Mul(x, Mul(x, x)))))))))``, each
+    Mul / Add one float32 op, ``Tanh`` in float64 rounded once (export/SPEC.md §5a)."""
+    if opset >= GELU_OPSET:
+        x64 = x.astype(np.float64)
+        u = math.sqrt(2 / math.pi) * (x64 + 0.044715 * (x64 * x64 * x64))
+        with np.errstate(over="ignore"):
+            return (x64 / (1 + np.exp(-2 * u))).astype(_F)
+    inner = _BETA * (x + _KAPPA * (x * (x * x)))
+    t = np.tanh(inner.astype(np.float64)).astype(_F)
+    return _F(0.5) * (x * (_F(1) + t))
+
+
 def onnx_function(fn: str, x: np.ndarray, approximate: str, opset: int) -> Optional[np.ndarray]:
     """``f(x)`` on float32 ``x`` as the exported nodes compute it (module doc); None: no form."""
     x = np.asarray(x, dtype=_F)
+    if fn == "gelu" and approximate == "tanh":
+        return _gelu_tanh(x, opset)
     if fn == "gelu":
         if approximate != "none":
             return None
@@ -64,9 +85,19 @@ def onnx_function(fn: str, x: np.ndarray, approximate: str, opset: int) -> Optio
     return None
 
 
-def gelu_onnx(x: torch.Tensor, opset: int) -> torch.Tensor:
-    """A float ``nn.GELU`` (exact form) as its exported nodes compute it, on float32 ``x`` (the
-    module docstring's GELU line, in torch: ``Erf`` by torch's float64 ``erf``, rounded once)."""
+def gelu_onnx(x: torch.Tensor, opset: int, approximate: str = "none") -> torch.Tensor:
+    """A float ``nn.GELU`` as its exported nodes compute it, on float32 ``x`` (the module
+    docstring's GELU line, in torch: ``Erf`` by torch's float64 ``erf``, rounded once; the tanh
+    form as :func:`_gelu_tanh`, ``Tanh`` by torch's float64 ``tanh``, rounded once)."""
+    if approximate == "tanh":
+        if opset >= GELU_OPSET:
+            x64 = x.double()
+            u = math.sqrt(2 / math.pi) * (x64 + 0.044715 * (x64 * x64 * x64))
+            return (x64 / (1 + torch.exp(-2 * u))).float()
+        beta = torch.tensor(float(_BETA), dtype=torch.float32, device=x.device)
+        kappa = torch.tensor(float(_KAPPA), dtype=torch.float32, device=x.device)
+        t = torch.tanh((beta * (x + kappa * (x * (x * x)))).double()).float()
+        return 0.5 * (x * (1.0 + t))
     if opset >= GELU_OPSET:
         x64 = x.double()
         return (0.5 * x64 * (1 + torch.special.erf(x64 / math.sqrt(2)))).float()
@@ -76,21 +107,23 @@ def gelu_onnx(x: torch.Tensor, opset: int) -> torch.Tensor:
 
 
 class GeluForm(nn.Module):
-    """A float ``nn.GELU`` (``approximate="none"``) in its exported form (:func:`gelu_onnx`)."""
+    """A float ``nn.GELU`` (either ``approximate``) in its exported form (:func:`gelu_onnx`)."""
 
     def __init__(self, mod: nn.Module, path: str, opset: int):
         super().__init__()
         self.mod, self.path, self.opset = mod, path, int(opset)
 
     def forward(self, x):
-        return gelu_onnx(x.float(), self.opset) if x.dtype == torch.float32 else self.mod(x)
+        if x.dtype != torch.float32:
+            return self.mod(x)
+        return gelu_onnx(x, self.opset, self.mod.approximate)
 
 
 def lut_form_why_not(qat: nn.Module) -> str:
     """Why ``qat`` has no table form here ("" when it has one)."""
     qi = qat.input_quant
-    if qat.fn == "gelu" and qat.approximate != "none":
-        return "GELU's tanh form has no table in the integer model"
+    if qat.fn == "gelu" and qat.approximate not in ("none", "tanh"):
+        return f"GELU's approximate={qat.approximate!r} has no table in the integer model"
     if qi is None or not (qi.fmt.is_integer and qi.state in ("quantize", "frozen") and qi.scale.numel() == 1):
         return "input is not per-tensor integer codes"
     if qi.qmax - qi.qmin + 1 > 1 << 16:

@@ -1,7 +1,8 @@
 """Which weighted layers the NPU runs as one integer group: a probe forward of the QAT model.
 
-The NPU fuses ``DQ -> Conv/Gemm/MatMul [-> Relu/Clip] -> Q`` when the layer's output (after at
-most one Relu/Clip) is read by exactly one QuantizeLinear and is no graph output; a layer whose
+The NPU fuses ``DQ -> Conv/Gemm/MatMul [-> Add(int32 bias)] [-> Relu/Clip] -> Q`` when the
+layer's output (after at most one Relu/Clip) is read by exactly one QuantizeLinear and is no
+graph output (the bias Add is inside the torch layer: layers.py decides it); a layer whose
 output also feeds a float op (ResNet's stem: Conv -> Relu -> MaxPool) runs in float. The same
 structure is read here from the torch model itself, with no ONNX file: one forward of the QAT
 model under a ``TorchFunctionMode`` records every torch function called at the top level (not

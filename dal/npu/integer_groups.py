@@ -1,10 +1,12 @@
-"""Integer groups: DequantizeLinear -> Conv/Gemm/MatMul [-> Relu/Clip] -> QuantizeLinear.
+"""Integer groups: DequantizeLinear -> Conv/Gemm/MatMul [-> Add(bias)] [-> Relu/Clip] -> QuantizeLinear.
 
 "integer" semantics (what the NPU computes), per output channel c:
 
     acc   = sum_k (x_q - zp_x) * (w_q - zp_w[c])          exact int32 (C++ kernels)
             + bias_q[c]   when the bias is an int32 DequantizeLinear with zero point 0 and
-                          scale == float32(s_x * s_w[c]) (quantize_static / dal exports)
+                          scale == float32(s_x * s_w[c]) (quantize_static / dal exports);
+                          a MatMul's bias is the int32 DequantizeLinear its sole consumer Add
+                          adds (a Linear on rank > 2 inputs, group_chain.py)
     v     = float32(float64(acc) * (float64(s_x) * float64(s_w[c])))     one rounding
             (+ b[c] as a float32 add when the bias could not be folded)
     q     = clamp(round_half_even(v / s_y) + zp_y, lo, hi)     float32 division (ONNX Q)
@@ -28,12 +30,12 @@ from . import accumulator, kernels, quant
 from .dispatch import has_vnni
 from .bias_overflow import acc_bound, bias_overflow_error
 from .errors import NPUError
+from .group_chain import is_dq as _is_dq, plan_output_chain
 from .metadata import requant_params
 from .sparse import check_24, compress_rows
 
 _CODES = {np.dtype(np.int8), np.dtype(np.uint8)} | quant.INT4
 _X_CODES = _CODES | accumulator.WIDE_CODES  # 16-bit inputs: accumulator.py, exact int64
-_OUT_CODES = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16)} | quant.INT4
 
 
 class FusedStep:
@@ -53,7 +55,7 @@ class FusedStep:
         self.__dict__.update(plan)
         self.inputs = [plan["x_name"]]
         self.outputs = [plan["q_out"]]
-        self.extra_outputs = [plan["op_out"]] + ([plan["act_out"]] if plan["act_out"] else [])
+        self.extra_outputs = [plan["op_out"]] + [plan[k] for k in ("add_out", "act_out") if plan[k]]
         self.rq = requantizer
         ys, yz = np.float32(plan["y_scale"]), int(plan["y_zp"])
         qmin, qmax = quant.int_range(plan["y_dtype"])
@@ -257,12 +259,18 @@ class FusedStep:
         return bias_overflow_error(self.node_name, rows, self.bias_q, self.x_scale, self.w_scale, bound)
 
     def _extra(self, out, rows, xq):
-        """The float values of the op (and Relu/Clip) outputs, from the int32 accumulators."""
+        """The float values of the op (bias Add, Relu/Clip) outputs, from the int32 accumulators."""
         v = (rows.astype(np.float64) * self.mult.reshape(-1, 1)).astype(np.float32)
         if self.bias_f is not None:
             v = v + self.bias_f.reshape(-1, 1)
         v = self._unrows(v, xq)
-        out[self.op_out] = v
+        if self.bias_add:  # MatMul -> Add(bias) (group_chain.py): the MatMul's value has no bias
+            mm = (rows.astype(np.float64) - self.bias_q.reshape(-1, 1)) * self.mult.reshape(-1, 1)
+            out[self.op_out] = self._unrows(mm.astype(np.float32), xq)
+            if self.add_out:
+                out[self.add_out] = v
+        else:
+            out[self.op_out] = v
         if self.act_out:
             lo = -np.inf if self.act_lo is None else self.act_lo
             hi = np.inf if self.act_hi is None else self.act_hi
@@ -307,7 +315,7 @@ def match(g, node, sparse24: dict):
     plan["channels"], plan["w_scale"] = channels, ws.reshape(-1)
     if not _plan_bias(g, node, plan, xs, ws, channels):
         return None
-    if not _plan_output_chain(g, node, plan):
+    if not plan_output_chain(g, node, plan):
         return None
     return plan
 
@@ -316,7 +324,7 @@ def _input_dequantizers(g, node):
     """(dq_x, dq_w, s_x, zp_x, w_q, s_w, zp_w) when both inputs of ``node`` are DequantizeLinear
     of 8/4-bit codes with a per-tensor input scale and float32 scales, unblocked; else None."""
     dqx, dqw = g.producer(node.input[0]), g.producer(node.input[1])
-    if not (_is_dq(g, dqx) and _is_dq(g, dqw)):
+    if not (_is_dq(dqx) and _is_dq(dqw)):
         return None
     xs, xz = g.const(dqx.input[1]), g.const_opt(dqx, 2)
     wq, ws, wz = g.const(dqw.input[0]), g.const(dqw.input[1]), g.const_opt(dqw, 2)
@@ -385,7 +393,7 @@ def _plan_bias(g, node, plan, xs, ws, channels) -> bool:
         return True
     bname = node.input[2]
     dqb = g.producer(bname)
-    if _is_dq(g, dqb):
+    if _is_dq(dqb):
         bq, bs, bz = g.const(dqb.input[0]), g.const(dqb.input[1]), g.const_opt(dqb, 2)
         if bq is None or bs is None or bq.dtype != np.int32 or bq.size != channels:
             return False
@@ -405,33 +413,6 @@ def _plan_bias(g, node, plan, xs, ws, channels) -> bool:
     return True
 
 
-def _plan_output_chain(g, node, plan) -> bool:
-    """The output chain [Relu | Clip] -> QuantizeLinear into ``plan``; False if there is none."""
-    out = node.output[0]
-    plan["op_out"], plan["act_out"], plan["act_lo"], plan["act_hi"] = out, None, None, None
-    nxt = g.sole_consumer(out)
-    if nxt is not None and nxt.op_type in ("Relu", "Clip"):
-        if nxt.op_type == "Relu":
-            plan["act_lo"] = 0.0
-        else:
-            lo, hi = g.clip_bounds(nxt)
-            if lo is False:
-                return False
-            plan["act_lo"], plan["act_hi"] = lo, hi
-        plan["act_out"] = nxt.output[0]
-        nxt = g.sole_consumer(nxt.output[0])
-    if nxt is None or nxt.op_type != "QuantizeLinear":
-        return False
-    ys, yz = g.const(nxt.input[1]), g.const_opt(nxt, 2)
-    if ys is None or yz is None or ys.size != 1 or yz.size != 1 or ys.dtype != np.float32 or yz.dtype not in _OUT_CODES:
-        return False
-    if g.attrs(nxt).get("block_size", 0):
-        return False
-    plan.update(q_out=nxt.output[0], q_node=nxt, y_scale=np.float32(ys.reshape(())),
-                y_zp=int(yz.reshape(-1)[0]), y_dtype=yz.dtype)
-    return True
-
-
 def _pc_shape(ndim, axis, size):
     s = [1] * ndim
     s[axis % ndim] = size
@@ -440,7 +421,3 @@ def _pc_shape(ndim, axis, size):
 
 def _per_channel(z, channels):
     return z.astype(np.int32).reshape(-1) if z.size > 1 else np.full(channels, int(z.reshape(-1)[0]), np.int32)
-
-
-def _is_dq(g, n):
-    return n is not None and n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx") and len(n.input) >= 2

@@ -93,7 +93,12 @@ def _gelu(ctx, ins, a):
     x = ins[0]
     x64 = as_compute_type(x).astype(np.float64)
     if a.get("approximate", "none") == "tanh":
-        r = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+        # 0.5 x (1 + tanh(u)) == x / (1 + exp(-2u)) (export/SPEC.md §5a): no cancellation in
+        # 1 + tanh(u) where tanh(u) ~ -1 (there two float64 tanh routines differ relatively a lot),
+        # and x^3 as two float64 products, not pow()
+        u = math.sqrt(2 / math.pi) * (x64 + 0.044715 * (x64 * x64 * x64))
+        with np.errstate(over="ignore"):
+            r = x64 / (1 + np.exp(-2 * u))
     else:
         r = 0.5 * x64 * (1 + _erf(x64 / math.sqrt(2)))
     return [r.astype(x.dtype)]

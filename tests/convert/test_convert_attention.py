@@ -69,6 +69,13 @@ def test_transformer_bit_exact(make, hardware):
     # every replaced operator ran in its exported form (none left as its QAT module)
     assert im.forms and all(not f.startswith("QAT module") for f in im.forms.values()), im.summary()
     assert {"MatMulForm", "SoftmaxForm", "LayerNormForm", "LutForm"} == set(im.forms.values())
+    # the Linears on rank-3 tokens whose output goes straight to a quantizer (MatMul + Add of the
+    # int32 bias: export/SPEC.md §5a) are integer groups in both engines, not float islands
+    forms = im.layer_forms()
+    grouped = [p for p in forms if p.endswith(("out_proj", "mlp.0", "mlp.3"))]
+    assert len(grouped) >= 6 and all(forms[p] == "integer" for p in grouped), im.summary()
+    fused_matmuls = sum(1 for st in sess.steps if getattr(st, "kind", "") == "fused" and st.node.op_type == "MatMul")
+    assert fused_matmuls >= len(grouped), (fused_matmuls, len(grouped))
 
 
 def test_fp8_attention_bit_exact():
@@ -107,3 +114,18 @@ def test_float_gelu_in_its_exported_form():
     im = dal.convert(qat)
     assert_bit_exact(im, proto, sess, random_batches((2,) + SHAPE, n=2, seed=11), "vit/float gelu")
     assert "GeluForm" in set(im.forms.values()), im.forms
+
+
+def test_fp16_matmul_region_bit_exact():
+    """Q@K^T and P@V kept in FP16 (``fallback: fp16`` for matmuls): the file runs each MatMul on
+    float16 operands (Cast(FLOAT16) inputs), rounding once to float16; the integer model computes
+    that too, not the QAT module's float32 product (which differs from the NPU on some codes)."""
+    rec = recipe()
+    rec["rules"].insert(0, {"type": "matmul", "fallback": "fp16"})
+    qat, proto, sess = build(vit(), torch.randn((2,) + SHAPE), "a2000", recipe=rec)
+    made = {o: n for n in proto.graph.node for o in n.output}
+    core = [n for n in proto.graph.node if n.op_type == "MatMul" and "/core/" in n.name]
+    assert len(core) == 4 and all(made[i].op_type == "Cast" for n in core for i in n.input)
+    im = dal.convert(qat)
+    assert_bit_exact(im, proto, sess, random_batches((2,) + SHAPE, n=2), "vit/fp16 matmul")
+    assert "QAT module" not in im.summary(), im.summary()

@@ -124,6 +124,13 @@ def test_torchvision_float_equal_and_quantized_parity(name, tmp_path):
     # the integer model (dal.convert) equals dal.npu on every output and quantized tensor
     print(f"{name}: {report.integer}")
     assert report.integer.identical and report.integer.tensors > 100, str(report.integer)
+    # the token Linears whose output goes straight to a quantizer are MatMul + Add(int32 bias)
+    # integer groups: per block ViT's attention out_proj and second MLP Linear, Swin's second
+    # MLP Linear (the first MLP Linear feeds a float GELU here: no lut_activation)
+    fused_mm = sum(1 for st in dal_npu.load(path).steps
+                   if getattr(st, "kind", "") == "fused" and st.node.op_type == "MatMul")
+    print(f"{name}: {fused_mm} MatMul integer groups")
+    assert fused_mm >= (24 if name == "vit_b_16" else 12), fused_mm
     rows = report.layers_forced
     differ, codes = sum(r.differ for r in rows), sum(r.elements for r in rows)
     print(f"{name}: NPU vs ORT layer by layer, {len(rows)} tensors: {differ}/{codes} codes differ, "
