@@ -1,7 +1,8 @@
 """Benchmark: dal.npu vs onnxruntime on ResNet-18 QDQ (quantize_static, random weights, per-channel
 s8 weights, u8 or s8 activations), 224x224, batch 1 and 8, one and two threads, interleaved
-repetitions, medians; the exact int8 GEMM alone against the machine's int8 peak, measured by a
-register-only vpdpbusd / vpmaddwd loop (bench/npu_peak.cpp); where dal.npu's time goes
+repetitions, medians; the exact int8 GEMM alone against the peak of the instruction it runs,
+measured by a register-only AMX tdpbusd / vpdpbusd / vpmaddwd loop (bench/npu_peak.cpp; on an
+AMX CPU the AMX peak is the machine's int8 peak, and avx512_vnni is timed beside it); where dal.npu's time goes
 (Session.profile).
 
 onnxruntime: default (full) graph optimizations, i.e. its fused QLinearConv kernels, with
@@ -34,16 +35,24 @@ def peak_gops(kernel: str) -> tuple[float, str]:
     from dal.npu.build import build_extension
     mod = build_extension("dal_npu_peak", [os.path.join(HERE, "npu_peak.cpp")], ["-O2"],
                           message="bench: compiling the peak loop into {dir}")
-    fn, what = {"avx512_vnni": (mod.zmm_vnni, "vpdpbusd zmm"), "avx_vnni": (mod.ymm_vnni, "vpdpbusd ymm"),
-                "avx2": (mod.ymm_madd, "vpmaddwd+vpaddd ymm")}.get(kernel, (None, "none"))
+    fn, what, iters = {"amx_int8": (mod.amx_tdpbusd, "AMX tdpbusd, 2x2 tiles", 20_000),
+                       "avx512_vnni": (mod.zmm_vnni, "vpdpbusd zmm", 1_000_000),
+                       "avx_vnni": (mod.ymm_vnni, "vpdpbusd ymm", 1_000_000),
+                       "avx2": (mod.ymm_madd, "vpmaddwd+vpaddd ymm", 1_000_000)}.get(kernel, (None, "none", 0))
     if fn is None:
         return float("nan"), what
-    return max(fn(1_000_000) for _ in range(40)), what
+    return max(fn(iters) for _ in range(40)), what
 
 
-def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1) -> float:
+def _isa(kernel):
+    from dal.npu.build import kernels as lib
+    from dal.npu.dispatch import NAMES
+    return int(lib().best_isa()) if kernel is None else NAMES.index(kernel)
+
+
+def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1, kernel=None) -> float:
     """GOP/s of the fused exact int8 GEMM (u8 codes x s8 weights -> u8 codes, a layer3-sized
-    conv as GEMM), with the kernel dal.npu picks by default; best of ``reps`` (shared machine)."""
+    conv as GEMM), with ``kernel`` (None: the one dal.npu picks); best of ``reps`` (shared machine)."""
     import torch
     from dal.npu import kernels
     from dal.npu.build import kernels as lib
@@ -53,7 +62,7 @@ def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1) -> float:
     w = rng.integers(-127, 128, (n, k))
     mult = kernels.pad_channels(np.full(n, 1e-4), n, np.float64)
     e32, ef, e64 = (torch.empty(0, dtype=t) for t in (torch.int32, torch.float32, torch.int64))
-    isa = int(lib().best_isa())
+    isa = _isa(kernel)
     bp, ws = kernels.pack_panels_s8(w) if has_vnni(isa) else (kernels.pack_panels(w), e32)
     args = (x, 128, bp, ws, n, mult, e32, ef, e64, e64, 0, 0.05, 128, 0, 255, 1, e32, threads, isa)
     lib().qgemm(*args)
@@ -65,9 +74,9 @@ def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1) -> float:
     return 2 * m * k * n / min(ts) / 1e9
 
 
-def conv_gops(cin, cout, hw, k=3, reps=15, threads=1) -> float:
+def conv_gops(cin, cout, hw, k=3, reps=15, threads=1, kernel=None) -> float:
     """GOP/s of one fused exact conv as the network runs it (pixel-major u8 codes in and out,
-    stride 1, padding k // 2), the default kernel; best of ``reps``."""
+    stride 1, padding k // 2), with ``kernel`` (None: the default); best of ``reps``."""
     import torch
     from dal.npu import kernels
     from dal.npu.build import kernels as lib
@@ -75,7 +84,7 @@ def conv_gops(cin, cout, hw, k=3, reps=15, threads=1) -> float:
     rng = np.random.default_rng(1)
     x = torch.from_numpy(rng.integers(0, 256, (1, hw, hw, cin)).astype(np.uint8))
     w = rng.integers(-127, 128, (cout, cin, k, k))
-    isa = int(lib().best_isa())
+    isa = _isa(kernel)
     vnni = has_vnni(isa)
     wm = kernels.conv_weight_matrix(w, True, 4 if vnni else 2)
     bp, ws = kernels.pack_panels_s8(wm) if vnni else (kernels.pack_panels(wm), torch.empty(0, dtype=torch.int32))
@@ -156,14 +165,24 @@ def main(reps: int = 9, rounds: int = 5):
     say(f"CPU SIMD flags (/proc/cpuinfo): {' '.join(info['cpu_flags'])}")
     say(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a shared machine: times swing)")
     say(f"kernel chosen: {info['why']}")
-    peak, what = peak_gops(info["kernel"])
-    g1 = gemm_gops()
-    say(f"int8 peak, one thread ({what}, register-only loop): {peak:.0f} GOP/s")
-    say(f"exact fused int8 GEMM 784x2304x256, one thread: {g1:.0f} GOP/s = {g1 / peak:.0%} of peak (target >= 80%)")
+    chosen = info["kernel"]
+    kinds = [chosen] + (["avx512_vnni"] if chosen == "amx_int8" else [])
+    peaks = {kd: peak_gops(kd) for kd in kinds}
+    for kd in kinds:
+        say(f"int8 peak, one thread ({peaks[kd][1]}, register-only loop): {peaks[kd][0]:.0f} GOP/s"
+            + (" <- this machine's int8 peak" if kd == chosen else ""))
+    for kd in kinds:
+        peak, what = peaks[kd]
+        g1 = gemm_gops(kernel=kd)
+        say(f"exact fused int8 GEMM 784x2304x256, one thread, {kd}: {g1:.0f} GOP/s = {g1 / peak:.0%} of "
+            f"the {what} peak (target >= 80%)")
     for cin, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
-        gc = conv_gops(cin, cin, hw)
+        part = []
+        for kd in kinds:
+            gc = conv_gops(cin, cin, hw, kernel=kd)
+            part.append(f"{kd} {gc:.0f} GOP/s = {gc / peaks[kd][0]:.0%} of its peak")
         say(f"exact fused 3x3 conv {cin}->{cin} at {hw}x{hw} (ResNet-18 layer, pixel-major codes), one thread: "
-            f"{gc:.0f} GOP/s = {gc / peak:.0%} of peak")
+            + "; ".join(part))
     say()
     d = os.path.join(tempfile.gettempdir(), "dal_bench_models")
     os.makedirs(d, exist_ok=True)

@@ -1,13 +1,19 @@
 // The machine's int8 peak for bench/npu.py: a register-only loop of exact u8 x s8 -> int32
 // dot-product instructions, with enough independent accumulators to hide their latency.
-// Each vpdpbusd on zmm does 64 multiply-adds (128 ops), on ymm 32 (64 ops). Built by
+// Each vpdpbusd on zmm does 64 multiply-adds (128 ops), on ymm 32 (64 ops); each AMX tdpbusd
+// 16 x 16 x 64 = 16384 (32768 ops), four independent accumulator tiles. Built by
 // bench/npu.py through dal.npu.build.build_extension; variants carry target attributes and
 // run only where cpuid has them.
 #include <immintrin.h>
 #include <pybind11/pybind11.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
@@ -72,6 +78,49 @@ __attribute__((target("avx2"))) int32_t loop_madd(int64_t n) {
   return _mm256_extract_epi32(s, 0);
 }
 
+// AMX: C tiles 0..3 += A tiles 4/5 x B tiles 6/7 (2 x 2, as dal.npu's kernel), operands loaded
+// once. Needs the tile-data permission (Linux arch_prctl; dal.npu requests the same one).
+struct alignas(64) TileCfg {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile,amx-int8"))) int32_t loop_amx(int64_t n) {
+  TileCfg cfg;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  alignas(64) static uint8_t buf[1024];
+  alignas(64) static int32_t out[256];
+  for (int i = 0; i < 1024; ++i) buf[i] = uint8_t(i * 7);
+  _tile_loadconfig(&cfg);
+  _tile_loadd(4, buf, 64);
+  _tile_loadd(5, buf, 64);
+  _tile_loadd(6, buf, 64);
+  _tile_loadd(7, buf, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t i = 0; i < n; ++i) {
+    _tile_dpbusd(0, 4, 6);
+    _tile_dpbusd(1, 4, 7);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+
+double amx_gops(int64_t iters) {
+#if defined(__linux__)
+  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return NAN;
+  return gops(loop_amx, iters, 4 * 16 * 16 * 64 * 2.0);
+#else
+  return NAN;
+#endif
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -79,4 +128,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("zmm_vnni", [](int64_t iters) { return gops(loop_zmm, iters, 12 * 64 * 2.0); });
   m.def("ymm_vnni", [](int64_t iters) { return gops(loop_ymm, iters, 12 * 32 * 2.0); });
   m.def("ymm_madd", [](int64_t iters) { return gops(loop_madd, iters, 6 * 16 * 2.0); });
+  m.def("amx_tdpbusd", &amx_gops);  // NaN where the OS refuses the tile-data permission
 }

@@ -1,14 +1,17 @@
 """Run-time kernel dispatch (dal/npu/dispatch.py, csrc/isa.h): every variant this CPU runs is
 forced in turn and must equal the portable C++ kernels bit for bit on every named tensor, on
 shapes with edge tiles (pixels not a multiple of the 6-row tile, channels not a multiple of
-the 16-channel panel, odd panel counts for the two-panel zmm kernel) and odd channel counts;
-results do not depend on the thread count; a batch in one call equals its images one by one."""
+the 16-channel panel, odd panel counts for the two-panel zmm kernel and the 2 x 2 AMX tile
+step, pixel counts around the 32-pixel AMX block, reductions not a multiple of 64 bytes) and
+odd channel counts; results do not depend on the thread count; a batch in one call equals its
+images one by one; AMX that the OS does not grant falls back to avx512_vnni, and says why."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import graphs
+from dal.npu.dispatch import NAMES
 
 SHAPES = [  # cin, cout, hw, k, stride, dilation, pads, act, wtype
     (3, 64, 23, 7, (2, 2), (1, 1), (3, 3, 3, 3), "u8", "s8"),     # explicit patch matrix
@@ -17,6 +20,8 @@ SHAPES = [  # cin, cout, hw, k, stride, dilation, pads, act, wtype
     (64, 48, 5, 1, (1, 1), (1, 1), (0, 0, 0, 0), "s8", "s4"),     # 1x1, int4 weights
     (32, 80, 9, 3, (2, 2), (1, 1), (1, 1, 1, 1), "u8", "u8"),     # 9-bit weight offsets: int16 panels
     (24, 1, 6, 3, (1, 1), (1, 1), (1, 1, 1, 1), "s8", "s8"),      # one output channel
+    (36, 80, 19, 3, (1, 1), (1, 1), (1, 1, 1, 1), "u8", "s8"),    # 361 pixels, 5 panels, K = 324
+    (96, 40, 6, 3, (1, 1), (1, 1), (0, 0, 0, 0), "s8", "s8"),     # 16 pixels: one AMX row tile, K = 864
 ]
 
 
@@ -55,8 +60,35 @@ def test_info_names_the_choice(npu_lib):
     avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma"} <= flags
     expect = ("avx512_vnni" if avx512 else "avx_vnni" if {"avx_vnni", "avx2", "fma"} <= flags
               else "avx2" if {"avx2", "fma"} <= flags else "portable")
+    if avx512 and {"amx_tile", "amx_int8"} <= flags:
+        # Linux lists amx_* only when it saves the tile state; the one check left is the
+        # process's permission, and a refusal must be named, not silent
+        if "refused" not in info["status"]["amx_int8"]:
+            expect = "amx_int8"
     assert info["kernel"] == expect, (info, sorted(flags))
-    print(f"kernel: {info['kernel']}; supported here: {info['supported']}")
+    assert set(info["status"]) == set(NAMES) and all(info["status"].values())
+    if "amx_int8" not in info["supported"]:
+        assert "amx_int8 unavailable: " + info["status"]["amx_int8"] in info["why"]
+    print(f"kernel: {info['kernel']}; supported here: {info['supported']}; amx: {info['status']['amx_int8']}")
+
+
+def test_amx_off_falls_back_and_says_why(npu_lib):
+    """With AMX unavailable (here: DAL_NPU_DISABLE_AMX=1 in a fresh process, the same path as a
+    failed cpuid / XCR0 / permission check), the next best variant is chosen and info() names
+    the failing check."""
+    import json
+    import os
+    import subprocess
+    import sys
+    code = ("import json, dal.npu as n; i = n.info(); "
+            "print(json.dumps([i['kernel'], i['supported'], i['why'], i['status']['amx_int8']]))")
+    env = dict(os.environ, DAL_NPU_DISABLE_AMX="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kernel, sup, why, status = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "amx_int8" not in sup and kernel == sup[-1]
+    assert kernel == [v for v in _variants() if v != "amx_int8"][-1]
+    assert status == "disabled by DAL_NPU_DISABLE_AMX" and status in why
 
 
 @pytest.mark.parametrize("i", range(len(SHAPES)))
@@ -111,7 +143,7 @@ def test_unknown_or_unsupported_kernel_refused(npu_lib):
     import dal.npu as npu
     with pytest.raises(npu.NPUError, match="kernel must be one of"):
         npu.load(graphs.conv_model(seed=0), kernel="sse9")
-    missing = [v for v in ("avx2", "avx_vnni", "avx512_vnni") if v not in _variants()]
+    missing = [v for v in NAMES[1:] if v not in _variants()]
     for v in missing:
         with pytest.raises(npu.NPUError, match="cannot run"):
             npu.load(graphs.conv_model(seed=0), kernel=v)
@@ -130,7 +162,8 @@ def test_cpp_entry_point_refuses_an_absent_variant(npu_lib):
 
 def test_only_dispatched_functions_use_avx(npu_lib):
     """The library is built for the x86-64 baseline: VEX/EVEX instructions (AVX, AVX2, AVX-512,
-    VNNI) appear only in the target-attributed kernel variants that run after a cpuid check,
+    VNNI) and AMX tile instructions appear only in the target-attributed kernel variants that
+    run after a cpuid check,
     so loading and using the build on an older CPU cannot hit an illegal instruction."""
     import re
     import shutil
@@ -144,9 +177,9 @@ def test_only_dispatched_functions_use_avx(npu_lib):
         m = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
         if m:
             fn = m.group(1)
-        elif fn and re.search(r"\t(v[a-z0-9]+|kmov[a-z]*)\s", line):
+        elif fn and re.search(r"\t(v[a-z0-9]+|kmov[a-z]*|tdp[a-z0-9]+|tile[a-z0-9]+|ldtilecfg|sttilecfg)(\s|$)", line):
             users.add(fn)
-    allowed = re.compile(r"micro::|micro_avx2|micro_4x3|sparse_row_avx2|rq::bias_add_avx2|rq::float_codes_avx2"
+    allowed = re.compile(r"micro::|amx::|micro_avx2|micro_4x3|sparse_row_avx2|rq::bias_add_avx2|rq::float_codes_avx2"
                          r"|rq::float_codes_avx512|rq::requant_block_avx512|quant_avx2")
     assert users, "no AVX kernel found at all: the variants were not compiled in"
     assert not [u for u in users if not allowed.search(u)], sorted(u for u in users if not allowed.search(u))

@@ -45,3 +45,50 @@ def test_kernels_raise_not_crash(npu_lib):
     with pytest.raises(RuntimeError):
         npu_lib.dwconv_s16(torch.zeros((2, 4, 4), dtype=torch.int16), torch.zeros((3, 9), dtype=torch.int16),
                            3, 3, 1, 1, 1, 1, 0, 0, 2, 2, 1)
+
+
+QGEMMS = [  # m, k, n, activation codes: every tile edge of the micro kernels
+    (1, 4, 1, "u8"),       # one pixel, one channel, one k quad (AMX: only the zero-padded tail)
+    (33, 60, 17, "s8"),    # 33 pixels = 32 + 1 edge row, 2 panels (the second partial), K < 64
+    (47, 1000, 50, "u8"),  # 15 full 64-byte AMX steps + a 40-byte tail, 4 panels, 47 = 32 + 15 rows
+    (200, 576, 96, "s8"),  # several pixel blocks, 6 panels, K a multiple of 64 (no tail)
+    (64, 132, 33, "u8"),   # 3 panels (odd: a single last panel), K tail of one quad
+    (96, 256, 40, "u8"),   # uint8 rows a strided matrix (96 = 6 x 16, K = 4 x 64): AMX tiles load them in place
+]
+
+
+@pytest.mark.parametrize("m,k,n,act", QGEMMS)
+def test_qgemm_every_variant_exact(m, k, n, act, npu_lib):
+    """The fused int8 GEMM of every variant this CPU runs (amx_int8 tdpbusd included) returns
+    numpy's int64 sum (x - zx) @ w.T as its int32 accumulators, and the same codes, for 1 and 3
+    threads; s8 activations go through the u = code + 128 offset."""
+    import torch
+    import dal.npu as npu
+    from dal.npu import kernels
+    from dal.npu.dispatch import NAMES
+    rng = np.random.default_rng(m + k + n)
+    dt = np.uint8 if act == "u8" else np.int8
+    info = np.iinfo(dt)
+    x = rng.integers(info.min, info.max + 1, (m, k)).astype(dt)
+    x[0, :] = info.max  # extreme operands: 255 * -128 quads, nothing may saturate
+    zx = 121 if act == "u8" else -5
+    w = rng.integers(-128, 128, (n, k))
+    w[0, :] = -128
+    exact = (x.astype(np.int64) - zx) @ w.T
+    kpad = -(-k // 4) * 4
+    bp, ws = kernels.pack_panels_s8(np.pad(w, ((0, 0), (0, kpad - k))))
+    mult = kernels.pad_channels(np.full(n, 2e-5), n, np.float64)
+    e32, ef, e64 = (torch.empty(0, dtype=t) for t in (torch.int32, torch.float32, torch.int64))
+    codes = {}
+    for kernel in npu.info()["supported"]:
+        for threads in (1, 3):
+            acc = torch.empty(m * n, dtype=torch.int32)
+            q = npu_lib.qgemm(torch.from_numpy(x), zx, bp, ws, n, mult, e32, ef, e64, e64, 0, 0.5, 3, 0, 255, 1,
+                              acc, threads, NAMES.index(kernel)).numpy()
+            assert np.array_equal(acc.numpy().reshape(m, n), exact), (kernel, threads)
+            codes[kernel, threads] = q
+    ref = codes["portable", 1]
+    want = np.clip(np.rint((exact * 2e-5).astype(np.float32) / np.float32(0.5)) + 3, 0, 255)
+    assert np.array_equal(ref, want.astype(np.uint8))
+    for key, q in codes.items():
+        assert np.array_equal(q, ref), key

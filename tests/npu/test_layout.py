@@ -10,8 +10,10 @@ quantizer (csrc/quantize.cpp): a layout never changes a value.
 * The pixel-major MaxPool equals the NCHW one on odd geometries (padding, dilation, channel
   counts around the 64-channel block), uint8 and int8.
 * Each layout of qconv (in and out, NCHW or pixel-major) gives the same codes and int32
-  accumulators, including the in-place uint8 1x1 path and the four-panel zmm tile with
-  channel counts that leave one- and two-panel remainders.
+  accumulators (equal to numpy's int64 sums), for every variant this CPU runs (amx_int8
+  included), including the in-place uint8 1x1 path, the four-panel zmm tile with channel
+  counts that leave one- and two-panel remainders, and AMX edge tiles (pixels not a multiple
+  of 32, an odd panel count, reductions not a multiple of 64 bytes).
 """
 from __future__ import annotations
 
@@ -107,6 +109,7 @@ def _edge_values(shape, seed=0):
 def test_cpp_quantize_equals_oracles(zp_type, npu_lib):
     import torch
     import dal.npu as npu
+    from dal.npu.dispatch import NAMES
     shape = (2, 3, 7, 9)
     model = _q_model(zp_type, shape)
     x = _edge_values(shape)
@@ -116,7 +119,7 @@ def test_cpp_quantize_equals_oracles(zp_type, npu_lib):
     zp = 3 if zp_type == TensorProto.INT8 else 131
     code = 2 if zp_type == TensorProto.INT8 else 1
     for kernel in npu.info()["supported"]:
-        isa = ["portable", "avx2", "avx_vnni", "avx512_vnni"].index(kernel)
+        isa = NAMES.index(kernel)
         got = npu_lib.quantize_codes(torch.from_numpy(x), float(np.float32(0.0371)), zp, code, False, 2, isa).numpy()
         assert np.array_equal(got.view(want.dtype), want), kernel
         got = npu_lib.quantize_codes(torch.from_numpy(x), float(np.float32(0.0371)), zp, code, True, 1, isa).numpy()
@@ -168,6 +171,9 @@ CONVS = [  # cin, cout, hw, k, stride, pads, act
     (64, 96, 9, 1, 2, 0, "s8"),    # int8: the image copy; 4 + 2 panels
     (20, 112, 8, 3, 1, 1, "u8"),   # 4 + 2 + 1 panels, C not a multiple of 16
     (3, 64, 15, 7, 2, 3, "u8"),    # the first conv of a ResNet
+    (40, 112, 20, 3, 1, 1, "s8"),  # 800 pixels: several 32-pixel AMX blocks, 7 panels (odd), K % 64 != 0
+    (72, 48, 13, 3, 2, 1, "u8"),   # 98 pixels (AMX edge rows 2 of 32), K = 648: 10 full 64-byte steps + tail
+    (64, 48, 8, 1, 1, 0, "u8"),    # 128 pixels of a 1x1 conv read in place by the AMX tile loads
 ]
 
 
@@ -176,6 +182,7 @@ def test_qconv_layouts_agree(cfg, npu_lib):
     import torch
     import dal.npu as npu
     from dal.npu import kernels
+    from dal.npu.dispatch import NAMES
     cin, cout, hw, k, st, p, act = cfg
     rng = np.random.default_rng(cin + cout)
     dt = np.uint8 if act == "u8" else np.int8
@@ -189,7 +196,7 @@ def test_qconv_layouts_agree(cfg, npu_lib):
     e32, ef, e64 = (torch.empty(0, dtype=t) for t in (torch.int32, torch.float32, torch.int64))
     mult = kernels.pad_channels(np.full(cout, 3e-5), cout, np.float64)
     for kernel in npu.info()["supported"]:
-        isa = ["portable", "avx2", "avx_vnni", "avx512_vnni"].index(kernel)
+        isa = NAMES.index(kernel)
         res = {}
         for lay in range(4):
             xi = x.transpose(0, 2, 3, 1) if lay & 1 else x

@@ -19,4 +19,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cpu_supports_isa", &dal_npu::cpu_supports_isa, "this CPU runs kernel variant isa (cpuid)");
   m.def("best_isa", &dal_npu::best_isa, "the fastest kernel variant this CPU runs");
   m.def("isa_name", [](int64_t isa) { return std::string(dal_npu::isa_name(isa)); }, "name of a kernel variant");
+  m.def("isa_status", &dal_npu::isa_status, "why this CPU can or cannot run kernel variant isa");
 }

@@ -257,7 +257,7 @@ inline const Kernels<uint8_t, int8_t>& kernels_u8(int isa) {
   static const Kernels<uint8_t, int8_t> port{DAL_TABLE(u8_portable), DAL_NONE, DAL_NONE};
   static const Kernels<uint8_t, int8_t> vnni{DAL_TABLE(u8_avxvnni), DAL_NONE, DAL_NONE};
   static const Kernels<uint8_t, int8_t> zmm{DAL_TABLE(u8_avx512), DAL_TABLE(u8_avx512x2), DAL_TABLE(u8_avx512x4)};
-  return isa == kAvx512Vnni ? zmm : isa == kAvxVnni ? vnni : port;
+  return isa_has_avx512(isa) ? zmm : isa == kAvxVnni ? vnni : port;  // amx_int8: zmm for the rest
 }
 #undef DAL_TABLE
 #undef DAL_NONE

@@ -128,14 +128,14 @@ DAL_TARGET_AVX512VNNI inline int64_t float_codes_avx512(const Requant& q, const 
   return o;
 }
 
-// A whole block at once (avx512_vnni, float requantizer, 8-bit codes, pixel-major output, no
+// A whole block at once (avx512_vnni or amx_int8, float requantizer, 8-bit codes, pixel-major output, no
 // acc_out, every channel of the slice real and a multiple of 16): per 16 channels the VNNI
 // offset subtraction, the bias add with its overflow test, the requantizer and the store, all
 // in registers -- the same operations as requant_row's passes, in the same order per element.
 // acc: pn rows of q.Op int32; row lp's codes go to out + lp * ldo. True on bias overflow.
 template <typename T>
 inline bool block_ok(const Requant& q, int isa) {
-  return sizeof(T) == 1 && isa == kAvx512Vnni && !q.fp_m && q.O == q.Op && q.O % 16 == 0;
+  return sizeof(T) == 1 && isa_has_avx512(isa) && !q.fp_m && q.O == q.Op && q.O % 16 == 0;
 }
 
 template <typename T>
@@ -204,7 +204,7 @@ bool requant_row(const Requant& q, int32_t* acc, T* out, int64_t ostride, int32_
     return ovf;
   }
   int64_t o = 0;
-  if (isa == kAvx512Vnni) o = float_codes_avx512<T>(q, acc, out, ostride);
+  if (isa_has_avx512(isa)) o = float_codes_avx512<T>(q, acc, out, ostride);
   if (avx2 && o + 8 <= q.O) {
     alignas(32) int32_t codes[64];
     for (; o + 8 <= q.O; o += 64) {
