@@ -73,6 +73,7 @@ def qat_variants(x: torch.Tensor) -> dict:
         q(x.detach())
         q.end_observation("quantize")
         if path == "torch":
+            q._kernel_forward = lambda t: None
             q._kernel_params = lambda t, f: None
         v[f"dal QAT quantizer uint8 per_tensor, {path} path"] = q
     rows = x.shape[0]

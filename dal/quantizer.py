@@ -33,8 +33,7 @@ from torch import nn
 from .formats import PER_TENSOR, Granularity, code_range, fake_quantize, get_format
 from .formats.autograd import pow2_scale_ste
 from .formats.fold import FoldedFakeQuantizeFunction, fold_eligible, fold_granularity, kernel_format, scale_extremes
-from .formats.fused import FusedFakeQuantizeFunction, tensor_eligible
-from .formats.track import fixed_kernel_params, fold_track_forward, track_qparams
+from .formats.track import fixed_kernel_params, fold_track_forward, kernel_fake_quantize, track_qparams
 from .formats.qparams import MIN_SCALE, check_pow2_rounding, power_of_two_scale
 from .observers import MinMaxObserver, make_observer
 
@@ -299,23 +298,19 @@ class FakeQuantizer(nn.Module):
 
     # ---- forward -----------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # One branch per state, decided at the state change (_mirror); per call only what depends
-        # on the tensor (the C++ kernel: CPU float32) and on the observer (calibration swaps them).
-        if self._kernel and tensor_eligible(x, self.granularity):
-            kp = self._kernel_params(x, None)
-            if kp is not None:
-                return FusedFakeQuantizeFunction.apply(x, self.scale, self.zero_point, self.fmt, self.granularity,
-                                                       self.qmin, self.qmax, kp)
+        # One branch per state, chosen at the state change (_mirror); per call only what depends on the tensor.
+        if self._kernel:
+            y = self._kernel_forward(x)
+            if y is not None:
+                return y
         if self._fake_quant:
             scale, zero_point = self.scale, self.zero_point
             if self._tracking():
                 self.observer(x)
                 self.compute_qparams()
-                # A module called several times in one forward (a detection head once per pyramid
-                # level) has ONE set of statistics: the observer sees every call, as the deployed
-                # head, compiled once, has one scale. compute_qparams writes the buffers in place,
-                # so this call's fake quantization gets copies: autograd saved them for backward,
-                # and the next call's update must not change what this call used.
+                # A module called several times in one forward (a detection head per pyramid level) has
+                # ONE set of statistics, as the deployed head has one scale. compute_qparams writes the
+                # buffers in place, so this call gets copies: autograd saved them for the backward.
                 scale, zero_point = self.scale.clone(), self.zero_point.clone()
             elif not self.initialized:
                 raise RuntimeError(f"quantizer {self.name or '<unnamed>'} has no scale: calibrate first")
@@ -328,6 +323,14 @@ class FakeQuantizer(nn.Module):
         if self._state is QState.OBSERVE and self.observer is not None:
             self.observer(x)
         return x  # observe and off: the output is the input unchanged
+
+    def _kernel_forward(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """This call by the C++ kernel, the observer's QAT step included (``dal.formats.track``), or
+        None: the torch path decides (it also raises for a quantizer without a scale)."""
+        tracking = self._tracking()
+        step = self._track_step() if tracking else None
+        return None if tracking and step is None else kernel_fake_quantize(
+            x, self.granularity, self.fmt, self.qmin, self.qmax, self.scale, self.zero_point, step)
 
     def _kernel_params(self, x: torch.Tensor, f: Optional[torch.Tensor]) -> Optional[tuple]:
         """This call's ``(s, lo, hi, mode)`` for the C++ kernel, after the observer's QAT step (of
@@ -389,11 +392,8 @@ class FakeQuantizer(nn.Module):
         # Scale and zero point are sized by calibration; a fresh quantizer adopts the checkpoint's shapes.
         for name in ("scale", "zero_point", "log2_scale"):
             key = prefix + name
-            if not hasattr(self, name):
-                continue
-            if key in state_dict:
-                value = state_dict[key]
-                current = getattr(self, name)
+            if hasattr(self, name) and key in state_dict:
+                value, current = state_dict[key], getattr(self, name)
                 if current.shape != value.shape:
                     if isinstance(current, nn.Parameter):
                         current.data = torch.empty_like(value, dtype=current.dtype)

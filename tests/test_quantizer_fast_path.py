@@ -28,6 +28,7 @@ def _slow(q: nn.Module) -> nn.Module:
     q = copy.deepcopy(q)
     for m in q.modules():
         if isinstance(m, FakeQuantizer):
+            m._kernel_forward = lambda x: None
             m._kernel_params = lambda x, f: None
             m.fold_quantize = lambda w, f, divide: None
     return q
@@ -66,6 +67,8 @@ def _batches(gen):
     yield base
     yield (base * 3).relu()                                            # zeros (+0) and a wider range
     yield torch.where(base > 0, base, torch.tensor(-0.0))              # -0.0 as the minimum
+    yield torch.where(base > 0, base, torch.where(base < -1, -0.0, 0.0))  # zeros of both signs: the C++ side declines
+    yield -(base * 3).relu()                                            # -0.0 as the maximum
     yield torch.round(base * 8) / 8 + 1 / 16                          # ties for power-of-two scales
     nonfinite = base.clone()
     nonfinite[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
@@ -92,14 +95,17 @@ def taken(monkeypatch):
     import dal.quantizer as module
     count = {"track": 0}
 
-    def counting(real):
+    def counting(real, tracks=lambda args: True):
         def call(*args):
             result = real(*args)
-            count["track"] += result is not None
+            count["track"] += result is not None and tracks(args)
             return result
         return call
-    for name in ("track_qparams", "fold_track_forward"):  # activations / folded weights
+    for name in ("track_qparams", "fold_track_forward"):  # per-tensor folded weights / folded weights
         monkeypatch.setattr(module, name, counting(getattr(module, name)))
+    # activations: the observer's step (its last argument) and the fake quantization in one call
+    monkeypatch.setattr(module, "kernel_fake_quantize",
+                        counting(module.kernel_fake_quantize, lambda args: args[-1] is not None))
     return count
 
 

@@ -50,7 +50,7 @@ def kernel_format(fmt: QFormat) -> bool:
 
 
 def _plain_f32(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() and plain_tensor(t)
+    return t.is_cpu and t.dtype == torch.float32 and t.is_contiguous() and plain_tensor(t)
 
 
 def fold_eligible(weight: torch.Tensor, f: torch.Tensor) -> bool:

@@ -12,6 +12,9 @@ covered: a learnable scale or zero point (LSQ) needs ``v`` and ``c`` in the back
 the eager path, as do CUDA tensors, non-float32 or non-contiguous inputs, per-group
 granularity on an axis other than the last, tracing / compiling, and machines where the kernel
 could not be built (``dal.formats.native.status()`` says why).
+
+``KernelOutputFunction`` is the same backward for a forward the caller ran in C++ already (a
+QAT quantizer's observer step and fake quantization in one call, ``dal.formats.track``).
 """
 from __future__ import annotations
 
@@ -63,11 +66,16 @@ def tensor_eligible(x: torch.Tensor, gran: Granularity) -> bool:
     """The part of ``eligible`` that depends on ``x`` alone (a quantizer decides the rest once,
     at its state change): CPU float32 contiguous, not empty, a plain tensor, a layout the kernel
     has, and the kernel loaded."""
-    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and x.numel()):
-        return False
-    if not plain_tensor(x) or layout(x.shape, gran) is None:
-        return False
-    return native.library() is not None
+    return kernel_layout(x, gran) is not None
+
+
+def kernel_layout(x: torch.Tensor, gran: Granularity) -> tuple[int, int, int, int] | None:
+    """``layout(x.shape, gran)`` where ``tensor_eligible(x, gran)``, else None."""
+    if not (x.is_cpu and x.dtype == torch.float32 and x.is_contiguous() and x.numel()):
+        return None
+    if not plain_tensor(x) or native.library() is None:
+        return None
+    return layout(x.shape, gran)
 
 
 def kernel_mode(fmt: QFormat) -> int:
@@ -119,3 +127,26 @@ class FusedFakeQuantizeFunction(torch.autograd.Function):
             native.library().dal_fq_backward(g.data_ptr(), mask.data_ptr(), grad_x.data_ptr(),
                                              ctx.rows, ctx.row_len, torch.get_num_threads())
         return grad_x, None, None, None, None, None, None, None
+
+
+class KernelOutputFunction(torch.autograd.Function):
+    """The autograd node of a fake quantization the kernel has already computed (``dal.formats.track``:
+    the observer's step and the fake quantization in one C++ call): ``apply(x, done)`` with
+    ``done = (out, mask, rows, row_len)`` returns ``out``; the backward is the fused one,
+    ``grad_x = grad_out * mask``. ``done`` is a tuple, so autograd does not see ``out`` as an input."""
+
+    @staticmethod
+    def forward(ctx, x, done):
+        out, mask, ctx.rows, ctx.row_len = done
+        ctx.save_for_backward(mask)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        (mask,) = ctx.saved_tensors
+        g = grad_out.to(torch.float32).contiguous()
+        grad_x = torch.empty_like(g)
+        native.library().dal_fq_backward(g.data_ptr(), mask.data_ptr(), grad_x.data_ptr(), ctx.rows, ctx.row_len,
+                                         torch.get_num_threads())
+        return grad_x, None

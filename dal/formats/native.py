@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "fake_quant.cpp")
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 _status = "not built yet (the fused kernel is built on the first eligible fake_quantize call)"
 
 
@@ -195,6 +195,13 @@ def library():
     lib.dal_fold_track_forward.restype = i32
     lib.dal_kernel_params.argtypes = [p, p, i64, f64, f64, f64, p, p, p]
     lib.dal_kernel_params.restype = None
+    lib.dal_fq_forward_fixed.argtypes = [p, p, p, i64, i64, i64, i64, p, p, f64, f64, f64, i32, i32]
+    lib.dal_fq_forward_fixed.restype = None
+    lib.dal_track_fq_forward.argtypes = [p, p, p, i64, p, p, p, i32, f32, i32, f64, f64, f64, f64, i32, p, p, i32,
+                                         i32]
+    lib.dal_track_fq_forward.restype = i32
+    lib.dal_channel_divide_backward.argtypes = [p, p, p, p, p, i64, i64, i64, i32]
+    lib.dal_channel_divide_backward.restype = None
     _status = "built and loaded"
     return lib
 

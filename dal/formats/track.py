@@ -8,27 +8,33 @@ numbers with the same float32 / float64 expressions in one call of the C++ kerne
 (``dal_track_qparams`` in ``csrc/fake_quant.cpp``, which states them), writes them into the
 same buffers, and bumps their autograd version counters as ``copy_`` would. It declines (None,
 nothing written) whenever the torch path must decide, so it never changes a result; the tests
-compare both paths bit for bit (tests/formats/test_formats_track.py).
+compare both paths bit for bit (tests/test_quantizer_fast_path.py, tests/formats/test_formats_track.py).
 
-:func:`fixed_kernel_params` gives the fused kernel its per-scale ``(s, lo, hi, mode)`` for a
-quantizer whose scale does not move (``frozen``, or ``quantize`` with a calibrated observer) in
-one call too. They are recomputed at every call, not cached: code may write a scale through
-``.data``, which no version counter sees.
+:func:`kernel_fake_quantize` is a quantizer's whole forward on the kernel path. Per tensor it is
+ONE C++ call (:func:`track_fake_quantize`): the batch's min / max (``torch.aminmax``'s values,
+the sign of a zero extreme included, in about half its time), the observer step, and the fused
+fake quantization. A quantizer whose scale does not move (``frozen``, or ``quantize`` with a
+calibrated observer) is one call too (:func:`fixed_fake_quantize`: the kernel's bounds are
+computed in C++, no parameter tensors). Parameters are read at every call, never cached: code may
+write a scale through ``.data``, which no version counter sees.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 from torch.autograd.graph import increment_version
 
 from . import native
-from .fused import kernel_mode, kernel_params
+from .fold import scale_extremes
+from .fused import FusedFakeQuantizeFunction, KernelOutputFunction, kernel_layout, kernel_mode, kernel_params
+from .granularity import Granularity
 from .qformat import QFormat
 
 
 def _f32(t: torch.Tensor, n: int) -> bool:
-    return t.dtype == torch.float32 and t.numel() == n and t.is_contiguous() and t.device.type == "cpu"
+    return t.dtype == torch.float32 and t.numel() == n and t.is_contiguous() and t.is_cpu
 
 
 def track_qparams(lo: torch.Tensor, hi: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tensor,
@@ -66,6 +72,7 @@ def _buffers_ok(min_val, max_val, batches_seen, scale, zero_point) -> bool:
         and batches_seen.numel() == 1
 
 
+@functools.lru_cache(maxsize=256)  # a handful of (format, range) combinations per model: per call a lookup
 def _step_args(ema, fmt: QFormat, symmetric: bool, qmin, qmax) -> tuple:
     if fmt.is_float8:
         zp_mid, denom = 0, fmt.max_value
@@ -115,3 +122,74 @@ def fixed_kernel_params(scale: torch.Tensor, zero_point: torch.Tensor, fmt: QFor
     lib.dal_kernel_params(scale.data_ptr(), zero_point.data_ptr(), n, float(qmin), float(qmax),
                           fmt.max_value if fmt.is_float8 else 0.0, s.data_ptr(), k_lo.data_ptr(), k_hi.data_ptr())
     return s, k_lo, k_hi, kernel_mode(fmt)
+
+
+def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin, qmax, scale: torch.Tensor,
+                         zero_point: torch.Tensor, step: Optional[tuple]) -> Optional[torch.Tensor]:
+    """A quantizer's fake quantization of ``x`` by the C++ kernel (the straight-through
+    estimator): with ``step`` (an observer's ``track_step()``, the QAT step of a min-max
+    quantizer) its observer update and new scale first, as ``track_qparams``; without, the
+    fixed ``scale`` / ``zero_point``. One C++ call where it can (per tensor, or fixed
+    parameters), so the per-call cost is a few microseconds of Python.
+
+    Returns the output (an autograd node whose backward is ``grad * mask`` when ``x`` needs a
+    gradient), or None, having changed nothing, where the torch path must decide: no kernel,
+    a tensor or parameters the kernel does not take, a scale not yet calibrated, and every case
+    where ``track_qparams`` declines (NaN, zeros of both signs at an extreme, ...)."""
+    lay = kernel_layout(x, gran)
+    if lay is None:
+        return None
+    need = x.requires_grad and torch.is_grad_enabled()
+    if step is None:
+        done = fixed_fake_quantize(x, lay, scale, zero_point, fmt, qmin, qmax, need)
+    elif gran.axis is None:
+        done = track_fake_quantize(x, *step, scale, zero_point, need)
+    else:  # per channel / group: the range pass and the observer step, then the fused kernel
+        rows = scale_extremes(x, gran)
+        kp = None if rows is None else track_qparams(*rows, *step, scale, zero_point)
+        return None if kp is None else FusedFakeQuantizeFunction.apply(x, scale, zero_point, fmt, gran, qmin, qmax, kp)
+    if done is None:
+        return None
+    return KernelOutputFunction.apply(x, done) if need else done[0]
+
+
+def track_fake_quantize(x: torch.Tensor, min_val, max_val, batches_seen, ema, fmt: QFormat, symmetric: bool, qmin,
+                        qmax, scale, zero_point, need_mask: bool) -> Optional[tuple]:
+    """``track_qparams`` of a per-tensor quantizer from ``x``'s own min / max (``torch.aminmax``'s
+    values) and the fused fake quantization of ``x`` with the new parameters, in one C++ call
+    (``dal_track_fq_forward``; ``x`` CPU float32 contiguous): ``(out, mask, 1, x.numel())`` for
+    ``fused.KernelOutputFunction`` (mask None unless ``need_mask``), or None with nothing written."""
+    lib = native.library()
+    if lib is None or scale.numel() != 1 or not _buffers_ok(min_val, max_val, batches_seen, scale, zero_point):
+        return None
+    n = x.numel()
+    out = torch.empty_like(x)
+    mask = torch.empty((n + 7) // 8, dtype=torch.uint8) if need_mask else None
+    ok = lib.dal_track_fq_forward(x.data_ptr(), out.data_ptr(), mask.data_ptr() if need_mask else None, n,
+                                  min_val.data_ptr(), max_val.data_ptr(), batches_seen.data_ptr(),
+                                  *_step_args(ema, fmt, symmetric, qmin, qmax), scale.data_ptr(),
+                                  zero_point.data_ptr(), kernel_mode(fmt), torch.get_num_threads())
+    if not ok:
+        return None
+    increment_version((min_val, max_val, batches_seen, scale, zero_point))
+    return out, mask, 1, n
+
+
+def fixed_fake_quantize(x: torch.Tensor, lay: tuple, scale: torch.Tensor, zero_point: torch.Tensor, fmt: QFormat,
+                        qmin, qmax, need_mask: bool) -> Optional[tuple]:
+    """The fused fake quantization of ``x`` (``lay = fused.layout(x.shape, gran)``) with a fixed
+    ``scale`` / ``zero_point`` (float32 / int32, one value per parameter of the layout), the
+    kernel's bounds computed in the same C++ call (``dal_fq_forward_fixed``, as
+    ``fixed_kernel_params``): ``(out, mask, rows, row_len)``, or None where the kernel does not
+    take these parameters (other dtypes or shapes, no scale yet)."""
+    rows, row_len, div, mod = lay
+    if not (_f32(scale, mod) and zero_point.dtype == torch.int32 and zero_point.numel() == mod
+            and zero_point.is_contiguous()):
+        return None
+    out = torch.empty_like(x)
+    mask = torch.empty(rows * ((row_len + 7) // 8), dtype=torch.uint8) if need_mask else None
+    native.library().dal_fq_forward_fixed(x.data_ptr(), out.data_ptr(), mask.data_ptr() if need_mask else None, rows,
+                                          row_len, div, mod, scale.data_ptr(), zero_point.data_ptr(), float(qmin),
+                                          float(qmax), fmt.max_value if fmt.is_float8 else 0.0, kernel_mode(fmt),
+                                          torch.get_num_threads())
+    return out, mask, rows, row_len

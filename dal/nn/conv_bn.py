@@ -13,7 +13,8 @@ input and w.r.t. f), costs passes over the conv output (``N * H_out * W_out`` va
 channel) or over the weight (``C_in / groups * kh * kw`` values per channel) — early layers
 of a CNN have large activations and small weights, late layers the opposite. ``BN`` stays
 torch's module with its own running-statistics semantics (momentum, ``momentum=None``,
-``num_batches_tracked``).
+``num_batches_tracked``). The division of the output has a one-pass backward with the same
+bits (``dal.nn.channel_divide``).
 
 Where the weight quantizer fake-quantizes with the straight-through estimator on CPU float32,
 ``fq_w(W * f) [/ f]`` and its backward are one C++ pass each over the weight, the observer's
@@ -34,6 +35,7 @@ from torch import nn
 
 from .adopt import adopt, release
 from .base import QATModule
+from .channel_divide import channel_divide
 
 
 _IN_PLACE = {"relu": F.relu_, "relu6": lambda y: F.hardtanh_(y, 0.0, 6.0)}
@@ -97,7 +99,7 @@ class QConvBn2d(QATModule, nn.Conv2d):
             # The weight quantizer must see the folded weight W * f (the grid the hardware uses);
             # the 1/f that undoes the folding goes where it costs less (module doc).
             if self._divide_output(x):
-                y = self._conv_forward(x, self._folded_weight(f, False), None) / f.reshape(1, -1, 1, 1)
+                y = channel_divide(self._conv_forward(x, self._folded_weight(f, False), None), f)
                 if self.bias is not None:
                     y = y + self.bias.reshape(1, -1, 1, 1)
             else:

@@ -12,8 +12,11 @@
 // clamp keeps its argument unless it is strictly outside [lo, hi] (NaN stays NaN, -0 stays -0),
 // exactly like torch.clamp, so this file and the eager path agree bit for bit.
 //
-// Also here: per-row min / max (dal_row_minmax, the per-channel observers) and the BN-folded
-// weight of QConvBn2d training (dal_fold_forward / dal_fold_backward, dal.formats.fold).
+// Also here: per-row min / max (dal_row_minmax, the per-channel observers), the BN-folded
+// weight of QConvBn2d training (dal_fold_forward / dal_fold_backward, dal.formats.fold), a QAT
+// quantizer's observer step, alone or fused with its fake quantization (dal_track_qparams,
+// dal_track_fq_forward, dal_fq_forward_fixed: dal.formats.track), and the backward of the 1/f
+// on QConvBn2d's conv output (dal_channel_divide_backward, dal.nn.channel_divide).
 //
 // Plain C ABI (called through ctypes): no torch headers, so it builds in about a second.
 #include <cmath>
@@ -95,10 +98,11 @@ inline __m256 quant8(__m256 v, const Vq& k, __m256* keep) {
     __m256 c;
     if (k.mode == MODE_INT) {
         __m256 r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256 below = _mm256_cmp_ps(r, k.lo, _CMP_LT_OQ);
-        __m256 above = _mm256_cmp_ps(r, k.hi, _CMP_GT_OQ);
-        c = _mm256_blendv_ps(_mm256_blendv_ps(r, k.lo, below), k.hi, above);
-        *keep = _mm256_and_ps(_mm256_cmp_ps(r, k.lo, _CMP_GE_OQ), _mm256_cmp_ps(r, k.hi, _CMP_LE_OQ));
+        // clamp as torch.clamp: max_ps / min_ps return their second operand for a NaN or for
+        // equal values (+0 / -0), so r is kept unless strictly outside [lo, hi]. Then the mask
+        // lo <= r <= hi is exactly c == r (a NaN r compares unequal, as it fails lo <= r).
+        c = _mm256_min_ps(k.hi, _mm256_max_ps(k.lo, r));
+        *keep = _mm256_cmp_ps(c, r, _CMP_EQ_OQ);
     } else {
         __m256 t = _mm256_blendv_ps(v, k.lo, _mm256_cmp_ps(v, k.lo, _CMP_LT_OQ));
         t = _mm256_blendv_ps(t, k.hi, _mm256_cmp_ps(t, k.hi, _CMP_GT_OQ));
@@ -136,16 +140,21 @@ void fq_span(const float* x, float* out, uint8_t* mask, int64_t begin, int64_t e
     }
 }
 
+// kMaskRows[b]: the 8 floats (0 or 1) of mask byte b, bit j -> element j (one aligned load per byte).
+struct MaskRows {
+    alignas(32) float v[256][8];
+    constexpr MaskRows() : v() {
+        for (int b = 0; b < 256; ++b)
+            for (int j = 0; j < 8; ++j) v[b][j] = (b >> j) & 1 ? 1.0f : 0.0f;
+    }
+};
+constexpr MaskRows kMaskRows{};
+
 void bwd_span(const float* g, const uint8_t* mask, float* gin, int64_t begin, int64_t end) {
     int64_t i = begin;
 #ifdef __AVX2__
-    const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    const __m256 one = _mm256_set1_ps(1.0f);
-    for (; i + 8 <= end; i += 8) {
-        __m256i b = _mm256_and_si256(_mm256_set1_epi32(mask[i >> 3]), bits);
-        __m256 m = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, bits));
-        _mm256_storeu_ps(gin + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_and_ps(m, one)));
-    }
+    for (; i + 8 <= end; i += 8)
+        _mm256_storeu_ps(gin + i, _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_load_ps(kMaskRows.v[mask[i >> 3]])));
 #endif
     for (; i < end; ++i)
         gin[i] = g[i] * (float)((mask[i >> 3] >> (i & 7)) & 1);
@@ -204,12 +213,10 @@ double fold_bwd_span(const float* g, const float* w, const float* out, const uin
     int64_t i = 0;
     double sum = 0.0;
 #ifdef __AVX2__
-    const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    const __m256 vf = _mm256_set1_ps(fr), one = _mm256_set1_ps(1.0f);
+    const __m256 vf = _mm256_set1_ps(fr);
     __m256d acc = _mm256_setzero_pd();
     for (; i + 8 <= n; i += 8) {
-        __m256i b = _mm256_and_si256(_mm256_set1_epi32(mask[i >> 3]), bits);
-        __m256 m = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(b, bits)), one);
+        __m256 m = _mm256_load_ps(kMaskRows.v[mask[i >> 3]]);
         __m256 vg = _mm256_loadu_ps(g + i), vw = _mm256_loadu_ps(w + i);
         if (gw) {
             __m256 gt = _mm256_mul_ps(divide ? _mm256_div_ps(vg, vf) : vg, m);
@@ -270,6 +277,56 @@ void minmax_span(const float* x, int64_t n, float* mn, float* mx, bool* nan) {
     *nan = bad;
 }
 
+// min and max of x[0, n) like minmax_span, and which zeros occur: *pos0 / *neg0 tell whether a
+// +0 / -0 is among the elements. When an extreme is zero, the zeros are exactly the extreme
+// elements, so these two flags decide its sign (both set: ambiguous, the caller declines).
+void range_span(const float* x, int64_t n, float* mn, float* mx, bool* nan, bool* pos0, bool* neg0) {
+    int64_t i = 0;
+    float lo = INFINITY, hi = -INFINITY;
+    bool bad = false, p0 = false, n0 = false;
+#ifdef __AVX2__
+    if (n >= 16) {
+        const __m256 zero = _mm256_setzero_ps();
+        __m256 lo0 = _mm256_set1_ps(INFINITY), hi0 = _mm256_set1_ps(-INFINITY), lo1 = lo0, hi1 = hi0;
+        __m256 vnan = zero, vneg = zero, vpos = zero;
+        for (; i + 16 <= n; i += 16) {  // two accumulators: the loop is bound by loads, not latency
+            __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+            lo0 = _mm256_min_ps(a, lo0);  // a NaN in a returns the second operand: NaN is skipped
+            hi0 = _mm256_max_ps(a, hi0);
+            lo1 = _mm256_min_ps(b, lo1);
+            hi1 = _mm256_max_ps(b, hi1);
+            vnan = _mm256_or_ps(vnan, _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q)));
+            __m256 za = _mm256_cmp_ps(a, zero, _CMP_EQ_OQ), zb = _mm256_cmp_ps(b, zero, _CMP_EQ_OQ);
+            // sign bit of (zero-lane & x): a -0 was seen; of (zero-lane & ~x): a +0 was seen
+            vneg = _mm256_or_ps(vneg, _mm256_or_ps(_mm256_and_ps(za, a), _mm256_and_ps(zb, b)));
+            vpos = _mm256_or_ps(vpos, _mm256_or_ps(_mm256_andnot_ps(a, za), _mm256_andnot_ps(b, zb)));
+        }
+        float a[8], b[8];
+        _mm256_storeu_ps(a, _mm256_min_ps(lo0, lo1));  // min / max of non-NaN values: exact in any order
+        _mm256_storeu_ps(b, _mm256_max_ps(hi0, hi1));
+        for (int j = 0; j < 8; ++j) {
+            lo = a[j] < lo ? a[j] : lo;
+            hi = b[j] > hi ? b[j] : hi;
+        }
+        bad = _mm256_movemask_ps(vnan) != 0;
+        n0 = _mm256_movemask_ps(vneg) != 0;
+        p0 = _mm256_movemask_ps(vpos) != 0;
+    }
+#endif
+    for (; i < n; ++i) {
+        float v = x[i];
+        if (v != v) { bad = true; continue; }
+        if (v == 0.0f) (std::signbit(v) ? n0 : p0) = true;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    *mn = lo;
+    *mx = hi;
+    *nan = bad;
+    *pos0 = p0;
+    *neg0 = n0;
+}
+
 // The observer step of one scale (formulas at dal_track_qparams).
 struct Track {
     int ema;
@@ -322,15 +379,10 @@ inline void track_one(const Track& t, float blo, float bhi, float* min_val, floa
 
 constexpr int64_t kChunk = 16384;  // elements per work item (a multiple of 8: mask bytes align)
 
-}  // namespace
-
-extern "C" {
-
 // x, out: rows * row_len contiguous floats. Row r uses parameter p = (r / param_div) % param_mod
 // of scale, lo, hi. mask: rows * ceil(row_len / 8) bytes, or null when no gradient is needed.
-void dal_fq_forward(const float* x, float* out, uint8_t* mask, int64_t rows, int64_t row_len,
-                    int64_t param_div, int64_t param_mod, const float* scale, const float* lo,
-                    const float* hi, int mode, int nthreads) {
+void fq_rows(const float* x, float* out, uint8_t* mask, int64_t rows, int64_t row_len, int64_t param_div,
+             int64_t param_mod, const float* scale, const float* lo, const float* hi, int mode, int nthreads) {
     const int64_t chunks = (row_len + kChunk - 1) / kChunk;
     const int64_t mask_row = (row_len + 7) / 8;
     const int64_t items = rows * chunks;
@@ -342,6 +394,18 @@ void dal_fq_forward(const float* x, float* out, uint8_t* mask, int64_t rows, int
         fq_span(x + r * row_len, out + r * row_len, mask ? mask + r * mask_row : nullptr,
                 begin, end, scale[p], lo[p], hi[p], mode);
     }
+}
+
+
+}  // namespace
+
+extern "C" {
+
+// The fused fake quantization (arguments as fq_rows).
+void dal_fq_forward(const float* x, float* out, uint8_t* mask, int64_t rows, int64_t row_len,
+                    int64_t param_div, int64_t param_mod, const float* scale, const float* lo,
+                    const float* hi, int mode, int nthreads) {
+    fq_rows(x, out, mask, rows, row_len, param_div, param_mod, scale, lo, hi, mode, nthreads);
 }
 
 void dal_fq_backward(const float* grad, const uint8_t* mask, float* grad_in, int64_t rows,
@@ -496,6 +560,100 @@ void dal_kernel_params(const float* scale, const int32_t* zero_point, int64_t n,
     }
 }
 
-int dal_fq_abi_version() { return 2; }
+// dal_fq_forward with the parameters of a fixed (scale, zero point) computed here, as
+// dal_kernel_params computes them: one call per fake quantization in the frozen state (and in
+// quantize with an observer that does not move the scale), no parameter tensors.
+// scale, zero_point: param_mod values (zero_point null for FP8).
+void dal_fq_forward_fixed(const float* x, float* out, uint8_t* mask, int64_t rows, int64_t row_len,
+                          int64_t param_div, int64_t param_mod, const float* scale, const int32_t* zero_point,
+                          double qmin, double qmax, double fp8_max, int mode, int nthreads) {
+    std::vector<float> s(param_mod), lo(param_mod), hi(param_mod);
+    dal_kernel_params(scale, zero_point, param_mod, qmin, qmax, fp8_max, s.data(), lo.data(), hi.data());
+    fq_rows(x, out, mask, rows, row_len, param_div, param_mod, s.data(), lo.data(), hi.data(), mode, nthreads);
+}
+
+// dal_track_qparams of a per-tensor quantizer fused with dal_fq_forward, for the QAT step of an
+// activation: the batch's min / max of x (torch.aminmax's values: exact for any order, and the
+// sign of a zero extreme taken from the zeros present), the observer step and scale, then the
+// fake quantization of x with this call's parameters into out / mask (null: no gradient).
+// Returns 0 with no observer state or scale written (out and mask are then garbage) where the
+// torch path must decide: a NaN in x, a zero extreme with zeros of both signs present (torch's
+// sign then depends on its reduction order), or where dal_track_qparams would decline.
+int dal_track_fq_forward(const float* x, float* out, uint8_t* mask, int64_t n, float* min_val, float* max_val,
+                         int64_t* batches_seen, int ema, float c, int symmetric, double qmin, double qmax,
+                         double zp_mid, double denom, int fp8, float* scale, int32_t* zero_point, int mode,
+                         int nthreads) {
+    float lo = INFINITY, hi = -INFINITY;
+    bool nan = false, p0 = false, n0 = false;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    if (nthreads > 1 && chunks > 4) {
+        std::vector<float> los(chunks), his(chunks);
+        std::vector<char> flags(3 * chunks);
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+        for (int64_t k = 0; k < chunks; ++k) {
+            int64_t begin = k * kChunk, len = begin + kChunk < n ? kChunk : n - begin;
+            bool a, b, d;
+            range_span(x + begin, len, &los[k], &his[k], &a, &b, &d);
+            flags[3 * k] = a; flags[3 * k + 1] = b; flags[3 * k + 2] = d;
+        }
+        for (int64_t k = 0; k < chunks; ++k) {
+            lo = los[k] < lo ? los[k] : lo;
+            hi = his[k] > hi ? his[k] : hi;
+            nan |= flags[3 * k] != 0; p0 |= flags[3 * k + 1] != 0; n0 |= flags[3 * k + 2] != 0;
+        }
+    } else {
+        range_span(x, n, &lo, &hi, &nan, &p0, &n0);
+    }
+    if (nan || ((lo == 0.0f || hi == 0.0f) && p0 && n0)) return 0;
+    if (lo == 0.0f) lo = n0 ? -0.0f : 0.0f;
+    if (hi == 0.0f) hi = n0 ? -0.0f : 0.0f;
+    const Track t{ema, c, symmetric, qmin, qmax, zp_mid, denom, fp8};
+    if (!track_ok(t, lo, hi, *min_val, *max_val)) return 0;
+    float new_min = *min_val, new_max = *max_val, new_scale, s, k_lo, k_hi;
+    int32_t new_zp;
+    track_one(t, lo, hi, &new_min, &new_max, &new_scale, &new_zp, &s, &k_lo, &k_hi);
+    fq_rows(x, out, mask, 1, n, 1, 1, &s, &k_lo, &k_hi, mode, nthreads);
+    *min_val = new_min;
+    *max_val = new_max;
+    *scale = new_scale;
+    *zero_point = new_zp;
+    *batches_seen += 1;
+    return 1;
+}
+
+// ---- z = y / f per channel, the 1/f of QConvBn2d training on the conv output (dal.nn.channel_divide) ----
+// The backward of torch's broadcast division z = y / f[c] (y: outer x C x inner floats), in one
+// pass and with autograd's own float32 expressions (DivBackward0):
+//     grad_y = g / f[c]                  t = (-g) * ((y / f[c]) / f[c])
+// grad_y or t may be null. The caller sums t over every axis but C with torch's own reduction
+// (the sum_to autograd applies), so grad_f keeps torch's bits too.
+void dal_channel_divide_backward(const float* g, const float* y, const float* f, float* grad_y, float* t,
+                                 int64_t outer, int64_t channels, int64_t inner, int nthreads) {
+    const int64_t items = outer * channels;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && items * inner > 65536)
+    for (int64_t it = 0; it < items; ++it) {
+        const float fr = f[it % channels];
+        const int64_t off = it * inner;
+        int64_t i = 0;
+#ifdef __AVX2__
+        const __m256 vf = _mm256_set1_ps(fr), sign = _mm256_set1_ps(-0.0f);
+        for (; i + 8 <= inner; i += 8) {
+            __m256 vg = _mm256_loadu_ps(g + off + i);
+            if (grad_y) _mm256_storeu_ps(grad_y + off + i, _mm256_div_ps(vg, vf));
+            if (t) {
+                __m256 q = _mm256_div_ps(_mm256_div_ps(_mm256_loadu_ps(y + off + i), vf), vf);
+                _mm256_storeu_ps(t + off + i, _mm256_mul_ps(_mm256_xor_ps(vg, sign), q));
+            }
+        }
+#endif
+        for (; i < inner; ++i) {
+            float gv = g[off + i];
+            if (grad_y) grad_y[off + i] = gv / fr;
+            if (t) t[off + i] = (-gv) * ((y[off + i] / fr) / fr);
+        }
+    }
+}
+
+int dal_fq_abi_version() { return 3; }
 
 }  // extern "C"
