@@ -12,6 +12,7 @@ from ..formats import INT32, Granularity, fake_quantize
 from ..quantizer import FakeQuantizer
 from .adopt import adopt, release
 from .spec import make_quantizer, per_channel_variant, role_specs
+from .weight_memo import quantized_once
 
 
 def apply_activation(y: torch.Tensor, activation) -> torch.Tensor:
@@ -93,7 +94,11 @@ class QATModule(nn.Module):
         self.output_quant = make_quantizer(out_spec, None, f"{name}.output_quant")
 
     def quantized_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """The weight as the matrix engine sees it: masked (2:4), then fake-quantized."""
+        """The weight as the matrix engine sees it: masked (2:4), then fake-quantized; once per
+        forward of a module that calls this layer several times (``dal.nn.weight_memo``)."""
+        return quantized_once(self, weight, self.weight_quant, self._mask_and_quantize)
+
+    def _mask_and_quantize(self, weight: torch.Tensor) -> torch.Tensor:
         mask = getattr(self, "weight_mask", None)
         if mask is not None:
             weight = weight * mask.to(weight.dtype)

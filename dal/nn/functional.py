@@ -30,7 +30,16 @@ class _QFunctional(QATModule):
         return cls(spec, name)
 
     def _q(self, i: int, t: torch.Tensor) -> torch.Tensor:
-        return self.input_quants[i](t) if i < len(self.input_quants) else t
+        if i >= len(self.input_quants):
+            return t
+        q = self.input_quants[i]
+        if not t.is_contiguous() and q.state.quantizes and not torch.jit.is_tracing():
+            # A detection head's per-level outputs reach a cat as permuted views: the quantizer's
+            # fused kernel takes contiguous tensors only, its eager path (same bits, about thirty
+            # small ops) the rest. Quantization is elementwise and its range a min / max, so the
+            # contiguous copy changes no number.
+            t = t.contiguous()
+        return q(t)
 
     def _out(self, y):
         return self.output_quant(y) if self.output_quant is not None else y

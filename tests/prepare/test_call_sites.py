@@ -150,3 +150,103 @@ def test_groupnorm_is_fp16_on_fp16_hardware_and_refused_on_int8_only():
     torch.testing.assert_close(y, expect, rtol=0, atol=0)
     with pytest.raises(RecipeError, match=r"gn \(GroupNorm\).*'a1000' cannot run.*replace the layer by a BatchNorm2d"):
         dal.prepare_qat(GnBlock(), recipe="int8_balanced", hardware="a1000", example_inputs=(_x(),))
+
+
+class GnListHead(nn.Module):
+    """A conv + GroupNorm tower called once per level inside one forward (FCOS's head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tower = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU())
+        self.out = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        feats = [x, F.max_pool2d(x, 2), F.max_pool2d(x, 4)] if x.shape[-1] >= 8 else [x]  # fx cannot trace this
+        outs = [self.out(self.tower(f)).permute(0, 2, 3, 1).reshape(f.shape[0], -1, 2) for f in feats]
+        return torch.cat(outs, dim=1)
+
+
+def _levels(seed):
+    return torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+def _train_step(model, feats):
+    model.zero_grad(set_to_none=True)
+    out = model(feats)
+    out.square().mean().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_a_layer_called_per_level_quantizes_its_weights_once_with_the_same_bits(monkeypatch):
+    import copy
+
+    import dal.prepare.call_sites as call_sites
+
+    m = dal.prepare_qat(GnListHead(), recipe="int8_balanced", hardware="a2000", example_inputs=(_levels(0),))
+    dal.calibrate(m, [_levels(1), _levels(2)])
+    ref = copy.deepcopy(m).train()
+    m.train()
+    conv, gn = m.tower[0], m.tower[1]
+    assert conv.weight_quant.state == "quantize" and type(gn).__name__ == "Fp16GroupNorm"
+    calls = []
+    for q in (conv.weight_quant, gn.weight_quant, gn.bias_quant):
+        q.register_forward_hook(lambda mod, i, o: calls.append(mod))
+    out, grads = _train_step(m, _levels(3))
+    # three levels, one fake quantization of each weight (the owner's forward is the scope)
+    assert len(calls) == 3
+    # the reference: every call quantizes again (no scope), as before
+    monkeypatch.setattr(call_sites, "enter_scope", lambda: None)
+    monkeypatch.setattr(call_sites, "exit_scope", lambda: None)
+    ref_out, ref_grads = _train_step(ref, _levels(3))
+    assert torch.equal(out, ref_out)
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[k], ref_grads[k]) for k in grads)
+    state, ref_state = m.state_dict(), ref.state_dict()
+    # the observers' range and counts too: batches_seen counts the calls the scope answered
+    assert all(torch.equal(state[k], ref_state[k]) for k in state), [k for k in state
+                                                                     if not torch.equal(state[k], ref_state[k])]
+
+
+def test_a_weight_whose_observer_moves_per_call_is_quantized_every_call():
+    from dal.nn.weight_memo import quantized_once, weight_scope
+    from dal.quantizer import FakeQuantizer
+    from dal.formats import per_channel
+
+    w = nn.Parameter(torch.randn(4, 3))
+    ema = FakeQuantizer("int8", per_channel(0), observer="moving_average")
+    running = FakeQuantizer("int8", per_channel(0), observer="minmax")
+    for q in (ema, running):
+        q(w.detach() * 0.5)
+        q.end_observation("quantize")
+    owner = nn.Module()
+    with weight_scope():
+        a1, a2 = quantized_once(owner, w, ema, ema), quantized_once(owner, w, ema, ema)
+        b1, b2 = quantized_once(owner, w, running, running), quantized_once(owner, w, running, running)
+        with torch.no_grad():
+            w.mul_(2)  # an in-place update between calls: a new version, computed again
+        b3 = quantized_once(owner, w, running, running)
+    assert a1 is not a2  # each call moves a moving average: no reuse
+    assert b1 is b2 and b3 is not b1
+    assert int(running.observer.batches_seen) == 4  # 1 calibration + 3 calls, reused or not
+    assert quantized_once(owner, w, running, running) is not b3  # outside a scope: always computed
+
+
+def test_a_cat_of_permuted_views_quantizes_as_its_contiguous_inputs():
+    import copy
+
+    m = dal.prepare_qat(GnListHead(), recipe="int8_balanced", hardware="a2000", example_inputs=(_levels(0),))
+    dal.calibrate(m, [_levels(1)])
+    cat = next(mod for name, mod in m.dal_sites.items() if name.startswith("cat_l"))
+    ref = copy.deepcopy(cat)
+    m.train(), ref.train()
+    views = [torch.randn(2, 2, s, s).permute(0, 2, 3, 1).reshape(2, -1, 2) for s in (4, 1, 2)]
+    assert not views[0].is_contiguous() and cat.input_quants[0].state == "quantize"
+    seen = []
+    cat.input_quants[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0].is_contiguous()))
+    out = cat(*views)
+    assert seen == [True]  # the fused kernel's input
+    # the reference: each quantizer called on the view itself (its eager path), then torch.cat
+    expect = torch.cat([q(v) for q, v in zip(ref.input_quants, views)], dim=1)
+    expect = ref.output_quant(expect) if ref.output_quant is not None else expect
+    assert torch.equal(out, expect)
+    state, ref_state = cat.state_dict(), ref.state_dict()
+    assert all(torch.equal(state[k], ref_state[k]) for k in state)
