@@ -22,7 +22,7 @@ from .accumulate import OVERFLOWS
 from .errors import ConvertError
 from .float_ops import NPUFloatOps
 from .forms import swap_forms
-from .layers import IntegerLayer
+from .layers import IntegerLayer, fan_value
 from .probe import plan_groups, record
 
 
@@ -117,6 +117,11 @@ class IntegerModel(nn.Module):
         self._layers = layers  # path -> IntegerLayer (also inside net)
         self.forms = dict(forms or {})  # path of a replaced operator -> its form (forms.py)
         self._planned = False
+        # a fixed-point fan-out group's per-reader values, for the duration of one forward
+        self._fan: dict = {}
+        self._fan_hooked: set = set()
+        for lay in layers.values():
+            lay.fan_values = self._fan
 
     def _plan(self, args, kwargs) -> None:
         layers = list(self._layers.values())
@@ -130,7 +135,20 @@ class IntegerModel(nn.Module):
         plans = plan_groups(events, outputs)
         for lay in layers:
             lay.plans = plans.get(id(lay), [])
+            for p in lay.plans:
+                for q in p.consumers:  # a fan-out reader that is a quantizer call of its own
+                    if id(q) not in self._fan_hooked:
+                        self._fan_hooked.add(id(q))
+                        q.register_forward_pre_hook(self._fan_reader)
         self._planned = True
+
+    def _fan_reader(self, q, args):
+        """Forward pre-hook of a fan-out reader quantizer: it quantizes its own value (layers.py)."""
+        if args:
+            y = fan_value(self._fan, args[0], q)
+            if y is not args[0]:
+                return (y,) + tuple(args[1:])
+        return None
 
     def forward(self, *args, **kwargs):
         _refuse_nan(args, kwargs)
@@ -139,8 +157,11 @@ class IntegerModel(nn.Module):
                 self._plan(args, kwargs)
             for lay in self._layers.values():
                 lay.calls = 0
-            with NPUFloatOps():
-                return self.net(*args, **kwargs)
+            try:
+                with NPUFloatOps(self._fan):
+                    return self.net(*args, **kwargs)
+            finally:
+                self._fan.clear()
 
     def run_with_codes(self, *args, fp8_bits: bool = False, **kwargs) -> tuple[Any, dict]:
         """(output, {quantizer path: [codes of each call]}): every integer tensor of the run, the

@@ -154,11 +154,27 @@ _IMPL = {
     torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64, F.interpolate: _interpolate,
 }
 
+#: element-picking functions a fixed-point fan-out's per-reader values follow (NPUFloatOps)
+_PICK = (F.max_pool2d, F.interpolate)
+
 
 class NPUFloatOps(TorchFunctionMode):
-    """Replaces the functions above by their SPEC.md semantics (others run unchanged)."""
+    """Replaces the functions above by their SPEC.md semantics (others run unchanged).
+
+    ``fan``: the model's fixed-point fan-out values (layers.py ``fan_values``): a max pool or
+    nearest interpolate of such a group's output applies to every reader's value too, so each
+    reader still quantizes its own codes, pooled (probe.py ``pass_through``)."""
+
+    def __init__(self, fan: dict | None = None):
+        super().__init__()
+        self.fan = fan
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        got = self.fan.get(id(args[0])) if self.fan and args and func in _PICK else None
+        if got is not None and got[0] is args[0]:
+            out = func(*args, **(kwargs or {}))
+            self.fan[id(out)] = (out, {k: func(v, *args[1:], **(kwargs or {})) for k, v in got[1].items()})
+            return out
         impl = _IMPL.get(func)
         if impl is not None:
             try:

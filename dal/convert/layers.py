@@ -5,13 +5,16 @@ Built from the trained QAT module (its quantizers' scales and zero points, the B
 probe (probe.py) exactly where the NPU reference chooses between its integer group and its
 float path (dal/npu/README.md, "Numeric contract"):
 
-* **integer group** (the output goes, through at most one Relu/Clip, to one per-tensor integer
-  quantizer): input codes ``x_q = Q(x)``; ``acc = sum (x_q - zp_x)(w_q - zp_w) + b_q`` exactly
+* **integer group** (the output goes, through at most one Relu/Clip and one max pool / nearest
+  interpolate, to one per-tensor integer quantizer, or only to k >= 2 of them): input codes ``x_q = Q(x)``; ``acc = sum (x_q - zp_x)(w_q - zp_w) + b_q`` exactly
   (accumulate.py); then the hardware's requantizer (requant.py). With the float requantizer the
   layer returns ``v = float32(acc * s_x * s_w)`` (activation applied), and the consumer's own
   QuantizeLinear rounds it, which is the NPU's ``clamp(round(v / s_y) + zp_y, lo, hi)`` exactly
   (Q is monotone). With the fixed-point requantizer it computes the codes and returns their
   dequantized value ``(q - zp_y) * s_y``, which the consumer quantizes back to ``q`` exactly.
+  Several readers (fan-out): with the float requantizer each quantizes ``v`` itself, which is
+  its own requantizer; with the fixed-point one every reader's value is computed here and each
+  reader takes its own (``fan_values``; through a max pool / interpolate: float_ops.py).
 * **float** (SPEC.md, float islands): ``float32(float64 conv/matmul of the dequantized input and
   weight)`` then the float32 bias, activation and output quantizer.
 
@@ -68,6 +71,13 @@ def weight_and_bias(qat: nn.Module) -> tuple[torch.Tensor, Optional[torch.Tensor
     return w.detach().float(), None if b is None else b.detach().float()
 
 
+def fan_value(table: Optional[dict], x, q):
+    """What reader quantizer ``q`` reads for ``x``: its own entry of ``table`` (IntegerLayer's
+    ``fan_values``) when ``x`` is a fan-out group's output, else ``x`` itself."""
+    got = table.get(id(x)) if table else None
+    return got[1].get(id(q), x) if got is not None and got[0] is x else x
+
+
 class IntegerLayer(nn.Module):
     """A weighted QAT layer (``qat``) computed as the NPU does; see the module docstring."""
 
@@ -85,6 +95,7 @@ class IntegerLayer(nn.Module):
         self.register_buffer("b_dq", None if b is None else qat.quantized_bias(b).detach().float().clone())
         self.why_not = self._integer_form(w, b)
         self.fixed: dict[int, FixedPoint] = {}
+        self.fan_values = None  # the model's {id(y): (y, {id(reader q): its value})}, api.py
 
     # ---- convert time ---------------------------------------------------------------------
     def _integer_form(self, w, b) -> str:
@@ -131,6 +142,7 @@ class IntegerLayer(nn.Module):
     def forward(self, x, *rest):
         if self.probing or rest or self.kind == "other":
             return self.qat(x, *rest)
+        x = self.fan_in(x, getattr(self.qat, "input_quant", None))
         plan = self.plans[self.calls % len(self.plans)] if self.plans else GroupPlan(False)
         self.calls += 1
         # a Linear on rank > 2 inputs is MatMul + Add(bias): a group when the Add's bias is the
@@ -199,7 +211,22 @@ class IntegerLayer(nn.Module):
         return q_out(y) if q_out is not None else y
 
     def _fixed(self, acc, axis, plan: GroupPlan):
+        """The codes of every reader (its own multiplier and shift), returned as the first
+        reader's dequantized codes; with k >= 2 readers the others' are left in ``fan_values``
+        (keyed by the returned tensor), which each reader takes instead (``fan_in``)."""
         q = plan.consumer
+        ys = [self._fixed_one(acc, axis, plan, r) for r in plan.readers]
+        if len(ys) > 1 and self.fan_values is not None:
+            self.fan_values[id(ys[0])] = (ys[0], {id(r): y for r, y in zip(plan.readers, ys)})
+        # Q(DQ(q)) == q: the layer's own output quantizer (if it is the consumer) changes nothing
+        return q(ys[0]) if q is self.qat.output_quant else ys[0]
+
+    def fan_in(self, x, q):
+        """``x`` as reader quantizer ``q`` must see it: the dequantized codes of q's own
+        requantizer when ``x`` is a fixed-point fan-out group's output, else ``x``."""
+        return fan_value(self.fan_values, x, q)
+
+    def _fixed_one(self, acc, axis, plan: GroupPlan, q):
         s_y, zp_y = q.effective_qparams()
         s_y, zp_y = float(s_y.reshape(())), int(zp_y.reshape(()))
         key = id(q)
@@ -214,6 +241,4 @@ class IntegerLayer(nn.Module):
         if bounds[1] is not None:
             hi = min(hi, int(quantize(torch.tensor(bounds[1]), q.fmt, s_y, zp_y)))
         codes = fp(acc, axis, zp_y, int(lo), int(hi))
-        y = (codes.float() - float(zp_y)) * torch.tensor(s_y, dtype=torch.float32, device=acc.device)
-        # Q(DQ(q)) == q: the layer's own output quantizer (if it is the consumer) changes nothing
-        return q(y) if q is self.qat.output_quant else y
+        return (codes.float() - float(zp_y)) * torch.tensor(s_y, dtype=torch.float32, device=acc.device)

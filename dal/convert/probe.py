@@ -1,9 +1,12 @@
 """Which weighted layers the NPU runs as one integer group: a probe forward of the QAT model.
 
 The NPU fuses ``DQ -> Conv/Gemm/MatMul [-> Add(int32 bias)] [-> Relu/Clip] -> Q`` when the
-layer's output (after at most one Relu/Clip) is read by exactly one QuantizeLinear and is no
-graph output (the bias Add is inside the torch layer: layers.py decides it); a layer whose
-output also feeds a float op (ResNet's stem: Conv -> Relu -> MaxPool) runs in float. The same
+layer's output (after at most one Relu/Clip) is read by one QuantizeLinear, or only by k >= 2
+of them (a fan-out group: the exact accumulator is requantized once per reader, export/SPEC.md),
+and is no graph output (the bias Add is inside the torch layer: layers.py decides it); a layer
+whose output also feeds a float op runs in float. One max pool or nearest interpolate may sit
+before the quantizer(s) (ResNet's stem: Conv -> Relu -> MaxPool -> {Q, Q}): the group's codes
+are pooled / resized, which is exact since the requantizer is non-decreasing (``pass_through``). The same
 structure is read here from the torch model itself, with no ONNX file: one forward of the QAT
 model under a ``TorchFunctionMode`` records every torch function called at the top level (not
 inside a quantizer or a weighted layer) and which tensors it read and wrote, plus every
@@ -52,6 +55,12 @@ class GroupPlan:
     consumer: Optional[FakeQuantizer] = None
     act: Optional[tuple] = None   # (lo, hi) of an external Relu/Clip, None bounds unbounded
     why: str = ""
+    consumers: tuple = ()         # every reader's quantizer (k >= 2: a fan-out group), else ()
+
+    @property
+    def readers(self) -> tuple:
+        """The quantizers whose codes the group computes, one requantizer each."""
+        return self.consumers or ((self.consumer,) if self.consumer is not None else ())
 
 
 def _bounds(kind, args, kwargs):
@@ -162,29 +171,72 @@ def _chain(e: Event, readers: dict, outputs: set) -> GroupPlan:
     own = getattr(layer, "output_quant", None)
     if own is not None and own.state != "off":
         return GroupPlan(True, own) if _is_int_per_tensor(own) else GroupPlan(False, why="output quantizer")
-    act = None
+    # a pass-through only after a Conv: its per-channel requantizers never meet in one window
+    act, passed, conv = None, False, getattr(e.obj, "kind", None) == "conv"
     has_act = getattr(layer, "activation", None) is not None
     key = e.outs[0] if len(e.outs) == 1 else None
     while key is not None:
         if key in outputs:
             return GroupPlan(False, why="a graph output")
         users = readers.get(key, [])
+        if len(users) >= 2:  # a fan-out group when every reader quantizes (export/SPEC.md)
+            qs = [_reader_quant(u) for u in users]
+            if len({id(u) for u in users}) == len(users) and all(q is not None and _is_int_per_tensor(q) for q in qs):
+                return GroupPlan(True, qs[0], act, consumers=tuple(qs))
         if len(users) != 1:
             return GroupPlan(False, why=f"read by {len(users)} operations")
         u = users[0]
         if u.kind == "func" and u.obj in _PASS:
             key = u.outs[0]
             continue
-        if u.kind == "func" and u.obj in _ACT and not has_act and act is None:
+        if u.kind == "func" and conv and not passed and pass_through(u.obj, u.args, u.kwargs):
+            passed = True  # requantize, then pool / resize the codes: the same (module doc)
+            key = u.outs[0] if len(u.outs) == 1 else None
+            continue
+        if u.kind == "func" and u.obj in _ACT and not has_act and act is None and not passed:
             act = _bounds(_ACT[u.obj], u.args, u.kwargs)
             if act is None:
                 return GroupPlan(False, why="Clip with tensor bounds")
             key = u.outs[0]
             continue
-        # a weighted layer reads its input through its own input quantizer (IntegerLayer: .qat)
-        q = u.obj if u.kind == "quant" else (getattr(getattr(u.obj, "qat", u.obj), "input_quant", None)
-                                             if u.kind == "layer" else None)
+        q = _reader_quant(u)
         if q is not None and _is_int_per_tensor(q):
             return GroupPlan(True, q, act)
         return GroupPlan(False, why=f"read by {getattr(u.obj, '__name__', type(u.obj).__name__)}")
     return GroupPlan(False, why="no single output")
+
+
+def _max_pool_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                   return_indices=False):
+    k = (kernel_size,) * 2 if isinstance(kernel_size, int) else tuple(kernel_size)
+    p = (padding,) * 2 if isinstance(padding, int) else tuple(padding)
+    d = (dilation,) * 2 if isinstance(dilation, int) else tuple(dilation)
+    return (len(k) == 2 and input.ndim == 4 and not ceil_mode and not return_indices
+            and all(v == 1 for v in d) and all(0 <= pv < kv for pv, kv in zip(p, k)))
+
+
+def _interpolate_args(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                      recompute_scale_factor=None, antialias=False):
+    return mode in ("nearest", "nearest-exact") and input.ndim == 4
+
+
+def pass_through(func, args, kwargs) -> bool:
+    """A call that only picks elements and commutes with the requantizer (non-decreasing per
+    channel): a 2-D max pool (no indices, dilation 1, no ceil mode, padding < kernel: every
+    window holds an element) or a nearest interpolate; the NPU's MaxPool / nearest Resize
+    pass-through (export/SPEC.md §5a)."""
+    check = {F.max_pool2d: _max_pool_args, F.interpolate: _interpolate_args}.get(func)
+    try:
+        return bool(check is not None and check(*args, **(kwargs or {})))
+    except TypeError:
+        return False
+
+
+def _reader_quant(u: Event):
+    """The quantizer through which event ``u`` reads its input: a FakeQuantizer call itself, or
+    a weighted layer's own input quantizer (IntegerLayer: ``.qat``); None for anything else."""
+    if u.kind == "quant":
+        return u.obj
+    if u.kind == "layer":
+        return getattr(getattr(u.obj, "qat", u.obj), "input_quant", None)
+    return None

@@ -20,7 +20,8 @@ The ONNX graph instead rounds every dequantized value and every partial sum to f
 two agree whenever that float32 arithmetic is exact (power-of-two s_x, s_w and all partial
 sums below 2^24 units of s_x*s_w), and otherwise differ only when v/s_y lies within float32
 rounding noise of a .5 boundary. Blocked weights, float16 scales and anything else not matched
-here run node by node in float ("onnx" semantics).
+here run node by node in float ("onnx" semantics). k >= 2 quantizers reading the group:
+fan_out.py; a MaxPool / nearest Resize before them: group_post.py.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from . import accumulator, kernels, quant
 from .dispatch import has_vnni
 from .bias_overflow import acc_bound, bias_overflow_error
 from .errors import NPUError
-from .group_chain import is_dq as _is_dq, plan_output_chain
+from .group_chain import for_reader, is_dq as _is_dq, plan_output_chain
 from .metadata import requant_params
 from .sparse import check_24, compress_rows
 
@@ -167,6 +168,26 @@ class FusedStep:
             q = q.astype(self.y_dtype)
         return q, rows
 
+    def rows_of(self, xq, threads, layout=0):
+        """(codes, exact int32 accumulators [C, N*P] incl. bias_q, pixels in (n, p) order) of the
+        fused kernel, or None off it (fan_out.py: the accumulator of a group read k times)."""
+        if not self.fast:
+            return None
+        self._check_x(xq)
+        return self._run_fast(xq, threads, True, layout)
+
+    def codes_of_rows(self, rows, like, xq, threads):
+        """This step's requantizer on another step's accumulators ``rows`` (same weights);
+        ``like`` is that step (its output shape); NCHW codes."""
+        if self.rq.integer:
+            q = kernels.requant_fixed(rows, self.fp_m, self.fp_n, self.y_zp, self.lo, self.hi,
+                                      self.rq.rounding, threads)
+        else:
+            q = kernels.requant_float(rows, self.mult, self.bias_f, self.y_scale, self.y_zp,
+                                      self.lo, self.hi, threads)
+        self._shape = getattr(like, "_shape", None)
+        return self._unrows(q, xq).astype(self.y_dtype)
+
     def _check_x(self, xq):
         if xq.dtype not in _X_CODES or xq.dtype != self.x_dtype:
             raise NPUError(f"node {self.node_name!r}: input codes are {xq.dtype}, the zero point "
@@ -233,14 +254,8 @@ class FusedStep:
                 raise self._bias_overflow(xq, threads, rows)
             rows = r64.astype(np.int32)
         rows = np.ascontiguousarray(rows)
-        if self.rq.integer:
-            q = kernels.requant_fixed(rows, self.fp_m, self.fp_n, self.y_zp, self.lo, self.hi,
-                                      self.rq.rounding, threads)
-        else:
-            q = kernels.requant_float(rows, self.mult, self.bias_f, self.y_scale, self.y_zp,
-                                      self.lo, self.hi, threads)
         self._shape = acc.shape
-        out = {self.q_out: self._unrows(q, xq).astype(self.y_dtype)}
+        out = {self.q_out: self.codes_of_rows(rows, self, xq, threads)}
         if want_extra:
             self._extra(out, rows, xq)
         return out
@@ -284,7 +299,15 @@ class FusedStep:
 
 
 def match(g, node, sparse24: dict):
-    """Plan dict for a fusable group rooted at Conv/Gemm/MatMul ``node``, else None."""
+    """Plan dict for a fusable group rooted at Conv/Gemm/MatMul ``node``, a list of plans (one
+    per reader, group_chain.for_reader) when k >= 2 quantizers read it, else None."""
+    plan = _match_one(g, node, sparse24)
+    if plan is None or len(plan["q_readers"]) < 2:
+        return plan
+    return [for_reader(g, plan, q) for q in plan["q_readers"]]
+
+
+def _match_one(g, node, sparse24: dict):
     if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2:
         return None
     found = _input_dequantizers(g, node)

@@ -84,7 +84,8 @@ class Session:
         from . import ops_cast, ops_float, ops_nn, ops_quant, ops_reduce  # noqa: F401  (registers the ops)
         from . import ops_dense  # noqa: F401  (after ops_nn: its Resize adds linear to the nearest kernel)
         from .fused_codes import match as match_codes
-        from .integer_groups import FusedStep, match
+        from .integer_groups import match
+        from .group_post import group_step
         from .quant_step import match as match_quant
         self.model = load_model(model)
         self.semantics = semantics
@@ -100,8 +101,10 @@ class Session:
         for name in self.sparse24:
             if name not in g.consts:
                 raise NPUError(f"dal.sparse_24 names {name!r}, which is not an initializer")
-        steps, absorbed = [], set()
+        steps, absorbed, pending = [], set(), {}
         for n in g.nodes:
+            if id(n) in pending:  # a group with a pass-through runs where that node is (group_post.py)
+                steps.append(pending.pop(id(n)))
             if id(n) in absorbed:
                 continue
             if n.domain not in ("", "ai.onnx"):
@@ -114,10 +117,17 @@ class Session:
                     raise named(e, n)
                 except Exception as e:
                     raise NPUError(f"node {n.name!r} ({n.op_type}): {type(e).__name__}: {e}") from None
-            if plan is not None:
-                plan["isa"] = self.isa
-                steps.append(FusedStep(g, n, plan, self.requantizer, self.threads))
-                for o in [plan["op_out"], plan["act_out"]]:
+            if plan is not None:  # a list: one plan per quantizer reading the group (fan_out.py)
+                plans = plan if isinstance(plan, list) else [plan]
+                for p in plans:
+                    p["isa"] = self.isa
+                plan = plans[0]
+                step = group_step(g, n, plans, self.requantizer, self.threads)
+                if plan.get("post") is not None:  # its Resize may read sizes computed after n
+                    pending[id(plan["post"])] = step
+                else:
+                    steps.append(step)
+                for o in [plan["op_out"], plan["act_out"], plan.get("post_out")]:
                     if o:
                         absorbed.update(id(c) for c in g.consumers(o))
                 continue
@@ -349,7 +359,7 @@ class Session:
 def load(model, *, semantics: str = "integer", threads: int | None = None,
          kernel: str | None = None) -> Session:
     """Parse ``model`` (path, bytes or onnx.ModelProto) once; see Session. ``kernel`` forces a
-    kernel variant ("portable", "avx2", "avx_vnni", "avx512_vnni"; None: the best this CPU runs,
+    kernel variant ("portable", "avx2", "avx_vnni", "avx512_vnni", "amx_int8"; None: the best this CPU runs,
     see dal.npu.info()); every variant gives the same exact results."""
     return Session(model, semantics=semantics, threads=threads, kernel=kernel)
 
