@@ -22,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from cpu import cpu_flags  # bench/cpu.py  # noqa: E402
+from results_file import write_result  # bench/results_file.py  # noqa: E402
 
 
 def _sessions(proto):
@@ -94,10 +95,7 @@ def main(reps: int = 7) -> str:
     x = torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(7)).numpy()
     lines += measure("ResNet-18 int8_balanced / a2000, batch 8, 3x224x224", sess.model, x, max(3, reps // 2))
     text = "\n".join(lines)
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "fan_out.md"), "w") as fh:
-        fh.write(text)
-    return text
+    return write_result("fan_out.md", text)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import time
 
 import torch
 from cpu import cpu_flags  # bench/cpu.py
+from results_file import write_result  # bench/results_file.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -74,10 +75,7 @@ def main(reps: int = 3, batch: int = 32) -> str:
         "- freshly allocated buffers per run (no THP tuning); the machine is shared, absolute times swing.",
     ]
     text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "integer_model.md"), "w") as fh:
-        fh.write(text)
-    return text
+    return write_result("integer_model.md", text)
 
 
 if __name__ == "__main__":

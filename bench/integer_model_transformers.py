@@ -18,6 +18,7 @@ import time
 
 import torch
 from cpu import cpu_flags  # bench/cpu.py
+from results_file import write_result  # bench/results_file.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -81,10 +82,7 @@ def main(models, hardware) -> str:
              "matched by name to the integer model's quantizer calls.",
              "- the machine is shared by several jobs: times swing 1.5-2x between runs."]
     text = "\n".join(lines) + "\n"
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "integer_model_transformers.md"), "w") as fh:
-        fh.write(text)
-    return text
+    return write_result("integer_model_transformers.md", text)
 
 
 if __name__ == "__main__":
