@@ -73,8 +73,9 @@ def _maxdiff(xs, ys) -> float:
     return max(float(np.abs(p.astype(np.float64) - q).max()) for p, q in zip(xs, ys))
 
 
-def main(reps: int = 7) -> str:
-    torch.set_num_threads(1)
+def digit_detector():
+    """(QDQ ONNX of dal's DigitDetector, int8_balanced / a2000, calibrated on MNIST scenes, with a
+    free batch dimension; 64 of those 64x64 scenes as float32 numpy) -- also bench/npu.py's detector."""
     import dal
     from dal.datasets.mnist_scenes import mnist_scenes
     from dal.prepare import set_quantizer_state
@@ -84,12 +85,17 @@ def main(reps: int = 7) -> str:
     dal.calibrate(qat, image_batches(scenes, 32), num_batches=2, progress=False)
     set_quantizer_state(qat, "frozen")
     qat.eval()
-    det = dal.export_onnx(qat, (scenes.images[:4],), dynamic_batch=True)
+    return dal.export_onnx(qat, (scenes.images[:4],), dynamic_batch=True), scenes.images.numpy()
+
+
+def main(reps: int = 7) -> str:
+    torch.set_num_threads(1)
+    det, images = digit_detector()
     lines = ["# Fan-out and pass-through integer groups (bench/fan_out.py)", "",
              f"One thread each, {reps} interleaved runs (ResNet: {max(3, reps // 2)}), medians. "
              f"CPU: {cpu_flags()}. The machine is shared: absolute times swing, ratios less.", ""]
     lines += measure("DigitDetector int8_balanced / a2000, batch 32 (MNIST scenes 64x64)", det,
-                     scenes.images[:32].numpy(), reps)
+                     images[:32], reps)
     import integer_model  # bench/integer_model.py's ResNet-18 (random weights, calibrated)
     _, _, sess = integer_model.build(8)
     x = torch.randn(8, 3, 224, 224, generator=torch.Generator().manual_seed(7)).numpy()

@@ -115,13 +115,15 @@ def batch_model(path: str) -> str:
     return out
 
 
-def compare(path, batch, threads, reps):
-    """Interleaved medians of dal.npu and onnxruntime on ``path``: (wall ms npu, wall ms ort,
-    CPU ms npu, CPU ms ort, session). CPU time (process_time) is the figure a loaded machine
-    distorts least at one thread: a preempted run's wall time grows, its CPU time does not."""
+def compare(path, batch, threads, reps, x=None):
+    """Interleaved medians of dal.npu and onnxruntime on ``path`` (a file, or the model's bytes)
+    fed ``x`` (default: a random [batch, 3, 224, 224] image): (wall ms npu, wall ms ort, CPU ms
+    npu, CPU ms ort, session). CPU time (process_time) is the figure a loaded machine distorts
+    least at one thread: a preempted run's wall time grows, its CPU time does not."""
     import onnxruntime as ort
     import dal.npu as npu
-    x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    if x is None:
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -148,6 +150,41 @@ def compare(path, batch, threads, reps):
             cpu[k].append(time.process_time() - c)
     med = lambda v: statistics.median(v) * 1e3
     return med(wall["n"]), med(wall["o"]), med(cpu["n"]), med(cpu["o"]), s
+
+
+def alone_scaling(path, batch, reps) -> float:
+    """dal.npu's one-thread time over its two-thread time on ``path``, the two sessions
+    interleaved run by run (each timed run after an untimed one of the same session), no other
+    runtime in between: medians."""
+    import dal.npu as npu
+    x = {"input": np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)}
+    sessions = {t: npu.load(path, threads=t) for t in (1, 2)}
+    times = {1: [], 2: []}
+    for _ in range(reps):
+        for t, s in sessions.items():
+            s.run(x)
+            start = time.perf_counter()
+            s.run(x)
+            times[t].append(time.perf_counter() - start)
+    return statistics.median(times[1]) / statistics.median(times[2])
+
+
+def detector_lines(say, reps, rounds):
+    """The dense-prediction issue's detector: dal's DigitDetector export (bench/fan_out.py), the
+    same interleaved medians as ResNet-18's rows, batch 1 and 32, one and two threads."""
+    from fan_out import digit_detector  # bench/fan_out.py
+    proto, images = digit_detector()
+    data = proto.SerializeToString()
+    say("DigitDetector (dal's own export, int8_balanced / a2000, 64x64 MNIST scenes; no target in the issue):")
+    say()
+    say("| batch | threads | dal.npu ms | onnxruntime ms | ratio wall | ratio CPU time |")
+    say("|---|---|---|---|---|---|")
+    for batch in (1, 32):
+        for threads in (1, 2):
+            runs = [compare(data, batch, threads, max(3, reps // (4 if batch > 1 else 1)), images[:batch])[:4]
+                    for _ in range(rounds)]
+            mn, mo, cn, co = (statistics.median(c) for c in zip(*runs))
+            say(f"| {batch} | {threads} | {mn:.2f} | {mo:.2f} | {mn / mo:.2f}x | {cn / co:.2f}x |")
 
 
 def main(reps: int = 9, rounds: int = 5):
@@ -216,8 +253,14 @@ def main(reps: int = 9, rounds: int = 5):
     say()
     for act in ("u8", "s8"):
         for batch in (1, 8):
+            alone = alone_scaling(models[act][0 if batch == 1 else 1], batch, max(10, reps * 4 // (4 if batch > 1 else 1)))
             say(f"two-thread scaling, {act}s8 batch {batch}: {results[act, batch, 1] / results[act, batch, 2]:.2f}x "
-                "(target >= 1.7x)")
+                f"from the rows above, {alone:.2f}x with dal.npu alone (target >= 1.7x)")
+    say("(The rows above interleave dal.npu with onnxruntime, whose idle workers spin for a while after "
+        "each of its runs and take a core from dal.npu's second thread; 'alone' interleaves dal.npu's "
+        "one- and two-thread sessions only.)")
+    say()
+    detector_lines(say, reps, rounds)
     say()
     say("Where the time goes (u8s8, batch 1, one thread, Session.profile, medians of 7):")
     by_kind = {}
