@@ -50,6 +50,17 @@ def _isa(kernel):
     return int(lib().best_isa()) if kernel is None else NAMES.index(kernel)
 
 
+def _best_seconds(call, reps: int) -> float:
+    """The fastest of ``reps`` timed calls of ``call``, after one untimed call (warm-up)."""
+    call()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        call()
+        ts.append(time.perf_counter() - t)
+    return min(ts)
+
+
 def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1, kernel=None) -> float:
     """GOP/s of the fused exact int8 GEMM (u8 codes x s8 weights -> u8 codes, a layer3-sized
     conv as GEMM), with ``kernel`` (None: the one dal.npu picks); best of ``reps`` (shared machine)."""
@@ -65,13 +76,7 @@ def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1, kernel=None) -> float:
     isa = _isa(kernel)
     bp, ws = kernels.pack_panels_s8(w) if has_vnni(isa) else (kernels.pack_panels(w), e32)
     args = (x, 128, bp, ws, n, mult, e32, ef, e64, e64, 0, 0.05, 128, 0, 255, 1, e32, threads, isa)
-    lib().qgemm(*args)
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        lib().qgemm(*args)
-        ts.append(time.perf_counter() - t)
-    return 2 * m * k * n / min(ts) / 1e9
+    return 2 * m * k * n / _best_seconds(lambda: lib().qgemm(*args), reps) / 1e9
 
 
 def conv_gops(cin, cout, hw, k=3, reps=15, threads=1, kernel=None) -> float:
@@ -93,13 +98,7 @@ def conv_gops(cin, cout, hw, k=3, reps=15, threads=1, kernel=None) -> float:
     p = k // 2
     args = (x, 128, bp, ws, cout, k, k, 1, 1, 1, 1, p, p, hw, hw, True, mult, e32, ef, e64, e64, 0, 0.05, 128,
             0, 255, 1, e32, threads, isa, 3)
-    lib().qconv(*args)
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        lib().qconv(*args)
-        ts.append(time.perf_counter() - t)
-    return 2 * hw * hw * cout * cin * k * k / min(ts) / 1e9
+    return 2 * hw * hw * cout * cin * k * k / _best_seconds(lambda: lib().qconv(*args), reps) / 1e9
 
 
 def batch_model(path: str) -> str:

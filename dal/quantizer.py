@@ -347,11 +347,11 @@ class FakeQuantizer(nn.Module):
         return self._tracks_range and self.training and self.observer.updates_during_training
 
     def _track_step(self) -> Optional[tuple]:
-        """The observer's ``track_step()`` when its QAT step is the C++ one for this quantizer."""
+        """The observer's ``track_step()`` when it is this quantizer's C++ QAT step (not for 2^k scales)."""
         o = self.observer
         same = isinstance(o, MinMaxObserver) and (o.fmt, o.symmetric, o.narrow_range) == (self.fmt, self.symmetric,
                                                                                           self.narrow_range)
-        return o.track_step() if same else None
+        return o.track_step() if same and self.power_of_two is None else None
 
     def fold_quantize(self, weight: torch.Tensor, f: torch.Tensor, divide: bool) -> Optional[torch.Tensor]:
         """``self(weight * f[:, None, ...])`` (``/ f`` again when ``divide``) in one pass over the

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .fp16_region import round_once
+
 #: the exported mask term's constant (dal.replace.softmax_lut.MASKED_BELOW, float32 in the file)
 MASK_OFFSET = 1e30
 
@@ -70,7 +72,7 @@ class MatMulForm(nn.Module):
         qs = list(q.input_quants)  # one per operand, or none (the operand is used as it is)
         a, b = (qs[0](a), qs[1](b)) if len(qs) == 2 else (a, b)
         if self.half is not None:  # operands already on the T grid: the casts are exact
-            y = torch.matmul(a.to(self.half).double(), b.to(self.half).double()).to(self.half).float()
+            y = round_once(torch.matmul(a.to(self.half).double(), b.to(self.half).double()), self.half).float()
         else:
             y = torch.matmul(a.double(), b.double()).float()
         return q.output_quant(y) if q.output_quant is not None else y

@@ -32,6 +32,21 @@ def _active(q) -> bool:
     return q is not None and q.state in ("quantize", "frozen")
 
 
+def round_once(y64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``y64`` rounded ONCE, to nearest even, to ``dtype`` (float16 / bfloat16), as
+    numpy's ``astype(float16)`` (dal.npu) does. torch's float64 -> float16 conversion goes through
+    float32 and rounds twice (1 + 2^-11 + 2^-40 becomes 1.0). Here the float32 step rounds to
+    odd instead (toward zero, the last bit set when inexact), which keeps the sticky information:
+    float32's 24 bits are at least p + 2 for p = 11 (float16) and 8 (bfloat16), so the second
+    rounding is the correct one. NaN stays NaN; beyond float32's range gives +-inf as before."""
+    y = y64.to(torch.float32)
+    inexact = y.to(torch.float64) != y64
+    away = inexact & (y.abs().to(torch.float64) > y64.abs())  # rounded away from zero: step back
+    y = torch.where(away, torch.nextafter(y, torch.zeros_like(y)), y)
+    bits = y.view(torch.int32)
+    return torch.where(inexact & ~y.isnan(), bits | 1, bits).view(torch.float32).to(dtype)
+
+
 def half_dtype(qat: nn.Module) -> Optional[torch.dtype]:
     """The torch dtype of the FP16 / BF16 region ``qat`` (a Conv / Linear QAT layer) is exported
     as, or None: its input and weight quantizers are both active and of that one plain float
@@ -79,12 +94,12 @@ def half_forward(qat: nn.Module, kind: str, w: torch.Tensor, b: Optional[torch.T
         ph, pw = qat.padding
         xp = F.pad(x16.double(), (pw, pw, ph, ph))
         y = F.conv2d(xp, w64, None, qat.stride, 0, qat.dilation, qat.groups)
-        y = (y if b64 is None else y + b64.reshape(1, -1, 1, 1)).to(dtype)
+        y = round_once(y if b64 is None else y + b64.reshape(1, -1, 1, 1), dtype)
     elif x.ndim == 2 or b64 is None:  # Gemm (or a MatMul without bias): one rounding
         y = torch.matmul(x16.double(), w64.t())
-        y = (y if b64 is None else y + b64).to(dtype)
+        y = round_once(y if b64 is None else y + b64, dtype)
     else:  # MatMul, then the bias Add: two nodes, two roundings
-        y = add_half(torch.matmul(x16.double(), w64.t()).to(dtype), b64.to(dtype), dtype)
+        y = add_half(round_once(torch.matmul(x16.double(), w64.t()), dtype), b64.to(dtype), dtype)
     y = _activation(y, qat.activation, dtype).float()
     q_out = qat.output_quant
     return q_out(y) if q_out is not None else y

@@ -33,6 +33,13 @@ from .granularity import Granularity
 from .qformat import QFormat
 
 
+
+def _bump(*tensors: torch.Tensor) -> None:
+    """Autograd's version counter of each buffer the C++ step wrote in place, one call per tensor
+    (a tuple argument needs torch >= 2.5; pyproject allows 2.4)."""
+    for t in tensors:
+        increment_version(t)
+
 def _f32(t: torch.Tensor, n: int) -> bool:
     return t.dtype == torch.float32 and t.numel() == n and t.is_contiguous() and t.is_cpu
 
@@ -61,7 +68,7 @@ def track_qparams(lo: torch.Tensor, hi: torch.Tensor, min_val: torch.Tensor, max
                                k_hi.data_ptr())
     if not ok:
         return None
-    increment_version((min_val, max_val, batches_seen, scale, zero_point))
+    _bump(min_val, max_val, batches_seen, scale, zero_point)
     return s, k_lo, k_hi, kernel_mode(fmt)
 
 
@@ -105,7 +112,7 @@ def fold_track_forward(weight: torch.Tensor, f: torch.Tensor, min_val, max_val, 
                                     k_hi.data_ptr(), mode, bool(divide), torch.get_num_threads())
     if not ok:
         return None
-    increment_version((min_val, max_val, batches_seen, scale, zero_point))
+    _bump(min_val, max_val, batches_seen, scale, zero_point)
     return out, mask, (s, k_lo, k_hi, mode)
 
 
@@ -171,7 +178,7 @@ def track_fake_quantize(x: torch.Tensor, min_val, max_val, batches_seen, ema, fm
                                   zero_point.data_ptr(), kernel_mode(fmt), torch.get_num_threads())
     if not ok:
         return None
-    increment_version((min_val, max_val, batches_seen, scale, zero_point))
+    _bump(min_val, max_val, batches_seen, scale, zero_point)
     return out, mask, 1, n
 
 

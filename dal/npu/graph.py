@@ -163,7 +163,8 @@ class Graph:
 
     def clip_bounds(self, n):
         """(lo, hi) of Clip ``n`` from its attributes (opset < 11) or constant inputs (None:
-        unbounded); (False, False) when a bound is not a scalar constant or lo > hi."""
+        unbounded); (False, False) when a bound is not a scalar constant or lo > hi; NPUError
+        naming the node when a bound is NaN (it would become a platform-defined code)."""
         lo = hi = None
         a = self.attrs(n)
         if self.opset < 11:
@@ -180,4 +181,6 @@ class Graph:
                         hi = float(v.reshape(-1)[0])
         if lo is not None and hi is not None and lo > hi:
             return False, False
+        if any(v is not None and np.isnan(v) for v in (lo, hi)):
+            raise NPUError(f"node {n.name!r}: Clip bound is NaN (min {lo}, max {hi})")
         return lo, hi

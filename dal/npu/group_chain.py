@@ -126,8 +126,9 @@ def fan_out_readers(g, name) -> list:
 def pass_through_ok(g, n) -> bool:
     """``n`` picks elements of its input without arithmetic, so it commutes with the group's
     requantizer (non-decreasing per channel): a 2-D MaxPool (no Indices, dilation 1, no ceil
-    mode, every window holding an element: pads < kernel), or a nearest Resize (opset >= 11;
-    its scales / sizes may be computed at run time, e.g. from another tensor's Shape)."""
+    mode, every window holding an element: pads < kernel), or a nearest Resize (opset >= 11,
+    not tf_crop_and_resize, keep_aspect_ratio_policy stretch; its scales / sizes may be computed
+    at run time, e.g. from another tensor's Shape)."""
     if n.domain not in ("", "ai.onnx") or len(n.output) != 1:
         return False
     a = g.attrs(n)
@@ -141,7 +142,13 @@ def pass_through_ok(g, n) -> bool:
     if n.op_type == "Resize":
         mode = a.get("mode", "nearest")
         mode = mode.decode() if isinstance(mode, bytes) else mode
-        return mode == "nearest" and not a.get("axes") and g.opset >= 11 and len(n.input) >= 2
+        ctm = a.get("coordinate_transformation_mode", "half_pixel")
+        ctm = ctm.decode() if isinstance(ctm, bytes) else ctm
+        kar = a.get("keep_aspect_ratio_policy", "stretch")
+        kar = kar.decode() if isinstance(kar, bytes) else kar
+        # tf_crop_and_resize writes extrapolation_value (a float, not a code) outside the crop
+        return (mode == "nearest" and ctm != "tf_crop_and_resize" and kar == "stretch" and not a.get("axes")
+                and g.opset >= 11 and len(n.input) >= 2)
     return False
 
 

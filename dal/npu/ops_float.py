@@ -8,9 +8,9 @@ output type (float32, or float16 inside an FP16 region):
     2 * 11 + 2 bits, so that is the correctly rounded float16 result, as numpy's float16 loops);
   * reductions (Conv, Gemm, MatMul, AveragePool sums, ReduceMean) are accumulated in float64
     and rounded ONCE to the tensor type: the correctly rounded result up to float64 rounding,
-    independent of summation order. A bias (Conv B, Gemm C) is then added in the tensor type,
-    as onnxruntime (float32) and onnx.reference (float16) do. Division by the pool size is in
-    the tensor type;
+    independent of summation order. A float32 bias (Conv B, Gemm C) is then added in float32,
+    as onnxruntime does; a float16 one is part of the float64 sum, rounded once with it
+    (ops_dense.py, export/SPEC.md §6). Division by the pool size is in the tensor type;
   * Sigmoid, Tanh, Erf, Gelu, Elu, Softplus, Mish: computed in float64 from the input and
     rounded once; Exp, Log, Sqrt and Softmax use numpy's float32 routines (they may differ
     from onnxruntime by an ulp).

@@ -198,6 +198,7 @@ def discover(model: nn.Module, owners: list[str], run) -> list[Site]:
     def pre(module, args, path):
         mode = _SiteMode(module, path, record)
         module.__dict__.setdefault("dal_site_modes", []).append(mode)
+        enter_scope()  # _exit closes one (dal.nn.weight_memo), as for _enter
         mode.__enter__()
 
     for path in owners:

@@ -46,7 +46,9 @@ def integer_vs_npu(torch_model, model: onnx.ModelProto, inputs: tuple, npu_outs:
     """Convert ``torch_model`` (dal.convert) and compare it with the NPU reference's run."""
     from ..convert import ConvertError, convert
     try:
-        int_model = convert(torch_model)
+        # the file's own opset: LayerNorm / GELU are spelled differently across opsets (convert's doc)
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+        int_model = convert(torch_model, opset=opset)
         out, codes = int_model.run_with_codes(*inputs)
     except (ConvertError, ValueError, RuntimeError) as e:
         return IntegerParity(error=f"{type(e).__name__}: {str(e).splitlines()[0]}")

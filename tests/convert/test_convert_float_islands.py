@@ -5,6 +5,8 @@ against each other on whole models with FP16 fallback layers, element by element
 """
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -306,3 +308,41 @@ def test_bilinear_resize_float_island_is_bit_exact(tmp_path):
         ours = linear_resize_f64(y, list(size), [o / i for o, i in zip(size, y.shape[2:])], corners)
         oracle = torch.nn.functional.interpolate(y.double(), size=size, mode="bilinear", align_corners=corners)
         assert (ours.double() - oracle).abs().max() <= 2.0 ** -23 * oracle.abs().max() * 2
+
+
+def _bf16_once(x: np.ndarray) -> np.ndarray:
+    """float64 -> bfloat16, rounded once to nearest even on the float64 bits (finite values in
+    bfloat16's normal range), then an exact ml_dtypes cast. (ml_dtypes' own float64 -> bfloat16
+    goes through float32 and rounds twice, so it is no oracle here.)"""
+    b = x.view(np.uint64)
+    drop = np.uint64(52 - 7)
+    mask = (np.uint64(1) << drop) - np.uint64(1)
+    low, rem, half = b & ~mask, b & mask, np.uint64(1) << (drop - np.uint64(1))
+    up = (rem > half) | ((rem == half) & (((low >> drop) & np.uint64(1)) == 1))
+    return (low + np.where(up, mask + np.uint64(1), np.uint64(0))).view(np.float64).astype(ml_dtypes.bfloat16)
+
+
+def test_float64_rounds_once_to_half_like_numpy_and_ml_dtypes():
+    """round_once (the FP16/BF16-region rounding) equals numpy's float64 -> float16 conversion
+    and a bit-level round-to-nearest-even to bfloat16 on values a hair off the halfway points
+    (where torch's own conversion, through float32, rounds twice), on ties, +-0, +-inf, NaN,
+    overflow and underflow."""
+    from dal.convert.fp16_region import round_once
+    rng = np.random.default_rng(3)
+    for dt, p in ((torch.float16, 11), (torch.bfloat16, 8)):
+        m = rng.integers(1 << (p - 1), 1 << p, 20000).astype(np.float64)
+        e = rng.integers(-12 if p == 11 else -100, 15, 20000).astype(np.float64)
+        mid = (m + 0.5) * 2.0 ** (e - (p - 1))  # halfway between two neighbours
+        hair = mid * (1 + rng.choice([-1.0, 1.0], 20000) * 2.0 ** -40)  # off by far less than a float32 ulp
+        x = np.concatenate([mid, -mid, hair, -hair, rng.standard_normal(20000) * 1e3])
+        got = round_once(torch.from_numpy(x), dt).view(torch.int16).numpy()
+        want = (x.astype(np.float16) if dt == torch.float16 else _bf16_once(x)).view(np.int16)
+        assert np.array_equal(got, want), int((got != want).sum())
+        # torch's own conversion rounds twice on these: the reason for round_once
+        twice = torch.from_numpy(np.concatenate([hair, -hair])).to(dt).view(torch.int16).numpy()
+        assert bool((twice != want[2 * 20000:4 * 20000]).any())
+        special = torch.tensor([0.0, -0.0, np.inf, -np.inf, 1e300, -1e300, 1e-300, -1e-300], dtype=torch.float64)
+        r = round_once(special, dt).double()
+        assert r.tolist() == [0.0, -0.0, np.inf, -np.inf, np.inf, -np.inf, 0.0, -0.0]
+        assert [math.copysign(1, v) for v in r.tolist()] == [math.copysign(1, v) for v in special.tolist()]
+        assert bool(round_once(torch.tensor([np.nan], dtype=torch.float64), dt).isnan().all())

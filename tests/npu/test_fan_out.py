@@ -9,7 +9,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from graphs import ACT, Builder
 from oracles import ort_values, run_ort, run_reference
@@ -306,3 +306,27 @@ def test_resize_sizes_computed_after_the_conv(npu_lib):
     want = _post(_codes(_exact_acc(x, p), p, s, zp), dict(p, post="resize"))
     assert np.array_equal(mine.astype(np.int64), want)
     assert np.abs(mine.astype(np.int64) - run_ort(m, {"x": x, "z": zz})[0].astype(np.int64)).max() <= 1
+
+
+def test_crop_and_resize_is_not_a_pass_through(npu_lib):
+    """tf_crop_and_resize writes its extrapolation value (a float) outside the crop, which is not
+    a code: such a Resize keeps the float path (the Conv group does not reach past it)."""
+    import dal.npu as npu
+    m, _ = fan_model(1, "u8", "u8", None, post="resize")
+    rs = next(n for n in m.graph.node if n.op_type == "Resize")
+    rs.attribute.append(helper.make_attribute("coordinate_transformation_mode", "tf_crop_and_resize"))
+    sess = npu.load(m, threads=1)
+    assert [s for s in sess.steps if s.kind == "node" and s.node.op_type == "Resize"]
+    assert not [s for s in sess.steps if getattr(s, "post", None) is not None]
+
+
+def test_nan_clip_bound_is_refused_by_name(npu_lib):
+    """A NaN Clip bound after a Conv group would become a platform-defined code: refused at load,
+    naming the Clip."""
+    import dal.npu as npu
+    m, _ = fan_model(1, "u8", "u8", "clip")
+    clip = next(n for n in m.graph.node if n.op_type == "Clip")
+    init = next(t for t in m.graph.initializer if t.name == clip.input[2])
+    init.CopyFrom(numpy_helper.from_array(np.float32(np.nan), init.name))
+    with pytest.raises(npu.NPUError, match=f"{clip.name}.*NaN"):
+        npu.load(m, threads=1)

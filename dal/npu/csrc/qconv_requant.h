@@ -93,6 +93,23 @@ DAL_TARGET_AVX2 inline void float_codes_avx2(const Requant& q, const int32_t* ac
   }
 }
 
+// The float requantizer of 16 int32 sums x of channels c..c+15, requant_row's formula per
+// element: v = float32(float64(x) * mult[c]) (+ bias_f[c]), rint(v / ys) half to even, clamped
+// to [lo - zy, hi - zy], + zy. Shared by the row and the block forms below.
+DAL_TARGET_AVX512VNNI inline __m512i float_codes16_avx512(const Requant& q, __m512i x, int64_t c, __m512 vys,
+                                                          __m512 vlo, __m512 vhi, __m512i vz) {
+  const __m256 f0 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(x)),
+                                                  _mm512_loadu_pd(q.mult + c)));
+  const __m256 f1 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(x, 1)),
+                                                  _mm512_loadu_pd(q.mult + c + 8)));
+  __m512 v = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(f0)),
+                                                 _mm256_castps_pd(f1), 1));
+  if (q.bias_f) v = _mm512_add_ps(v, _mm512_loadu_ps(q.bias_f + c));
+  v = _mm512_roundscale_ps(_mm512_div_ps(v, vys), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  v = _mm512_min_ps(_mm512_max_ps(v, vlo), vhi);
+  return _mm512_add_epi32(_mm512_cvtps_epi32(v), vz);
+}
+
 // The same on zmm, 16 channels a step (avx512_vnni variant), the codes stored straight into
 // out when it is contiguous (ostride 1; vpmovdb / vpmovdw truncation is exact: the codes are
 // already clamped to the output type's range). Returns the channels done (a multiple of 16).
@@ -104,17 +121,7 @@ DAL_TARGET_AVX512VNNI inline int64_t float_codes_avx512(const Requant& q, const 
   const __m512i vz = _mm512_set1_epi32(q.zy);
   int64_t o = 0;
   for (; o + 16 <= q.O; o += 16) {
-    const __m512i x = _mm512_loadu_si512(acc + o);
-    const __m256 f0 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(x)),
-                                                    _mm512_loadu_pd(q.mult + o)));
-    const __m256 f1 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(x, 1)),
-                                                    _mm512_loadu_pd(q.mult + o + 8)));
-    __m512 v = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(f0)),
-                                                   _mm256_castps_pd(f1), 1));
-    if (q.bias_f) v = _mm512_add_ps(v, _mm512_loadu_ps(q.bias_f + o));
-    v = _mm512_roundscale_ps(_mm512_div_ps(v, vys), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    v = _mm512_min_ps(_mm512_max_ps(v, vlo), vhi);
-    const __m512i c = _mm512_add_epi32(_mm512_cvtps_epi32(v), vz);
+    const __m512i c = float_codes16_avx512(q, _mm512_loadu_si512(acc + o), o, vys, vlo, vhi, vz);
     if (ostride == 1 && sizeof(T) == 1) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + o), _mm512_cvtepi32_epi8(c));
     } else if (ostride == 1 && sizeof(T) == 4) {
@@ -156,16 +163,8 @@ DAL_TARGET_AVX512VNNI inline bool requant_block_avx512(const Requant& q, const i
         bad = _mm512_or_si512(bad, _mm512_and_si512(_mm512_xor_si512(x, sum), _mm512_xor_si512(b, sum)));
         x = sum;
       }
-      const __m256 f0 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(x)),
-                                                      _mm512_loadu_pd(q.mult + c)));
-      const __m256 f1 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(x, 1)),
-                                                      _mm512_loadu_pd(q.mult + c + 8)));
-      __m512 v = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(f0)),
-                                                     _mm256_castps_pd(f1), 1));
-      if (q.bias_f) v = _mm512_add_ps(v, _mm512_loadu_ps(q.bias_f + c));
-      v = _mm512_roundscale_ps(_mm512_div_ps(v, vys), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      v = _mm512_min_ps(_mm512_max_ps(v, vlo), vhi);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c), _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(v), vz)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + c),
+                       _mm512_cvtepi32_epi8(float_codes16_avx512(q, x, c, vys, vlo, vhi, vz)));
     }
   }
   return _mm512_cmplt_epi32_mask(bad, zero) != 0;  // a sign bit set: some sum left int32
