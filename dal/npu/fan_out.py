@@ -75,7 +75,9 @@ class FanOutStep:
         if not want_extra and first.acc_model is None and self.k_red >= SHARE_MIN_K:
             try:
                 got = first.rows_of(ins[0], threads, nin | nout << 1)
-            except RuntimeError:  # the kernel's overflow flag: the per-reader path names it
+            except RuntimeError as e:  # the kernel's overflow flag: the per-reader path names it
+                if "overflows int32" not in str(e):
+                    raise  # anything else is a real failure, not a fallback
                 got = None
         if got is None:
             out = {}

@@ -330,3 +330,20 @@ def test_nan_clip_bound_is_refused_by_name(npu_lib):
     init.CopyFrom(numpy_helper.from_array(np.float32(np.nan), init.name))
     with pytest.raises(npu.NPUError, match=f"{clip.name}.*NaN"):
         npu.load(m, threads=1)
+
+
+def test_overflowing_shared_accumulator_is_named_by_the_per_reader_path(share, npu_lib):
+    """A bias code at the int32 edge overflows the accumulator of a fan-out group: the shared path's
+    kernel raises its overflow flag, fan_out falls back to the per-reader run, and that names the
+    Conv and the outputs, as a group read once does (tests/npu/test_bias_overflow.py)."""
+    import dal.npu as npu
+    m, p = fan_model(2, "u8", "u8")
+    conv = next(n for n in m.graph.node if n.op_type == "Conv")
+    bias_dq = next(n for n in m.graph.node if n.output[0] == conv.input[2])
+    init = next(t for t in m.graph.initializer if t.name == bias_dq.input[0])
+    edge = np.full(COUT, 2**31 - 1, np.int32)
+    init.CopyFrom(numpy_helper.from_array(edge, init.name))
+    acc = _exact_acc(_x(), {**p, "bq": np.zeros(COUT, np.int32)})
+    assert (acc > 0).any()  # some accumulator pushes the edge bias past 2^31 - 1
+    with pytest.raises(npu.NPUError, match=f"node {conv.name!r}.*overflows int32"):
+        npu.load(m, threads=1).run({"x": _x()})
