@@ -72,7 +72,9 @@ def qat_variants(x: torch.Tensor) -> dict:
         q = FakeQuantizer("uint8", symmetric=False, observer="moving_average").train()
         q(x.detach())
         q.end_observation("quantize")
-        if path == "torch":
+        if path == "torch" and hasattr(q, "use_kernel"):
+            q.use_kernel(False)  # the public switch (this tree)
+        elif path == "torch":  # an older checkout: make its C++ path decline
             q._kernel_forward = lambda t: None
             q._kernel_params = lambda t, f: None
         v[f"dal QAT quantizer uint8 per_tensor, {path} path"] = q

@@ -16,8 +16,8 @@ observer; ``end_observation`` is the calibration transition (compute, then set);
 ``set_qparams`` / ``clear_qparams`` / ``snapshot`` / ``restore`` serve the searches that try
 scales and put them back; :func:`quantizer_states` switches a whole model for a ``with`` block.
 
-The state is a buffer (``state_code``), so ``state_dict`` round-trips it together with scale
-and zero point; the forward reads a Python mirror of it, chosen once per state change.
+The state is a buffer (``state_code``), so ``state_dict`` round-trips it with scale and zero
+point; the forward reads a Python mirror of it, chosen once per state change (``use_kernel``).
 """
 from __future__ import annotations
 
@@ -125,9 +125,7 @@ class FakeQuantizer(nn.Module):
         self._mirror(QState.OBSERVE)
 
     # ---- state -------------------------------------------------------------------------
-    @property
-    def state(self) -> QState:
-        return self._state
+    state = property(lambda self: self._state, doc="The state, a QState (set it with set_state).")
 
     def set_state(self, state) -> "FakeQuantizer":
         """Set the state, and only that: scale and zero point are untouched. Switching a scaled
@@ -135,26 +133,21 @@ class FakeQuantizer(nn.Module):
         ``end_observation`` or ``dal.calibrate``); without them it raises, naming the quantizer."""
         state = QState.of(state)
         if state.quantizes and self.fmt.is_scaled and not self.initialized:
-            raise RuntimeError(
-                f"quantizer {self.name or '<unnamed>'} ({self.fmt.name}) has no scale yet: "
-                "calibrate it (dal.calibrate, or end_observation after observing) before switching to "
-                f"{state.value!r}")
+            raise RuntimeError(f"quantizer {self.name or '<unnamed>'} ({self.fmt.name}) has no scale yet: calibrate it "
+                               f"(dal.calibrate, or end_observation once observed) before switching to {state.value!r}")
         self._write_state(state)
         return self
 
     def end_observation(self, state="quantize") -> "FakeQuantizer":
         """The calibration transition: leave ``observe`` for ``state``, first taking (scale,
         zero_point) from the observer when it has seen data — except for a learnable scale that
-        is already initialised, which keeps what it learned. Outside ``observe`` it is
-        ``set_state``."""
+        is already initialised, which keeps what it learned. Outside ``observe``: ``set_state``."""
         if self._state is QState.OBSERVE and self.fmt.is_scaled and self.observer is not None \
                 and self.observer.has_data and not (self.learnable and self.initialized):
             self.compute_qparams()
         return self.set_state(state)
 
-    @property
-    def initialized(self) -> bool:
-        return self.scale.numel() > 0
+    initialized = property(lambda self: self.scale.numel() > 0, doc="Calibrated: scale and zero point are set.")
 
     def _write_state(self, state: QState) -> None:
         self.state_code.fill_(state.code)
@@ -168,8 +161,15 @@ class FakeQuantizer(nn.Module):
         # QAT with a cheap observer (min-max) updates the scale each step; which observer can
         # change (calibration methods swap them), so that is read per call (_tracking).
         self._tracks_range = state is QState.QUANTIZE and self.fmt.is_scaled and not self.learnable
-        # The C++ kernel path: straight-through estimator, integer and FP8 formats (_kernel_params).
-        self._kernel = self._fake_quant and not self.learnable and kernel_format(self.fmt)
+        # The C++ kernel path: straight-through estimator, integer and FP8 formats, unless use_kernel(False).
+        self._kernel = self._fake_quant and not self.learnable and kernel_format(self.fmt) \
+            and self.__dict__.get("_use_kernel", True)
+
+    def use_kernel(self, enabled: bool = True) -> "FakeQuantizer":
+        """False: every call takes the torch path (observer, set_qparams, fake_quantize), the fast paths' reference."""
+        self._use_kernel = bool(enabled)
+        self._mirror(self._state)
+        return self
 
     # ---- parameters --------------------------------------------------------------------
     @torch.no_grad()

@@ -2,7 +2,8 @@
 fake quantization; dal.formats.track / fold) against its torch path, bit for bit.
 
 The torch path (observer modules, choose_qparams, set_qparams, fake_quantize) is the spec; the
-fast path is switched off by making ``_kernel_params`` / ``fold_quantize`` decline. Every
+fast path is switched off with ``FakeQuantizer.use_kernel(False)`` (public: a renamed private
+method cannot silently make the reference the fast path again; ``test_the_switch_takes_the_torch_path``). Every
 state, the running and moving-average observers, integer / FP8 formats, per tensor and per
 channel, ties, zeros of both signs, non-finite batches (where the fast path must hand over),
 and a quantizer called twice before one backward (a shared detection head).
@@ -28,9 +29,7 @@ def _slow(q: nn.Module) -> nn.Module:
     q = copy.deepcopy(q)
     for m in q.modules():
         if isinstance(m, FakeQuantizer):
-            m._kernel_forward = lambda x: None
-            m._kernel_params = lambda x, f: None
-            m.fold_quantize = lambda w, f, divide: None
+            m.use_kernel(False)
     return q
 
 
@@ -189,3 +188,18 @@ def test_conv_bn_fold_kernel_matches_the_op_by_op_step(taken):
         for m in (fast, slow):
             m.weight.grad = m.bn.weight.grad = m.bn.bias.grad = None
     assert taken["track"] >= 6
+
+
+def test_the_switch_takes_the_torch_path(taken):
+    q = FakeQuantizer("int8", observer="moving_average").train()
+    q(torch.randn(4, 8))
+    q.end_observation("quantize")
+    slow = _slow(q)
+    y = slow(torch.randn(4, 8).requires_grad_())
+    assert taken["track"] == 0 and not _graph_has(y, "KernelOutput")
+    w = torch.randn(8, 3, 3, 3)
+    assert slow.fold_quantize(w, torch.rand(8) + 0.5, False) is None
+    y = q(torch.randn(4, 8).requires_grad_())  # the original keeps its fast path
+    assert taken["track"] == 1 and _graph_has(y, "KernelOutput")
+    slow.use_kernel(True)
+    assert _graph_has(slow(torch.randn(4, 8).requires_grad_()), "KernelOutput")

@@ -7,7 +7,12 @@ computed by the C++ kernel of ``native.py`` in one sweep over memory instead of 
     out = c * s;          grad_x = grad_out * mask,   mask = (qmin <= round(v) + zp <= qmax)  (fp8: |v| <= max)
 
 The forward stores the mask packed to one bit per element (1/32 of the input's size), so the
-backward reads the incoming gradient and 1/32 more. Only the straight-through estimator is
+backward reads the incoming gradient and 1/32 more. Where the mask is all ones (nothing was
+clipped, as for most activations of a QAT step) the backward returns the incoming gradient
+itself: ``g * 1`` is ``g``, signed zeros, infinities and NaN payloads included. The two
+exceptions are inputs no float arithmetic produces, or a non-default mode: a signaling NaN
+stays signaling (``* 1`` would quiet it), and a subnormal stays under
+``torch.set_flush_denormal(True)``. Only the straight-through estimator is
 covered: a learnable scale or zero point (LSQ) needs ``v`` and ``c`` in the backward and uses
 the eager path, as do CUDA tensors, non-float32 or non-contiguous inputs, per-group
 granularity on an axis other than the last, tracing / compiling, and machines where the kernel
@@ -113,6 +118,7 @@ class FusedFakeQuantizeFunction(torch.autograd.Function):
                            torch.get_num_threads())
         if need_mask:
             ctx.save_for_backward(mask)
+            ctx.identity = bool(lib.dal_mask_all_set(mask.data_ptr(), rows, row_len))
         ctx.rows, ctx.row_len = rows, row_len
         return out
 
@@ -123,6 +129,8 @@ class FusedFakeQuantizeFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             (mask,) = ctx.saved_tensors
             g = grad_out.to(torch.float32).contiguous()
+            if ctx.identity:
+                return g, None, None, None, None, None, None, None  # nothing clipped: g * 1 is g (module doc)
             grad_x = torch.empty_like(g)
             native.library().dal_fq_backward(g.data_ptr(), mask.data_ptr(), grad_x.data_ptr(),
                                              ctx.rows, ctx.row_len, torch.get_num_threads())
@@ -139,6 +147,7 @@ class KernelOutputFunction(torch.autograd.Function):
     def forward(ctx, x, done):
         out, mask, ctx.rows, ctx.row_len = done
         ctx.save_for_backward(mask)
+        ctx.identity = bool(native.library().dal_mask_all_set(mask.data_ptr(), ctx.rows, ctx.row_len))
         return out
 
     @staticmethod
@@ -146,6 +155,8 @@ class KernelOutputFunction(torch.autograd.Function):
     def backward(ctx, grad_out):
         (mask,) = ctx.saved_tensors
         g = grad_out.to(torch.float32).contiguous()
+        if ctx.identity:
+            return g, None  # nothing clipped: g * 1 is g (module doc)
         grad_x = torch.empty_like(g)
         native.library().dal_fq_backward(g.data_ptr(), mask.data_ptr(), grad_x.data_ptr(), ctx.rows, ctx.row_len,
                                          torch.get_num_threads())

@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "fake_quant.cpp")
-_ABI_VERSION = 3
+_ABI_VERSION = 4
 _status = "not built yet (the fused kernel is built on the first eligible fake_quantize call)"
 
 
@@ -202,6 +202,10 @@ def library():
     lib.dal_track_fq_forward.restype = i32
     lib.dal_channel_divide_backward.argtypes = [p, p, p, p, p, i64, i64, i64, i32]
     lib.dal_channel_divide_backward.restype = None
+    lib.dal_bias_fq_forward.argtypes = [p, p, p, i64, p, p, i64, f64, f64]
+    lib.dal_bias_fq_forward.restype = None
+    lib.dal_mask_all_set.argtypes = [p, i64, i64]
+    lib.dal_mask_all_set.restype = i32
     _status = "built and loaded"
     return lib
 

@@ -16,7 +16,9 @@ the sign of a zero extreme included, in about half its time), the observer step,
 fake quantization. A quantizer whose scale does not move (``frozen``, or ``quantize`` with a
 calibrated observer) is one call too (:func:`fixed_fake_quantize`: the kernel's bounds are
 computed in C++, no parameter tensors). Parameters are read at every call, never cached: code may
-write a scale through ``.data``, which no version counter sees.
+write a scale through ``.data``, which no version counter sees. A per-tensor call on a tensor that
+another quantizer of the same state has just quantized takes that call's result (``share.py``:
+the same bits, every buffer written as the call would).
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from .fold import scale_extremes
 from .fused import FusedFakeQuantizeFunction, KernelOutputFunction, kernel_layout, kernel_mode, kernel_params
 from .granularity import Granularity
 from .qformat import QFormat
+from .share import share_or_compute
 
 
 
@@ -148,9 +151,19 @@ def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin,
         return None
     need = x.requires_grad and torch.is_grad_enabled()
     if step is None:
-        done = fixed_fake_quantize(x, lay, scale, zero_point, fmt, qmin, qmax, need)
+        if lay[3] == 1 and _f32(scale, 1) and zero_point.dtype == torch.int32 and zero_point.numel() == 1 \
+                and zero_point.is_cpu:
+            # per tensor: a second quantizer of this tensor with the same scale shares the result (share.py)
+            done = share_or_compute(x, (fmt, qmin, qmax, need), (scale, zero_point), None, lambda: fixed_fake_quantize(
+                x, lay, scale, zero_point, fmt, qmin, qmax, need))
+        else:
+            done = fixed_fake_quantize(x, lay, scale, zero_point, fmt, qmin, qmax, need)
     elif gran.axis is None:
-        done = track_fake_quantize(x, *step, scale, zero_point, need)
+        if scale.numel() == 1 and zero_point.is_cpu and _buffers_ok(step[0], step[1], step[2], scale, zero_point):
+            done = share_or_compute(x, (fmt, qmin, qmax, need) + step[3:], (step[0], step[1], scale, zero_point),
+                                    step[2], lambda: track_fake_quantize(x, *step, scale, zero_point, need))
+        else:
+            done = None
     else:  # per channel / group: the range pass and the observer step, then the fused kernel
         rows = scale_extremes(x, gran)
         kp = None if rows is None else track_qparams(*rows, *step, scale, zero_point)

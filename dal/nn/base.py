@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats import INT32, Granularity, fake_quantize
+from ..formats.bias import bias_fake_quantize
 from ..quantizer import FakeQuantizer
 from .adopt import adopt, release
 from .spec import make_quantizer, per_channel_variant, role_specs
@@ -116,6 +117,13 @@ class QATModule(nn.Module):
     def quantized_bias(self, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if bias is None:
             return None
+        if self.bias_mode == "int32" and _active_integer(self.input_quant) and _active_integer(self.weight_quant) \
+                and not self.weight_quant.granularity.block_size:
+            # bias_scale's product and the int32 fake quantization in one C++ call (same bits), where it
+            # applies; the scales are read, never differentiated (bias_scale detaches them)
+            fast = bias_fake_quantize(bias, self.input_quant.scale, self.weight_quant.scale)
+            if fast is not None:
+                return fast
         scale = self.bias_scale()
         if scale is None:
             q_w = self.weight_quant

@@ -58,8 +58,12 @@ class QBatchNorm2d(QATModule, nn.BatchNorm2d):
         if self.input_quant is not None:
             x = self.input_quant(x)
         a, b = self.per_channel_affine(*self._stats(x))
-        w = self.quantized_weight(a.reshape(-1, 1, 1, 1))
-        return self.finish(F.conv2d(x, w, self.quantized_bias(b), groups=x.shape[1]))
+        w, bias = self.quantized_weight(a.reshape(-1, 1, 1, 1)), self.quantized_bias(b)
+        if torch.jit.is_tracing():  # the exporter writes the depthwise 1x1 Conv the NPU runs
+            return self.finish(F.conv2d(x, w, bias, groups=x.shape[1]))
+        # The same product plus bias as a broadcast (to float32 rounding: torch's conv may round the
+        # product first): its CPU conv runs groups=C as C one-channel convs, forward and backward.
+        return self.finish(torch.addcmul(bias.reshape(1, -1, 1, 1), x, w.reshape(1, -1, 1, 1)))
 
     def extra_repr(self):
         return f"{nn.BatchNorm2d.extra_repr(self)}, as a per-channel affine (depthwise 1x1), {self.qat_extra_repr()}"

@@ -153,3 +153,31 @@ def test_fixed_fake_quantize_is_the_eager_path(fmt, shape, gran, threads):
     # parameters the kernel does not take: the torch path decides
     assert fixed_fake_quantize(x, fused.layout(x.shape, gran), torch.ones(scale.numel() + 1), zp, fmt, qmin, qmax,
                                False) is None
+
+
+@pytest.mark.parametrize("m", [0.0, -0.0, -0.75, 0.25], ids=lambda m: f"min_val={m!r}")
+@pytest.mark.parametrize("n", [40, 70001])
+def test_moving_average_takes_a_zero_minimum_of_both_signs(m, n, threads):
+    # ReLU outputs of a residual sum hold +0 and -0 with 0 the minimum: torch.aminmax's sign is
+    # then its reduction order's, but once the moving average's range is finite its step is the
+    # same for either sign. The torch formula with each sign is the reference.
+    gen = torch.Generator().manual_seed(n)
+    x = torch.rand(n, generator=gen) * 4
+    x[torch.randperm(n, generator=gen)[:6]] = torch.tensor([0.0, -0.0, 0.0, -0.0, -0.0, 0.0])
+    c = 0.01
+    b = dict(min_val=torch.tensor(m), max_val=torch.tensor(3.0), batches_seen=torch.tensor(5), ema=c)
+    done, b, scale, zp = _step(x.clone(), fmt="uint8", symmetric=False, **b)
+    assert done is not None
+    hi = x.max()
+    for zero in (torch.tensor(0.0), torch.tensor(-0.0)):
+        mn = torch.tensor(m) + c * (zero - torch.tensor(m))
+        mx = torch.tensor(3.0) + c * (hi - torch.tensor(3.0))
+        assert torch.equal(_bits(b["min_val"]), _bits(mn)) and torch.equal(_bits(b["max_val"]), _bits(mx))
+    assert int(b["batches_seen"]) == 6
+
+
+def test_running_min_max_still_declines_a_zero_minimum_of_both_signs():
+    x = torch.tensor([0.0, -0.0, 1.0, 2.0])
+    done, b, scale, _ = _step(x, fmt="uint8", min_val=torch.tensor(-1.0), max_val=torch.tensor(1.0),
+                              batches_seen=torch.tensor(1), ema=None)
+    assert done is None and float(b["min_val"]) == -1.0 and int(b["batches_seen"]) == 1

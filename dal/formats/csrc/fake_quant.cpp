@@ -16,7 +16,8 @@
 // weight of QConvBn2d training (dal_fold_forward / dal_fold_backward, dal.formats.fold), a QAT
 // quantizer's observer step, alone or fused with its fake quantization (dal_track_qparams,
 // dal_track_fq_forward, dal_fq_forward_fixed: dal.formats.track), and the backward of the 1/f
-// on QConvBn2d's conv output (dal_channel_divide_backward, dal.nn.channel_divide).
+// on QConvBn2d's conv output (dal_channel_divide_backward, dal.nn.channel_divide), and the int32
+// bias with its scale s_in * s_w (dal_bias_fq_forward, dal.formats.bias).
 //
 // Plain C ABI (called through ctypes): no torch headers, so it builds in about a second.
 #include <cmath>
@@ -408,6 +409,26 @@ void dal_fq_forward(const float* x, float* out, uint8_t* mask, int64_t rows, int
     fq_rows(x, out, mask, rows, row_len, param_div, param_mod, scale, lo, hi, mode, nthreads);
 }
 
+// 1 when every element's bit of a forward mask (rows x ceil(row_len / 8) bytes, the bits past
+// row_len zero) is set: nothing was clipped and the straight-through backward is the identity.
+int dal_mask_all_set(const uint8_t* mask, int64_t rows, int64_t row_len) {
+    const int64_t mask_row = (row_len + 7) / 8, full = row_len / 8;
+    const uint8_t last = (uint8_t)((1u << (row_len % 8)) - 1u);
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* m = mask + r * mask_row;
+        int64_t i = 0;
+        for (; i + 8 <= full; i += 8) {
+            uint64_t w;
+            std::memcpy(&w, m + i, 8);
+            if (w != ~(uint64_t)0) return 0;
+        }
+        for (; i < full; ++i)
+            if (m[i] != 0xFF) return 0;
+        if (full < mask_row && m[full] != last) return 0;
+    }
+    return 1;
+}
+
 void dal_fq_backward(const float* grad, const uint8_t* mask, float* grad_in, int64_t rows,
                      int64_t row_len, int nthreads) {
     const int64_t chunks = (row_len + kChunk - 1) / kChunk;
@@ -572,13 +593,27 @@ void dal_fq_forward_fixed(const float* x, float* out, uint8_t* mask, int64_t row
     fq_rows(x, out, mask, rows, row_len, param_div, param_mod, s.data(), lo.data(), hi.data(), mode, nthreads);
 }
 
+// The int32 bias of a layer with integer input and weight (dal.formats.bias): its scale is the
+// float32 product s_in * s_w[c] (s_w: n_w values, 1 or one per output channel), zero point 0,
+// as QATModule.bias_scale and the exporter compute it; then the fake quantization of b (n values)
+// with the kernel's int32 bounds k_lo = (float)qmin - 0, k_hi = (float)qmax - 0 (dal_kernel_params).
+void dal_bias_fq_forward(const float* b, float* out, uint8_t* mask, int64_t n, const float* s_in, const float* s_w,
+                         int64_t n_w, double qmin, double qmax) {
+    std::vector<float> s(n_w), lo(n_w), hi(n_w);
+    for (int64_t i = 0; i < n_w; ++i) s[i] = s_in[0] * s_w[i];
+    dal_kernel_params(s.data(), nullptr, n_w, qmin, qmax, 0.0, s.data(), lo.data(), hi.data());
+    // per channel: one row per value (row_len 1); per tensor: one row of n
+    fq_rows(b, out, mask, n_w == 1 ? 1 : n, n_w == 1 ? n : 1, 1, n_w, s.data(), lo.data(), hi.data(), MODE_INT, 1);
+}
+
 // dal_track_qparams of a per-tensor quantizer fused with dal_fq_forward, for the QAT step of an
 // activation: the batch's min / max of x (torch.aminmax's values: exact for any order, and the
 // sign of a zero extreme taken from the zeros present), the observer step and scale, then the
 // fake quantization of x with this call's parameters into out / mask (null: no gradient).
 // Returns 0 with no observer state or scale written (out and mask are then garbage) where the
 // torch path must decide: a NaN in x, a zero extreme with zeros of both signs present (torch's
-// sign then depends on its reduction order), or where dal_track_qparams would decline.
+// sign then depends on its reduction order) unless the observer is a moving average with a finite
+// range (its step is then the same for either sign), or where dal_track_qparams would decline.
 int dal_track_fq_forward(const float* x, float* out, uint8_t* mask, int64_t n, float* min_val, float* max_val,
                          int64_t* batches_seen, int ema, float c, int symmetric, double qmin, double qmax,
                          double zp_mid, double denom, int fp8, float* scale, int32_t* zero_point, int mode,
@@ -604,9 +639,14 @@ int dal_track_fq_forward(const float* x, float* out, uint8_t* mask, int64_t n, f
     } else {
         range_span(x, n, &lo, &hi, &nan, &p0, &n0);
     }
-    if (nan || ((lo == 0.0f || hi == 0.0f) && p0 && n0)) return 0;
-    if (lo == 0.0f) lo = n0 ? -0.0f : 0.0f;
-    if (hi == 0.0f) hi = n0 ? -0.0f : 0.0f;
+    // A zero extreme with zeros of both signs present: torch.aminmax's sign depends on its reduction
+    // order. The moving average does not depend on it once its range is finite: m + c * (+-0 - m)
+    // is m + c * -m for m != 0, and +0 for m = +-0, whichever the sign (RNE: -0 - -0 = +0, +0 + -0 = +0).
+    const bool lo_both = lo == 0.0f && p0 && n0, hi_both = hi == 0.0f && p0 && n0;
+    if (nan || (lo_both && !(ema && std::isfinite(*min_val))) || (hi_both && !(ema && std::isfinite(*max_val))))
+        return 0;
+    if (lo == 0.0f) lo = n0 && !lo_both ? -0.0f : 0.0f;
+    if (hi == 0.0f) hi = n0 && !hi_both ? -0.0f : 0.0f;
     const Track t{ema, c, symmetric, qmin, qmax, zp_mid, denom, fp8};
     if (!track_ok(t, lo, hi, *min_val, *max_val)) return 0;
     float new_min = *min_val, new_max = *max_val, new_scale, s, k_lo, k_hi;
@@ -654,6 +694,6 @@ void dal_channel_divide_backward(const float* g, const float* y, const float* f,
     }
 }
 
-int dal_fq_abi_version() { return 3; }
+int dal_fq_abi_version() { return 4; }
 
 }  // extern "C"
