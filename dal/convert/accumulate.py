@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .errors import ConvertError
+
 #: integers up to this magnitude are exact in float32, and so is every sum that stays below it
 F32_EXACT = 2 ** 24
 
@@ -106,3 +108,29 @@ def limit(acc: torch.Tensor, bits, overflow: str) -> torch.Tensor:
         return acc.clamp_(-half, half - 1.0)
     a = acc.to(torch.int64) + (1 << (bits - 1))
     return (torch.remainder(a, 1 << bits) - (1 << (bits - 1))).to(torch.float64)
+
+
+INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def refuse_int32_overflow(acc: torch.Tensor, axis: int, path: str, bias_q=None) -> None:
+    """ConvertError naming layer ``path`` when an exact sum ``acc`` (bias included, float64
+    integers) leaves int32 on a chip whose accumulator is 32 bits wide (or undeclared) with
+    8-bit or narrower input codes: dal.npu refuses such a file at that group rather than wrap
+    or saturate silently (dal/npu/bias_overflow.py), so the integer model does too. Declared
+    narrower accumulators (``accumulator_bits`` < 32) saturate or wrap instead (:func:`limit`)."""
+    bad = (acc > INT32_MAX) | (acc < INT32_MIN)
+    if not bool(bad.any()):
+        return
+    worst = torch.maximum(acc - INT32_MAX, INT32_MIN - acc)
+    flat = int(torch.argmax(worst.reshape(-1)))
+    idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), acc.shape)]
+    c, v = idx[axis], float(acc.reshape(-1)[flat])
+    chans = sorted({int(i) for i in torch.nonzero(bad.movedim(axis, 0).reshape(acc.shape[axis], -1).any(1))})
+    listed = ", ".join(map(str, chans[:8])) + (", ..." if len(chans) > 8 else "")
+    code = "" if bias_q is None else f" (bias code {int(bias_q.reshape(-1)[c])})"
+    raise ConvertError(f"{path}: accumulator plus bias overflows int32 at {int(bad.sum())} of {acc.numel()} "
+                       f"outputs (channels {listed}); channel {c}: {v:.0f}{code} "
+                       f"{'> 2^31-1' if v > INT32_MAX else '< -2^31'}. The chip's 32-bit accumulator cannot "
+                       "hold it and dal.npu refuses the file; usually a degenerate input scale (calibration "
+                       "saw activations ~0) that makes the bias codes huge")

@@ -110,9 +110,11 @@ def _slice_batch(args: tuple) -> tuple:
 class IntegerModel(nn.Module):
     """The converted model; ``forward`` takes and returns what the QAT model's does."""
 
-    def __init__(self, net: nn.Module, layers: dict, requantizer: Requantizer, forms: Optional[dict] = None):
+    def __init__(self, net: nn.Module, layers: dict, requantizer: Requantizer, forms: Optional[dict] = None,
+                 opset: Optional[int] = None):
         super().__init__()
         self.net = net
+        self.opset = opset  # the export's: functional GELU / LayerNorm are spelled by it (float_ops.py)
         self.requantizer = requantizer
         self._layers = layers  # path -> IntegerLayer (also inside net)
         self.forms = dict(forms or {})  # path of a replaced operator -> its form (forms.py)
@@ -158,7 +160,7 @@ class IntegerModel(nn.Module):
             for lay in self._layers.values():
                 lay.calls = 0
             try:
-                with NPUFloatOps(self._fan):
+                with NPUFloatOps(self._fan, self.opset):
                     return self.net(*args, **kwargs)
             finally:
                 self._fan.clear()
@@ -271,7 +273,7 @@ def convert(model: nn.Module, example_inputs: Optional[tuple] = None, opset: Opt
         parent = net.get_submodule(parent_path) if parent_path else net
         layers[path] = IntegerLayer(mod, path, rq)
         _swap(parent, name, layers[path])
-    im = IntegerModel(net, layers, rq, swap_forms(net, opset, _swap))
+    im = IntegerModel(net, layers, rq, swap_forms(net, opset, _swap), opset)
     if example_inputs is not None:
         args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
         with torch.no_grad():

@@ -11,6 +11,10 @@ reference implements instead (written once in export/SPEC.md), and which these f
   once to float32 (the Mul in float32); Tanh: float64, rounded once;
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
 * Resize linear (``F.interpolate`` bilinear): separable in float64, rounded once to float32;
+* functional ``F.gelu``, ``F.softmax`` / ``torch.softmax`` / ``Tensor.softmax`` and
+  ``F.layer_norm`` (not only their modules, which forms.py swaps): as their exported nodes, at the
+  export's opset (lut.py ``gelu_onnx``, attention.py ``softmax_f32``, layernorm.py
+  ``layer_norm_onnx``);
 * everything else (Relu, Clip, Add, Mul, MaxPool, Flatten, Reshape, Concat, ...) is exact or
   one IEEE float32 operation, in torch as in numpy.
 
@@ -23,6 +27,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from ..export.plan import TRACE_MAX_OPSET
 
 
 def mean_f64(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
@@ -154,6 +160,29 @@ _IMPL = {
     torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64, F.interpolate: _interpolate,
 }
 
+
+def _opset_impl(opset: int) -> dict:
+    """The functional forms whose exported spelling depends on the (traced) opset."""
+    from .attention import softmax_f32
+    from .layernorm import layer_norm_onnx
+    from .lut import gelu_onnx
+
+    def gelu(x, approximate="none"):
+        ok = x.dtype == torch.float32 and approximate in ("none", "tanh")
+        return gelu_onnx(x, opset, approximate) if ok else None
+
+    def softmax(x, dim=None, _stacklevel=3, dtype=None):
+        return softmax_f32(x, dim) if x.dtype == torch.float32 and dtype is None and dim is not None else None
+
+    def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+        if x.dtype != torch.float32:
+            return None
+        n = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+        return layer_norm_onnx(x, weight, bias, n, eps, opset)
+    return {F.gelu: gelu, F.softmax: softmax, torch.softmax: softmax, torch.Tensor.softmax: softmax,
+            F.layer_norm: layer_norm}
+
+
 #: element-picking functions a fixed-point fan-out's per-reader values follow (NPUFloatOps)
 _PICK = (F.max_pool2d, F.interpolate)
 
@@ -165,9 +194,10 @@ class NPUFloatOps(TorchFunctionMode):
     nearest interpolate of such a group's output applies to every reader's value too, so each
     reader still quantizes its own codes, pooled (probe.py ``pass_through``)."""
 
-    def __init__(self, fan: dict | None = None):
+    def __init__(self, fan: dict | None = None, opset: int | None = None):
         super().__init__()
         self.fan = fan
+        self.impl = {**_IMPL, **_opset_impl(min(int(opset), TRACE_MAX_OPSET))} if opset is not None else _IMPL
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         got = self.fan.get(id(args[0])) if self.fan and args and func in _PICK else None
@@ -175,7 +205,7 @@ class NPUFloatOps(TorchFunctionMode):
             out = func(*args, **(kwargs or {}))
             self.fan[id(out)] = (out, {k: func(v, *args[1:], **(kwargs or {})) for k, v in got[1].items()})
             return out
-        impl = _IMPL.get(func)
+        impl = self.impl.get(func)
         if impl is not None:
             try:
                 out = impl(*args, **(kwargs or {}))

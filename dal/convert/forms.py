@@ -3,7 +3,8 @@
 ``QMatMul`` -> :class:`~dal.convert.attention.MatMulForm`, ``NpuSoftmax`` ->
 :class:`~dal.convert.attention.SoftmaxForm`, ``Fp16LayerNorm`` and float ``nn.LayerNorm`` ->
 :class:`~dal.convert.layernorm.LayerNormForm`, ``QLutActivation`` ->
-:class:`~dal.convert.lut.LutForm`, a float ``nn.GELU`` -> :class:`~dal.convert.lut.GeluForm`.
+:class:`~dal.convert.lut.LutForm`, a float ``nn.GELU`` (or its FP16 island, ``Fp16GELU``) ->
+:class:`~dal.convert.lut.GeluForm`.
 Each keeps the QAT module (its quantizers still run, so the integer model's code taps see them)
 and computes what the exported nodes compute. A module
 with no form here stays as it is and is listed with the reason (:func:`swap_forms`).
@@ -14,12 +15,19 @@ from torch import nn
 
 from ..export.plan import TRACE_MAX_OPSET
 from ..nn.functional import QMatMul
+from ..prepare.fp16_island import Fp16Island
 from ..replace.layernorm import Fp16LayerNorm
 from ..replace.lut import QLutActivation
 from ..replace.softmax import NpuSoftmax
 from .attention import MatMulForm, SoftmaxForm, half_operands
 from .layernorm import LayerNormForm
 from .lut import GeluForm, LutForm, lut_form_why_not
+
+def _is_gelu(mod: nn.Module) -> bool:
+    """A float ``nn.GELU``, or one made an FP16 island by prepare (``Fp16GELU``: its quantizers
+    round the form's input and output, lut.py ``GeluForm``)."""
+    return type(mod) is nn.GELU or (isinstance(mod, Fp16Island) and mod.__dict__.get("_float_cls") is nn.GELU)
+
 
 def _form(mod: nn.Module, path: str, opset: int):
     """(form or None, why not)."""
@@ -33,7 +41,7 @@ def _form(mod: nn.Module, path: str, opset: int):
         return SoftmaxForm(mod, path), ""
     if isinstance(mod, Fp16LayerNorm) or type(mod) is nn.LayerNorm:
         return LayerNormForm(mod, path, opset), ""
-    if type(mod) is nn.GELU:
+    if _is_gelu(mod):
         if mod.approximate not in ("none", "tanh"):
             return None, f"GELU approximate={mod.approximate!r}"
         return GeluForm(mod, path, opset), ""
@@ -51,7 +59,7 @@ def swap_forms(net: nn.Module, opset: int, swap) -> dict[str, str]:
     listing = {}
     for path, mod in list(net.named_modules()):
         if not path or not (isinstance(mod, (QMatMul, NpuSoftmax, Fp16LayerNorm, QLutActivation))
-                            or type(mod) in (nn.LayerNorm, nn.GELU)):
+                            or type(mod) is nn.LayerNorm or _is_gelu(mod)):
             continue
         form, why = _form(mod, path, traced)
         if form is None:

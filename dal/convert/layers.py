@@ -34,7 +34,7 @@ from torch import nn
 
 from ..formats import INT32, PER_TENSOR, per_channel, quantize
 from ..nn.base import apply_activation
-from .accumulate import chunk_bounds, conv_exact, limit, linear_exact
+from .accumulate import chunk_bounds, conv_exact, limit, linear_exact, refuse_int32_overflow
 from .errors import ConvertError
 from .fp16_region import half_dtype, half_forward
 from .probe import GroupPlan
@@ -200,7 +200,10 @@ class IntegerLayer(nn.Module):
         shape[axis] = -1
         if self.bias_q is not None:
             acc.add_(self.bias_q.reshape(shape))  # exact: integers below 2^53
-        acc = limit(acc, self.rq.accumulator_bits, self.rq.accumulator_overflow)
+        bits = self.rq.accumulator_bits
+        if self.in_fmt.bits <= 8 and (bits is None or bits >= 32):  # dal.npu's exact int32 path
+            refuse_int32_overflow(acc, axis, self.path, self.bias_q)
+        acc = limit(acc, bits, self.rq.accumulator_overflow)
         if self.rq.kind in ("fixed_point", "power_of_two"):
             return self._fixed(acc, axis, plan)
         v = acc.mul_(self.mult.reshape(shape)).float()  # one rounding: float64 product -> float32

@@ -107,7 +107,8 @@ def gelu_onnx(x: torch.Tensor, opset: int, approximate: str = "none") -> torch.T
 
 
 class GeluForm(nn.Module):
-    """A float ``nn.GELU`` (either ``approximate``) in its exported form (:func:`gelu_onnx`)."""
+    """A float ``nn.GELU`` (either ``approximate``) in its exported form (:func:`gelu_onnx`); an
+    FP16 island's (``Fp16GELU``) input and output quantizers round around it, as its Casts do."""
 
     def __init__(self, mod: nn.Module, path: str, opset: int):
         super().__init__()
@@ -116,7 +117,9 @@ class GeluForm(nn.Module):
     def forward(self, x):
         if x.dtype != torch.float32:
             return self.mod(x)
-        return gelu_onnx(x, self.opset, self.mod.approximate)
+        qi, qo = getattr(self.mod, "input_quant", None), getattr(self.mod, "output_quant", None)
+        y = gelu_onnx(qi(x) if qi is not None else x, self.opset, self.mod.approximate)
+        return qo(y) if qo is not None else y
 
 
 def lut_form_why_not(qat: nn.Module) -> str:

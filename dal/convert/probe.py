@@ -202,6 +202,8 @@ def _chain(e: Event, readers: dict, outputs: set) -> GroupPlan:
         q = _reader_quant(u)
         if q is not None and _is_int_per_tensor(q):
             return GroupPlan(True, q, act)
+        if q is not None and not q.fmt.is_scaled:  # an FP16 island's input (dal.prepare.fp16_island)
+            return GroupPlan(False, why=f"read by an {q.fmt.name.upper()} quantizer ({q.name})")
         return GroupPlan(False, why=f"read by {getattr(u.obj, '__name__', type(u.obj).__name__)}")
     return GroupPlan(False, why="no single output")
 

@@ -101,6 +101,9 @@ class _HalfRegions:
         """If ``node`` computes in one reduced format, move it (and its tail) into that format."""
         if node.op_type not in HALF_OPS or is_placeholder(node) or len(node.output) != 1:
             return
+        if any(getattr(site_of(self.ph[i], self.sites).entry.owner, "fp16_island", False)
+               for i in node.input if i in self.ph):
+            return  # an FP16 island's op runs in float32 between its round trips (SPEC.md §5a)
         fmts = {self.fmt_of(self.ph[i]) for i in node.input if i in self.ph}
         fmts = {f for f in fmts if f.onnx_type != TensorProto.FLOAT}
         if len(fmts) != 1:
@@ -167,19 +170,37 @@ class _HalfRegions:
             graph.make_node("Cast", [half], [out], f"{tail.name}/Cast_float", to=TensorProto.FLOAT))
 
     def finish(self) -> None:
-        """Every other float placeholder: a round trip through the format (or nothing for fp32)."""
+        """Every other float placeholder: a round trip through the format (or nothing for fp32).
+        A round trip of a tensor that another one of the same format already rounded (an FP16
+        island reading an FP16 island's output) is exact and is left out: its readers read
+        that tensor."""
         graph = self.graph
         consumers = graph.consumers()
-        nodes = []
+        nodes, alias = [], {}
         for node in graph.nodes:
             nodes.extend(self.new_before.get(id(node), []))
             if is_placeholder(node) and id(node) not in self.replaced and node.output[0] in self.ph:
-                if consumers.get(node.output[0]) or node.output[0] in graph.outputs:
+                if self._rounded_already(node) and node.output[0] not in graph.outputs:
+                    alias[node.output[0]] = node.input[0]
+                elif consumers.get(node.output[0]) or node.output[0] in graph.outputs:
                     nodes.extend(self._round_trip(node))
             elif not (is_placeholder(node) and id(node) in self.replaced):
                 nodes.append(node)
             nodes.extend(self.new_after.get(id(node), []))
+        for node in nodes:
+            for k, i in enumerate(node.input):
+                while i in alias:
+                    i = alias[i]
+                node.input[k] = i
         graph.nodes = nodes
+
+    def _rounded_already(self, node) -> bool:
+        """``node`` (a reduced-precision placeholder) reads the output of a placeholder of the same
+        format: its values are already in that format, so the round trip is the identity."""
+        p = self.producers.get(node.input[0])
+        fmt = self.fmt_of(node)
+        return (fmt.onnx_type != TensorProto.FLOAT and p is not None and is_placeholder(p)
+                and p.output[0] in self.ph and self.fmt_of(p) == fmt)
 
     def _round_trip(self, node) -> list:
         """The nodes replacing a float placeholder outside any region."""

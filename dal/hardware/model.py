@@ -26,6 +26,7 @@ REQUANTIZER_KINDS = ("float", "fixed_point", "power_of_two")
 SCALE_CONSTRAINTS = ("any", "power_of_two")  # power_of_two: every scale is exactly 2^k
 ACCUMULATOR_OVERFLOW = ("saturate", "wrap")
 ROUNDINGS = ("half_up", "half_even", "half_away")
+ENGINE_COMPUTE = ("fp32", "fp16")  # an engine's internal float precision (Engine.compute)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
 
@@ -68,17 +69,25 @@ class Engine:
     """A compute unit: ``matrix`` (MAC array), ``vector`` (SIMD/LUT), ``dsp`` (custom ops).
 
     ``formats`` is every format the engine computes in; an op on this engine may only use these.
+    ``compute``: the precision of its float arithmetic, "fp32" (default) or "fp16" (its float ops
+    round operands and results to fp16: FP16 islands, export/SPEC.md §5a "Precision").
     """
 
     name: str
     description: str = ""
     formats: tuple[QFormat, ...] = ()
+    compute: str = "fp32"
 
     def __post_init__(self):
         problems: list[Problem] = []
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             problems.append(Problem(f"engine name {self.name!r} must be an identifier", ("name",)))
         _formats(self, "formats", problems)
+        if self.compute not in ENGINE_COMPUTE:
+            problems.append(Problem(f"{self.compute!r} is not allowed (allowed: {', '.join(ENGINE_COMPUTE)})", ("compute",)))
+        elif self.compute != "fp32" and self.formats and get_format(self.compute) not in self.formats:
+            problems.append(Problem(f"compute: {self.compute} needs {self.compute} in the engine's formats "
+                                    f"(its formats: {_names(self.formats)})", ("compute",)))
         _raise(problems)
 
 
@@ -406,6 +415,11 @@ class HardwareModel:
         """True when the op class or activation function ``name`` runs natively in fp16."""
         return name in self.fp16_ops
 
+    def compute_precision(self, op_class: str) -> str:
+        """``compute`` ("fp32" / "fp16") of the engine running ``op_class`` ("fp32": none runs it)."""
+        op = self.op(op_class)
+        return next((e.compute for e in self.engines if op is not None and e.name == op.engine), "fp32")
+
     def to_dict(self) -> dict:
         """Plain data in the YAML schema (formats by name); ``load_hardware`` reads it back."""
         def plain(v):
@@ -420,7 +434,8 @@ class HardwareModel:
             return v
 
         out: dict = {"name": self.name, "description": self.description,
-                     "engines": {e.name: {"description": e.description, "formats": plain(e.formats)}
+                     "engines": {e.name: {"description": e.description, "formats": plain(e.formats),
+                                          **({"compute": e.compute} if e.compute != "fp32" else {})}
                                  for e in self.engines},
                      "ops": {op.op_class: {"engine": op.engine, **{f"{r}_formats": plain(op.formats(r))
                                                                   for r in op.roles}}

@@ -16,7 +16,7 @@ TOP_KEYS = ("name", "description", "engines", "ops", "weight_rules", "activation
             "accumulator_bits", "channel_alignment", "lut_size", "sparse_ops", "sparsity_patterns",
             "fp16_ops", "lut_ops", "replace_rules_needed", "resize_modes", "shared_scale",
             "accumulator_overflow", "cost")
-ENGINE_KEYS = ("description", "formats")
+ENGINE_KEYS = ("description", "formats", "compute")
 OP_KEYS = ("engine", "weight_formats", "input_formats", "output_formats")
 WEIGHT_RULE_KEYS = ("symmetric_required", "granularities", "group_sizes", "narrow_range", "scale_constraint")
 ACTIVATION_RULE_KEYS = ("symmetric", "affine", "granularities", "scale_constraint")
@@ -94,6 +94,8 @@ def _engines(c: Checker, raw) -> tuple:
             kw["description"] = c.string(body["description"], path + ("description",))
         if "formats" in body:
             kw["formats"] = c.qformats(body["formats"], path + ("formats",))
+        if "compute" in body:  # fp32 | fp16, checked by Engine (its float precision)
+            kw["compute"] = c.string(body["compute"], path + ("compute",))
         if None not in kw.values():
             out.append(c.build(path, Engine, str(name), **kw))
     return tuple(e for e in out if e is not None)

@@ -9,6 +9,14 @@
   for an element depends only on its two codes: ``T[a, b] = Q(act(DQ(a) op DQ(b)))``, a
   65536-entry table computed at load by the very same numpy functions the node-by-node path
   uses (quant.py, ops_float.py). Broadcast inputs are expanded first.
+* ``DQ(x) -> elementwise chain -> Q`` (8-bit codes, scalar parameters): nodes that each compute
+  an element from the same element of their inputs (Cast to float / float16, Sigmoid, Tanh,
+  Erf, Gelu, HardSigmoid, HardSwish, Relu, Clip, Add / Sub / Mul / Div, ...), whose other
+  inputs are chain tensors or scalar constants and whose tensors nothing else reads, ending in
+  one tensor read only by QuantizeLinear nodes. Each result depends on one code only:
+  ``T[c] = Q(chain(DQ(c)))``, the chain evaluated node by node on all 256 codes at load. An
+  FP16 island on integer codes (``DQ -> Cast16 -> Cast32 -> Sigmoid -> Mul -> Cast16 -> Cast32
+  -> Q``) and a lookup-table activation (``DQ -> Mul(x, Sigmoid(x)) -> Q``) are such chains.
 
 The tables are built once per Session; the float intermediates (return_intermediates) are
 recomputed node by node only when asked for.
@@ -236,9 +244,141 @@ class BinaryCodes(_CodeStep):
         return out
 
 
+#: elementwise ops a 256-code table may absorb (each output element from the same input elements)
+_ELEMENTWISE = {"Cast", "Sigmoid", "Tanh", "Erf", "Gelu", "HardSigmoid", "HardSwish", "Relu", "Clip", "LeakyRelu",
+                "Elu", "Softplus", "Mish", "Exp", "Neg", "Abs", "Identity", "Add", "Sub", "Mul", "Div"}
+_FLOAT_TO = {1, 10}  # Cast targets a chain may hold: FLOAT, FLOAT16
+
+
+class UnaryCodes(_CodeStep):
+    """``DQ(x) -> elementwise chain -> Q`` as one 256-entry table (module docstring)."""
+
+    nhwc_in, nhwc_out = (), False
+
+    def __init__(self, g, node, dq, chain, end, q):
+        from .ops_float import OPS
+        self.g, self.node, self.node_name = g, node, node.name
+        # layout.py: elementwise, so any one layout -- offered only for the codes of a 2-D conv,
+        # the one producer known to be rank 4 (the planner has no shapes; a transformer's
+        # rank-3 codes must stay as they are)
+        self.nhwc_capable = "all" if _from_conv2d(g, dq[0].input[0]) else False
+        (dqn, xs, xz), (qn, ys, yz) = dq, q
+        self.inputs, self.outputs = [dqn.input[0]], [qn.output[0]]
+        self.extra_outputs = [n.output[0] for n in chain]
+        self.absorbed = [n for n in chain if n is not node] + [qn]
+        self.chain = [dqn] + chain
+        self.x_dtype = xz.dtype
+        codes, _ = _codes(xz.dtype)
+        vals = {dqn.output[0]: quant.dequantize(codes, xs, xz)}
+        for n in chain:
+            args = [vals[i] if i in vals else g.consts.get(i) if i else None for i in n.input]
+            vals[n.output[0]] = OPS[n.op_type](self._ctx(n, 1), args, g.attrs(n))[0]
+        t = quant.quantize(np.asarray(vals[end.output[0]]).astype(np.float32), ys, yz, yz.dtype)
+        self.table = np.empty(256, dtype=yz.dtype)  # indexed by the code's byte
+        self.table[codes.view(np.uint8)] = t
+
+    def run(self, ins, threads, want_extra=False):
+        from .errors import NPUError
+        from .layout import to_nchw, to_nhwc
+        x, nin = ins[0], bool(self.nhwc_in and self.nhwc_in[0])
+        if x.dtype != self.x_dtype:
+            raise NPUError(f"node {self.node_name!r}: input codes {x.dtype}, the zero point says {self.x_dtype}")
+        if want_extra and nin:
+            x, nin = to_nchw(x), False
+        y = np.take(self.table, np.ascontiguousarray(x).view(np.uint8))
+        if nin != self.nhwc_out:
+            y = to_nhwc(y) if self.nhwc_out else to_nchw(y)
+        out = {self.outputs[0]: y}
+        if want_extra:
+            vals = self._float_chain({self.inputs[0]: x}, threads)
+            out.update({k: vals[k] for k in self.extra_outputs})
+        return out
+
+
+_RANK_KEEPING = {"QuantizeLinear", "DequantizeLinear", "Relu", "Clip", "Add", "MaxPool"}
+
+
+def _from_conv2d(g, name, depth: int = 6) -> bool:
+    """``name`` is computed from a Conv with a rank-4 weight through rank-keeping nodes (its
+    quantizers, bias Add, Relu / Clip, MaxPool): a rank-4 tensor."""
+    n = g.producer(name)
+    for _ in range(depth):
+        if n is None:
+            return False
+        if n.op_type == "Conv":
+            w = g.producer(n.input[1])
+            w = g.const(w.input[0]) if w is not None and w.op_type == "DequantizeLinear" else g.const(n.input[1])
+            return w is not None and np.asarray(w).ndim == 4
+        if n.op_type not in _RANK_KEEPING:
+            return False
+        n = g.producer(n.input[0])
+    return False
+
+
+def _unary_chain(g, node):
+    """(dq params, chain nodes in dependency order, its end node, q params of each reader) for an
+    elementwise chain rooted at ``node``, or None (module docstring)."""
+    firsts = [i for i in node.input if i and g.const(i) is None]
+    if len(firsts) != 1 or node.op_type not in _ELEMENTWISE:
+        return None
+    dq = _dq_params(g, firsts[0])
+    if dq is None:
+        return None
+    # a node joins once every input is the DQ output, a chain tensor or a scalar constant, so
+    # the chain list is in dependency order; a reader still waiting at the end is outside
+    known, chain, seen, waiting, todo = {firsts[0]}, [], set(), {}, [node]
+    while todo:
+        n = todo.pop()
+        if id(n) in seen or n.op_type == "QuantizeLinear":
+            continue
+        ok = _elementwise(g, n, known)
+        if ok is None:
+            waiting[id(n)] = n
+            continue
+        if not ok:
+            return None
+        waiting.pop(id(n), None)
+        seen.add(id(n))
+        chain.append(n)
+        known.add(n.output[0])
+        todo += list(g.consumers(n.output[0])) + list(waiting.values())
+    return _chain_end(g, dq, chain)
+
+
+def _elementwise(g, n, known):
+    """True: ``n`` joins the chain; None: an input is not known yet; False: it cannot join."""
+    if n.op_type not in _ELEMENTWISE or n.domain not in ("", "ai.onnx") or len(n.output) != 1:
+        return False
+    if n.op_type == "Cast" and g.attrs(n).get("to") not in _FLOAT_TO:
+        return False
+    pending = False
+    for i in n.input:
+        if not i or i in known:
+            continue
+        c = g.const(i)
+        if c is None:
+            pending = True
+        elif np.asarray(c).size != 1 or np.asarray(c).dtype.kind != "f":
+            return False  # a per-channel constant makes the element depend on its position
+    return None if pending else True
+
+
+def _chain_end(g, dq, chain):
+    """``(dq, chain, end, q readers)`` when exactly one chain tensor leaves the chain, read only
+    by QuantizeLinear nodes, and none is a graph output; else None. The DQ output may have other
+    readers: its DequantizeLinear still runs for them."""
+    inside = {id(n) for n in chain}
+    ends = [n for n in chain if n.output[0] in g.outputs or not g.consumers(n.output[0])
+            or not all(id(r) in inside for r in g.consumers(n.output[0]))]
+    if len(ends) != 1 or ends[0].output[0] in g.outputs:
+        return None
+    qs = _quantizers_of(g, ends[0].output[0])
+    return (dq, chain, ends[0], qs) if qs else None
+
+
 def match(g, node):
-    """The code step rooted at ``node`` (MaxPool or a binary op): one step, a list of steps (a
-    binary op read by several quantizers, one step each), or None."""
+    """The code step rooted at ``node`` (MaxPool, a binary op, or the first node of an elementwise
+    chain on codes): one step, a list of steps (read by several quantizers, one step each), or None."""
     if node.domain not in ("", "ai.onnx"):
         return None
     if node.op_type == "MaxPool":
@@ -248,10 +388,10 @@ def match(g, node):
         if dq is None or q is None:
             return None
         return MaxPoolCodes(g, node, dq, q)
+    dqa = dqb = None
     if node.op_type in _BINARY and len(node.input) == 2:
         dqa, dqb = _dq_params(g, node.input[0]), _dq_params(g, node.input[1])
-        if dqa is None or dqb is None:
-            return None
+    if dqa is not None and dqb is not None:
         act, nxt = None, node.output[0]
         c = g.sole_consumer(nxt)
         if c is not None and c.op_type in ("Relu", "Clip"):
@@ -263,7 +403,12 @@ def match(g, node):
             return None
         steps = [BinaryCodes(g, node, dqa, dqb, act, q) for q in qs]
         return steps[0] if len(steps) == 1 else steps
-    return None
+    found = _unary_chain(g, node)
+    if found is None:
+        return None
+    dq, chain, end, qs = found
+    steps = [UnaryCodes(g, node, dq, chain, end, q) for q in qs]
+    return steps[0] if len(steps) == 1 else steps
 
 
 def _quantizers_of(g, name):

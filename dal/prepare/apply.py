@@ -9,6 +9,7 @@ from ..nn.norm import FP16_NORMS, QBatchNorm2d
 from ..nn.registry import QAT_MODULES
 from ..nn.tree import set_submodule
 from .call_sites import install
+from .fp16_island import Fp16Function, island_module
 from .functional_ops import cat_dim, rebuild
 from .plan import Capture, Step
 
@@ -26,7 +27,7 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
         if step.site is not None:
             if step.action == "functional":
                 install(model, step.site, _site_module(step))
-        elif step.action in ("fuse", "functional"):
+        elif step.action in ("fuse", "functional") or (step.action == "fp16" and step.node):
             by_owner.setdefault(step.owner, []).append(step)
     for owner in sorted(by_owner, key=lambda p: -(p.count(".") + bool(p))):
         mod = model.get_submodule(owner) if owner else model
@@ -36,9 +37,13 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
         else:
             model = new
     for step in plan:
-        if step.action in ("quantize", "fp16") and step.site is None:
+        if step.action in ("quantize", "fp16") and step.site is None and not step.node:
             mod = model.get_submodule(step.path)
-            cls = _NORMS.get((step.action, type(mod))) or QAT_MODULES[type(mod)]
+            cls = _NORMS.get((step.action, type(mod)))
+            if cls is None and step.action == "fp16":  # a float op on an fp16 engine (check.py)
+                set_submodule(model, step.path, island_module(mod, step.path, step.op_class))
+                continue
+            cls = cls or QAT_MODULES[type(mod)]
             set_submodule(model, step.path, cls.from_float(mod, step.spec, step.path))
     return model
 
@@ -55,6 +60,8 @@ def _rewrite(mod: nn.Module, graph, steps: list[Step], owner: str) -> nn.Module:
     for step in steps:
         if step.action == "fuse":
             _fuse(mod, graph, nodes, step)
+        elif step.action == "fp16":
+            _island_node(mod, graph, nodes[step.node], step, prefix)
         else:
             _functional(mod, graph, nodes[step.node], step, prefix)
     return rebuild(mod, graph)
@@ -74,6 +81,18 @@ def _fuse(mod: nn.Module, graph, nodes: dict, step: Step) -> None:
         graph.erase_node(relu_node)
     parent_path, _, leaf = step.bn.rpartition(".")
     delattr(mod.get_submodule(parent_path) if parent_path else mod, leaf)
+
+
+def _island_node(mod: nn.Module, graph, node, step: Step, prefix: str) -> None:
+    """A float function of a traced forward on an fp16 engine: an Fp16Function module in its place."""
+    attr = step.path[len(prefix):]
+    attr = attr if not hasattr(mod, attr) else f"{attr}_fp16"
+    fn = node.target
+    mod.add_module(attr, Fp16Function(fn, prefix + attr, step.op_class))
+    with graph.inserting_after(node):
+        new = graph.call_module(attr, node.args, node.kwargs)
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
 
 
 def _functional(mod: nn.Module, graph, node, step: Step, prefix: str) -> None:

@@ -14,6 +14,7 @@ from ..recipe import check_against_hardware
 from ..recipe.errors import RecipeError
 from ..nn.norm import FP16_NORMS
 from .float_ops import hardware_verdict
+from .fp16_island import is_island
 from .plan import Step
 
 FP16_NORM_NAMES = {t.__name__: c.__name__ for t, c in FP16_NORMS.items()}
@@ -50,6 +51,15 @@ def check_plan(plan: list[Step], recipe, hw) -> list[Step]:
             elif not runs:
                 problems.append(Problem(f"{step.path} ({step.type_name}): the export would hold a float "
                                         f"{step.float_op.function}, which hardware {hw.name!r} cannot run; fix: {how}"))
+            elif is_island(hw, step.float_op) and (step.site is not None or _skip_rule(recipe, step)):
+                why = "its recipe rule (skip) keeps it" if step.site is None else "a call in a forward fx cannot trace:"
+                step = dataclasses.replace(step, reason=_join(step.reason, f"{how}; {why} in float32, not an FP16 "
+                                                              f"island (export/SPEC.md §5a)"))
+            elif is_island(hw, step.float_op):
+                built = f"Fp16Function({step.type_name})" if step.node else f"Fp16{step.type_name}"
+                step = dataclasses.replace(step, action="fp16", built=built, reason=_join(
+                    step.reason, f"{how}: an FP16 island, input and output rounded to fp16 ({hw.name}'s "
+                    f"{hw.op(step.float_op.op_class).engine} engine has compute: fp16)"))
             else:
                 step = dataclasses.replace(step, reason=_join(step.reason, how))
         checked.append(step)
@@ -71,6 +81,13 @@ def _skipped(recipe, step: Step) -> bool:
     op_class = step.op_class if step.op_class not in ("norm", "custom", "passthrough") else None
     index = recipe.match(step.path, step.type_name, op_class)
     return index is not None and (recipe.rules[index].skip or recipe.rules[index].fallback_fp16)
+
+
+def _skip_rule(recipe, step: Step) -> bool:
+    """A ``skip: true`` rule matches the step: the user keeps it off the NPU, in float32 (no island)."""
+    op_class = step.op_class if step.op_class not in ("norm", "custom", "passthrough") else None
+    index = recipe.match(step.path, step.type_name, op_class)
+    return index is not None and bool(recipe.rules[index].skip)
 
 
 def _join(a: str, b: str) -> str:

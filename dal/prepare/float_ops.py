@@ -132,7 +132,8 @@ def hardware_verdict(hw, op: FloatOp) -> tuple[bool, str]:
     if op.op_class in ("activation", "softmax", "layernorm") and fn.replace("log_", "") in fp16:
         return True, f"runs in FP16 on {hw.name} (fp16_ops)"
     if op.op_class == "pool" and hw.op("pool") is not None:
-        return True, f"averages integer codes on {hw.name}'s {hw.op('pool').engine} engine"
+        on = "in fp16" if hw.compute_precision("pool") == "fp16" else "integer codes"
+        return True, f"averages {on} on {hw.name}'s {hw.op('pool').engine} engine"
     if op.op_class == "resize" and fn in (getattr(hw, "resize_modes", ()) or ()):
         return True, f"{fn} resize on {hw.name}"
     skip = "or a rule {match: <this path>, skip: true} to run it off the NPU"

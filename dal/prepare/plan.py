@@ -13,7 +13,8 @@ A :class:`Step` has an ``action``:
 * ``ready-made`` — already a QAT module (operator replacement, or the user's);
 * ``passthrough`` — exact on integer codes (ReLU, max pool, reshape, ...);
 * ``fp16`` — a normalisation (GroupNorm, InstanceNorm2d) run in FP16 on hardware with an FP16
-  vector engine (``dal.nn.norm``), decided by the hardware check;
+  vector engine (``dal.nn.norm``), or a float op on an engine with ``compute: fp16`` (an FP16
+  island, ``fp16_island.py``), decided by the hardware check;
 * ``float`` — left in float, with the reason (no rule quantizes it, no QAT module, a float op
   such as SiLU or an unfolded BatchNorm; ``hardware_verdict`` says whether the chip runs it).
 """

@@ -52,9 +52,11 @@ def test_every_module_and_functional_op_is_in_the_report():
     q = dal.prepare_qat(SeNet(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
     rows = _rows(q)
     assert rows["conv"].status == "quantized" and "fused with bn" in rows["conv"].detail
-    for path in ("act", "gate"):  # FP16 islands on the a2000 (fp16_ops), listed as float with how they run
-        assert rows[path].status == "float" and "FP16" in rows[path].detail, rows[path]
-    assert rows["pool"].status == "float" and "averages integer codes" in rows["pool"].detail
+    # FP16 islands on the a2000 (its vector engine has compute: fp16): input and output rounded to fp16
+    for path, how in (("act", "runs in FP16"), ("gate", "runs in FP16"), ("pool", "averages in fp16")):
+        assert rows[path].status == "fp16" and "an FP16 island" in rows[path].detail, rows[path]
+        assert how in rows[path].detail and rows[path].type_name == f"Fp16{type(getattr(SeNet(), path)).__name__}"
+    assert q.act.quantizers()["input_quant"].fmt.name == "fp16" and isinstance(q.pool.to_float(), nn.AdaptiveAvgPool2d)
     assert rows["fc"].status == "quantized"
     assert [r.type_name for r in rows.values() if r.op_class == "mul"] == ["QMul"]
     assert any(r.type_name == "flatten" and r.status == "passthrough" for r in rows.values())
@@ -63,8 +65,8 @@ def test_every_module_and_functional_op_is_in_the_report():
     assert leaves - {"bn"} <= set(rows)
     report = dal.prepared(q).report
     assert str(report).splitlines()[0].endswith(
-        f"{len(report.by_status('quantized'))} quantized, 0 fp16, {len(report.by_status('passthrough'))} "
-        f"passthrough, 3 left in float")
+        f"{len(report.by_status('quantized'))} quantized, 3 fp16, {len(report.by_status('passthrough'))} "
+        f"passthrough, 0 left in float")
 
 
 def test_float_activations_on_int8_only_hardware_are_refused_by_path_with_the_fix():

@@ -1,0 +1,120 @@
+"""FP16 islands: the float ops of an engine that computes in fp16 (``engines.<name>.compute:
+fp16`` in the hardware model, e.g. the a2000's vector engine).
+
+Such an engine dequantizes int8 codes to fp16 on load, runs its float op on fp16 values and
+rounds the result to fp16 before it requantizes on store. So a float op prepare leaves between
+quantizers (an activation in ``fp16_ops``, average pooling, a non-nearest resize, a float
+softmax) trains as
+
+    y = q16(f(q16(x)))          q16: FakeQuantizer("fp16"), the FP16 cast round trip
+
+and is exported as ``Cast(FLOAT16) -> Cast(FLOAT) -> f -> Cast(FLOAT16) -> Cast(FLOAT)``
+(export/SPEC.md §5a "Precision", §6), which dal.npu and dal.convert compute by the §5a rules.
+``f`` itself is the float module or function, unchanged (its float32 result rounded once more
+to fp16): the file states the precision at the island's edges.
+
+A float module becomes ``Fp16<Type>`` (its own class with :class:`Fp16Island` first, the same
+attributes and Parameters: ``to_float()`` gives the module back); a float function in a traced
+forward becomes an :class:`Fp16Function` module called in its place.
+"""
+from __future__ import annotations
+
+from typing import Callable, Union
+
+from torch import nn
+
+from ..nn.adopt import adopt
+from ..nn.base import QATModule
+from ..quantizer import FakeQuantizer
+
+#: the op classes whose float ops become FP16 islands on an fp16 engine (export/SPEC.md §5a)
+ISLAND_CLASSES = ("activation", "pool", "resize", "softmax")
+_RELU_LIKE = {"relu", "relu6", "hardtanh"}
+_CLASSES: dict[type, type] = {}
+
+
+def is_island(hw, float_op) -> bool:
+    """Whether the float op ``float_op`` (a ``float_ops.FloatOp`` the hardware runs) is an FP16
+    island on ``hw``: a float op of an :data:`ISLAND_CLASSES` class whose engine computes in
+    fp16 (``hw.compute_precision(op_class) == "fp16"``). Relu-like ops are exact on codes."""
+    if float_op is None or float_op.kind != "float" or float_op.op_class not in ISLAND_CLASSES:
+        return False
+    if float_op.function in _RELU_LIKE:
+        return False
+    precision = getattr(hw, "compute_precision", None)
+    return precision is not None and precision(float_op.op_class) == "fp16"
+
+
+class Fp16Island(QATModule):
+    """``output_quant(forward(input_quant(x), ...))`` with FP16 round trips; mixed in before a
+    float module's class (``Fp16SiLU(Fp16Island, nn.SiLU)``)."""
+
+    #: the exporter writes the op itself in float32 between the round trips (no FP16 region)
+    fp16_island = True
+
+    def _init_island(self, name: str, op_class: str) -> None:
+        self.qat_name, self.activation, self.bias_mode = name, None, "float"
+        self.island_op_class, self.weight_quant = op_class, None
+        self.input_quant = FakeQuantizer("fp16", name=f"{name}.input_quant")
+        self.output_quant = FakeQuantizer("fp16", name=f"{name}.output_quant")
+
+    @property
+    def op_class(self) -> str:
+        return self.island_op_class
+
+    def quantizers(self) -> dict:
+        return {"input_quant": self.input_quant, "output_quant": self.output_quant}
+
+    def to_float(self) -> nn.Module:
+        new = super().to_float()
+        for key in ("island_op_class", "weight_quant"):
+            new.__dict__.pop(key, None)
+        return new
+
+    def forward(self, x, *args, **kwargs):
+        return self.output_quant(super().forward(self.input_quant(x), *args, **kwargs))
+
+
+def island_module(mod: nn.Module, name: str, op_class: str) -> nn.Module:
+    """The FP16 island of float module ``mod`` (same Parameters and attributes; quantizers are
+    identities until dal.calibrate moves them on, like every quantizer)."""
+    base = type(mod)
+    cls = _CLASSES.get(base)
+    if cls is None:
+        cls = _CLASSES[base] = type(f"Fp16{base.__name__}", (Fp16Island, base),
+                                    {"__doc__": f"{base.__name__} as an FP16 island (dal.prepare.fp16_island)."})
+    q = adopt(cls, mod)
+    q._init_island(name, op_class)
+    return q
+
+
+class Fp16Function(QATModule):
+    """``output_quant(fn(input_quant(x), *args, **kwargs))``: a float function of a traced forward
+    (``torch.sigmoid``, ``F.avg_pool2d``, ``x.mean(...)``) as an FP16 island; ``fn`` is the
+    callable or, for a method call, its name."""
+
+    swappable = False  # built for a graph node, not from a float module
+    fp16_island = True
+
+    def __init__(self, fn: Union[Callable, str], name: str, op_class: str):
+        super().__init__()
+        self.fn = fn
+        self.qat_name, self.activation, self.bias_mode = name, None, "float"
+        self.island_op_class, self.weight_quant = op_class, None
+        self.input_quant = FakeQuantizer("fp16", name=f"{name}.input_quant")
+        self.output_quant = FakeQuantizer("fp16", name=f"{name}.output_quant")
+
+    @property
+    def op_class(self) -> str:
+        return self.island_op_class
+
+    def quantizers(self) -> dict:
+        return {"input_quant": self.input_quant, "output_quant": self.output_quant}
+
+    def forward(self, x, *args, **kwargs):
+        x = self.input_quant(x)
+        y = getattr(x, self.fn)(*args, **kwargs) if isinstance(self.fn, str) else self.fn(x, *args, **kwargs)
+        return self.output_quant(y)
+
+    def extra_repr(self) -> str:
+        return f"{getattr(self.fn, '__name__', self.fn)}, fp16 island"
