@@ -7,7 +7,11 @@ AMX CPU the AMX peak is the machine's int8 peak, and avx512_vnni is timed beside
 
 onnxruntime: default (full) graph optimizations, i.e. its fused QLinearConv kernels, with
 intra_op_num_threads = the thread count, sequential execution. It is the speed peer, not an
-oracle (its kernels saturate in int16 on CPUs without VNNI).
+oracle (its kernels saturate in int16 on CPUs without VNNI). With more than one thread its
+session config ``session.intra_op.allow_spinning`` is "0" by default here (``--ort-spinning 1``:
+onnxruntime's own default): a threading setting, not a graph optimization -- its idle workers
+otherwise spin after each of its runs and take the core dal.npu's second thread needs in the
+interleaved rows (the bench prints which setting ran).
 
 Targets (not asserted): one thread u8s8 <= 1.0x onnxruntime, s8s8 <= 0.5x; two threads >= 1.7x
 one thread; GEMM >= 80% of the int8 peak. Writes bench/results/npu.md.
@@ -44,6 +48,15 @@ def peak_gops(kernel: str) -> tuple[float, str]:
     return max(fn(iters) for _ in range(40)), what
 
 
+def amx_load_bound() -> dict:
+    """GOP/s of npu_peak.cpp's 2 x 2 tdpbusd step with its 4 operand tiles loaded every step
+    from random bytes cycled over 32 KiB (L1) / 512 KiB (L2): best of 40 loops each."""
+    from dal.npu.build import build_extension
+    mod = build_extension("dal_npu_peak", [os.path.join(HERE, "npu_peak.cpp")], ["-O2"],
+                          message="bench: compiling the peak loop into {dir}")
+    return {kib: max(mod.amx_tdpbusd_loads(20_000, kib) for _ in range(40)) for kib in (32, 512)}
+
+
 def _isa(kernel):
     from dal.npu.build import kernels as lib
     from dal.npu.dispatch import NAMES
@@ -61,6 +74,16 @@ def _best_seconds(call, reps: int) -> float:
     return min(ts)
 
 
+def _torch_owned(a: np.ndarray):
+    """``a`` copied into torch's own (64-byte aligned) memory, as every activation between two
+    fused steps is (each kernel's output is a torch tensor); numpy's buffers start 16 bytes into
+    a line, and AMX tile rows read in place must not straddle two lines (csrc/qconv_amx.h)."""
+    import torch
+    t = torch.empty(a.shape, dtype=torch.uint8)
+    t.numpy()[...] = a
+    return t
+
+
 def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1, kernel=None) -> float:
     """GOP/s of the fused exact int8 GEMM (u8 codes x s8 weights -> u8 codes, a layer3-sized
     conv as GEMM), with ``kernel`` (None: the one dal.npu picks); best of ``reps`` (shared machine)."""
@@ -69,7 +92,7 @@ def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1, kernel=None) -> float:
     from dal.npu.build import kernels as lib
     from dal.npu.dispatch import has_vnni
     rng = np.random.default_rng(0)
-    x = torch.from_numpy(rng.integers(0, 256, (m, k)).astype(np.uint8))
+    x = _torch_owned(rng.integers(0, 256, (m, k)).astype(np.uint8))
     w = rng.integers(-127, 128, (n, k))
     mult = kernels.pad_channels(np.full(n, 1e-4), n, np.float64)
     e32, ef, e64 = (torch.empty(0, dtype=t) for t in (torch.int32, torch.float32, torch.int64))
@@ -87,7 +110,7 @@ def conv_gops(cin, cout, hw, k=3, reps=15, threads=1, kernel=None) -> float:
     from dal.npu.build import kernels as lib
     from dal.npu.dispatch import has_vnni
     rng = np.random.default_rng(1)
-    x = torch.from_numpy(rng.integers(0, 256, (1, hw, hw, cin)).astype(np.uint8))
+    x = _torch_owned(rng.integers(0, 256, (1, hw, hw, cin)).astype(np.uint8))
     w = rng.integers(-127, 128, (cout, cin, k, k))
     isa = _isa(kernel)
     vnni = has_vnni(isa)
@@ -114,6 +137,9 @@ def batch_model(path: str) -> str:
     return out
 
 
+ORT_SPINNING = "0"  # session.intra_op.allow_spinning of the peer with threads > 1 (--ort-spinning)
+
+
 def compare(path, batch, threads, reps, x=None):
     """Interleaved medians of dal.npu and onnxruntime on ``path`` (a file, or the model's bytes)
     fed ``x`` (default: a random [batch, 3, 224, 224] image): (wall ms npu, wall ms ort, CPU ms
@@ -127,6 +153,8 @@ def compare(path, batch, threads, reps, x=None):
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if threads > 1:  # a threading setting (its idle workers do not spin), no graph change
+        so.add_session_config_entry("session.intra_op.allow_spinning", ORT_SPINNING)
     o = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     s = npu.load(path, threads=threads)
     o.run(None, {"input": x})
@@ -186,7 +214,37 @@ def detector_lines(say, reps, rounds):
             say(f"| {batch} | {threads} | {mn:.2f} | {mo:.2f} | {mn / mo:.2f}x | {cn / co:.2f}x |")
 
 
-def main(reps: int = 9, rounds: int = 5):
+def kernel_lines(say, chosen):
+    """The int8 peaks (register-only; AMX also with its operands loaded from L1 / L2), the exact
+    fused GEMM and the ResNet-18 3x3 convs, one thread, for ``chosen`` (and avx512_vnni beside
+    amx_int8), each against the peak of the instruction it runs."""
+    kinds = [chosen] + (["avx512_vnni"] if chosen == "amx_int8" else [])
+    peaks = {kd: peak_gops(kd) for kd in kinds}
+    for kd in kinds:
+        say(f"int8 peak, one thread ({peaks[kd][1]}, register-only loop): {peaks[kd][0]:.0f} GOP/s"
+            + (" <- this machine's int8 peak" if kd == chosen else ""))
+    if chosen == "amx_int8":  # what the 2 x 2 tile blocking reaches once its operands are loaded
+        lb = amx_load_bound()
+        say(f"AMX 2x2 tdpbusd step with its 4 operand tiles loaded every step (random bytes), one thread: "
+            f"from L1 (32 KiB cycled) {lb[32]:.0f} GOP/s = {lb[32] / peaks[chosen][0]:.0%} of the peak, "
+            f"from L2 (512 KiB) {lb[512]:.0f} GOP/s = {lb[512] / peaks[chosen][0]:.0%}: the bound of a GEMM on this blocking")
+    for kd in kinds:
+        peak, what = peaks[kd]
+        g1 = gemm_gops(kernel=kd)
+        say(f"exact fused int8 GEMM 784x2304x256, one thread, {kd}: {g1:.0f} GOP/s = {g1 / peak:.0%} of "
+            f"the {what} peak (target >= 80%)")
+    for cin, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
+        part = []
+        for kd in kinds:
+            gc = conv_gops(cin, cin, hw, kernel=kd)
+            part.append(f"{kd} {gc:.0f} GOP/s = {gc / peaks[kd][0]:.0%} of its peak")
+        say(f"exact fused 3x3 conv {cin}->{cin} at {hw}x{hw} (ResNet-18 layer, pixel-major codes), one thread: "
+            + "; ".join(part))
+
+
+def main(reps: int = 9, rounds: int = 5, ort_spinning: str = "0"):
+    global ORT_SPINNING
+    ORT_SPINNING = ort_spinning
     import zoo
     import dal.npu as npu
     lines = []
@@ -201,24 +259,10 @@ def main(reps: int = 9, rounds: int = 5):
     say(f"CPU SIMD flags (/proc/cpuinfo): {' '.join(info['cpu_flags'])}")
     say(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a shared machine: times swing)")
     say(f"kernel chosen: {info['why']}")
-    chosen = info["kernel"]
-    kinds = [chosen] + (["avx512_vnni"] if chosen == "amx_int8" else [])
-    peaks = {kd: peak_gops(kd) for kd in kinds}
-    for kd in kinds:
-        say(f"int8 peak, one thread ({peaks[kd][1]}, register-only loop): {peaks[kd][0]:.0f} GOP/s"
-            + (" <- this machine's int8 peak" if kd == chosen else ""))
-    for kd in kinds:
-        peak, what = peaks[kd]
-        g1 = gemm_gops(kernel=kd)
-        say(f"exact fused int8 GEMM 784x2304x256, one thread, {kd}: {g1:.0f} GOP/s = {g1 / peak:.0%} of "
-            f"the {what} peak (target >= 80%)")
-    for cin, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
-        part = []
-        for kd in kinds:
-            gc = conv_gops(cin, cin, hw, kernel=kd)
-            part.append(f"{kd} {gc:.0f} GOP/s = {gc / peaks[kd][0]:.0%} of its peak")
-        say(f"exact fused 3x3 conv {cin}->{cin} at {hw}x{hw} (ResNet-18 layer, pixel-major codes), one thread: "
-            + "; ".join(part))
+    say(f"onnxruntime: default graph optimizations (ORT_ENABLE_ALL); with 2 threads its session config "
+        f"session.intra_op.allow_spinning = {ORT_SPINNING!r} ({'idle workers sleep' if ORT_SPINNING == '0' else 'its default: idle workers spin'}; "
+        "a threading setting, not a graph optimization)")
+    kernel_lines(say, info["kernel"])
     say()
     d = os.path.join(tempfile.gettempdir(), "dal_bench_models")
     os.makedirs(d, exist_ok=True)
@@ -255,9 +299,10 @@ def main(reps: int = 9, rounds: int = 5):
             alone = alone_scaling(models[act][0 if batch == 1 else 1], batch, max(10, reps * 4 // (4 if batch > 1 else 1)))
             say(f"two-thread scaling, {act}s8 batch {batch}: {results[act, batch, 1] / results[act, batch, 2]:.2f}x "
                 f"from the rows above, {alone:.2f}x with dal.npu alone (target >= 1.7x)")
-    say("(The rows above interleave dal.npu with onnxruntime, whose idle workers spin for a while after "
-        "each of its runs and take a core from dal.npu's second thread; 'alone' interleaves dal.npu's "
-        "one- and two-thread sessions only.)")
+    say("(The rows above interleave dal.npu with onnxruntime" + (
+        ", whose idle workers spin for a while after each of its runs and take a core from dal.npu's second "
+        "thread" if ORT_SPINNING == "1" else " with its idle workers not spinning (allow_spinning 0)")
+        + "; 'alone' interleaves dal.npu's one- and two-thread sessions only.)")
     say()
     detector_lines(say, reps, rounds)
     say()
@@ -280,5 +325,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ort-spinning", choices=("0", "1"), default="0",
+                    help="onnxruntime's session.intra_op.allow_spinning with 2 threads (1: its default)")
     a = ap.parse_args()
-    main(a.reps, a.rounds)
+    main(a.reps, a.rounds, a.ort_spinning)

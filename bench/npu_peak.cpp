@@ -7,9 +7,11 @@
 #include <immintrin.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -112,6 +114,55 @@ __attribute__((target("amx-tile,amx-int8"))) int32_t loop_amx(int64_t n) {
   return out[0];
 }
 
+// The same 2 x 2 step with its four operand tiles loaded every step (tileloadd, 1 KB each) from
+// a buffer of random bytes cycled over: the bound of any GEMM built on this blocking, by where
+// its operands come from (a buffer of 32 KB stays in L1, 512 KB in L2). Random data: untouched
+// pages are all one physical zero page, which every load would find in L1.
+static uint8_t* g_buf = nullptr;
+static int64_t g_steps = 0;
+
+__attribute__((target("amx-tile,amx-int8"))) int32_t loop_amx_loads(int64_t n) {
+  TileCfg cfg;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  alignas(64) static int32_t out[256];
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t tile = 1024, quarter = g_steps * tile;
+  for (int64_t i = 0, k = 0; i < n; ++i, k = k + 1 == g_steps ? 0 : k + 1) {
+    const uint8_t* a = g_buf + k * tile;
+    _tile_loadd(4, a, 64);
+    _tile_loadd(6, a + 2 * quarter, 64);
+    _tile_dpbusd(0, 4, 6);
+    _tile_loadd(7, a + 3 * quarter, 64);
+    _tile_dpbusd(1, 4, 7);
+    _tile_loadd(5, a + quarter, 64);
+    _tile_dpbusd(2, 5, 6);
+    _tile_dpbusd(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+
+double amx_loads_gops(int64_t iters, int64_t kib) {
+#if defined(__linux__)
+  if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return NAN;
+  g_steps = std::max<int64_t>(1, kib / 4);
+  std::vector<uint8_t> buf(static_cast<size_t>(g_steps * 4096 + 64));
+  uint32_t x = 12345;
+  for (auto& b : buf) b = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 24);
+  g_buf = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  const double r = gops(loop_amx_loads, iters, 4 * 16 * 16 * 64 * 2.0);
+  g_buf = nullptr;
+  return r;
+#else
+  return NAN;
+#endif
+}
+
 double amx_gops(int64_t iters) {
 #if defined(__linux__)
   if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) != 0) return NAN;
@@ -129,4 +180,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ymm_vnni", [](int64_t iters) { return gops(loop_ymm, iters, 12 * 32 * 2.0); });
   m.def("ymm_madd", [](int64_t iters) { return gops(loop_madd, iters, 6 * 16 * 2.0); });
   m.def("amx_tdpbusd", &amx_gops);  // NaN where the OS refuses the tile-data permission
+  m.def("amx_tdpbusd_loads", &amx_loads_gops);  // (iters, KiB of operands cycled over)
 }

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -112,40 +113,85 @@ std::vector<KChunk> k_chunks(const std::vector<int64_t>& toff, std::vector<int64
 
 // amx_int8: one task's whole reduction on AMX tiles (qconv_amx.h): the task's pixel rows are
 // copied into a contiguous [rows][Kpad] block, then 32 x 32 tiles sum every k step. Rows that
-// already form a strided matrix the tiles can load whole (one tap, K a multiple of 64 bytes,
-// equally spaced rows, a multiple of 16 of them: GEMM rows, unpadded stride-1 1x1 convs) are
-// read in place. A no-op for int16 rows (the AMX variant runs int16 panels on the AVX2 kernels).
+// already form a strided matrix the tiles can load whole (amx::in_place: one tap, K a
+// multiple of 64 bytes, equally spaced rows, a multiple of 16 of them: GEMM rows, unpadded
+// stride-1 1x1 convs) are read in place; ready: the rows already copied by run_core (shared by
+// the channel ranges of a small layer), row stride lda. A no-op for int16 rows (the AMX variant
+// runs int16 panels on the AVX2 kernels).
 template <typename E, typename WT>
 void amx_task(const E* const* rp, int64_t pn, const std::vector<int64_t>& toff, int64_t CK, const WT* B,
-              int64_t panel_size, int64_t npan, const int8_t* tail, int32_t* acc, int64_t ldc) {
+              int64_t panel_size, int64_t npan, const int8_t* tail, int32_t* acc, int64_t ldc,
+              const uint8_t* ready, int64_t lda) {
   if constexpr (std::is_same_v<E, uint8_t>) {
     const int64_t ntaps = static_cast<int64_t>(toff.size()), K4 = ntaps * CK, Kpad = (K4 * 4 + 63) / 64 * 64;
-    thread_local std::vector<int32_t> tmp(1024);
-    if (ntaps == 1 && K4 % 16 == 0 && pn % 16 == 0) {
-      const int64_t stride = pn > 1 ? rp[1] - rp[0] : Kpad;
-      bool even = stride > 0;
-      for (int64_t r = 2; even && r < pn; ++r) even = rp[r] - rp[0] == r * stride;
-      if (even) {
-        amx::gemm(rp[0] + toff[0], pn, stride, B, panel_size, npan, K4, tail, acc, ldc, tmp.data());
-        return;
-      }
+    thread_local amx::Aligned<int32_t> tmp_buf;
+    int32_t* tmp = tmp_buf.get(1024);
+    if (ready) {
+      amx::gemm(ready, pn, lda, B, panel_size, npan, K4, tail, acc, ldc, tmp);
+      return;
     }
-    thread_local std::vector<uint8_t> a;
-    const size_t need = static_cast<size_t>((pn + 15) / 16 * 16 * Kpad);
-    if (a.size() < need) a.resize(need);
-    amx::pack_a(rp, pn, toff.data(), ntaps, CK, a.data(), Kpad);
-    amx::gemm(a.data(), pn, Kpad, B, panel_size, npan, K4, tail, acc, ldc, tmp.data());
+    if (amx::in_place(rp, pn, ntaps, K4, toff[0])) {
+      amx::gemm(rp[0] + toff[0], pn, pn > 1 ? rp[1] - rp[0] : Kpad, B, panel_size, npan, K4, tail, acc, ldc, tmp);
+      return;
+    }
+    thread_local amx::Aligned<uint8_t> a;
+    uint8_t* ab = a.get(static_cast<size_t>((pn + 15) / 16 * 16 * Kpad));
+    amx::pack_a(rp, pn, toff.data(), ntaps, CK, ab, Kpad);
+    amx::gemm(ab, pn, Kpad, B, panel_size, npan, K4, tail, acc, ldc, tmp);
   }
 }
 
+// How run_core cuts its work: nblocks pixel blocks (block b: tiles [b * ntiles / nblocks,
+// (b + 1) * ntiles / nblocks) of tr pixels, so blocks differ by one tile at most) x nchunks
+// channel ranges of per panels. With several threads the blocks come in a multiple of the
+// thread count, so that each thread gets an equal share at batch 1 too; a layer with too few
+// pixel tiles for that (7x7 and 14x14 maps) splits its channels instead, each thread then
+// reading one shared copy of the rows (amx_int8) instead of copying them again per range.
+// The result never depends on the partition: each output is one exact int32 sum.
+struct Plan {
+  int64_t tr, ntiles, nblocks, nchunks, per;
+  int64_t block_begin(int64_t b) const { return b * ntiles / nblocks * tr; }
+};
+
+Plan make_plan(int64_t P, int64_t npanels, int64_t wmax, int64_t nthreads, bool amx) {
+  Plan pl;
+  pl.tr = amx ? 32 : TR;
+  const int64_t tiles_max = amx ? 6 : 32;  // ~192 pixels a block: PB x KC bytes stays in L2
+  pl.ntiles = (P + pl.tr - 1) / pl.tr;
+  const int64_t nb0 = std::max<int64_t>(1, (pl.ntiles + tiles_max - 1) / tiles_max);
+  pl.nblocks = nb0;
+  pl.nchunks = 1;
+  if (nthreads > 1) {
+    const int64_t nb = std::min(pl.ntiles, (nb0 + nthreads - 1) / nthreads * nthreads);
+    // an equal share against the busiest thread's tiles, the blocks taken in turn
+    int64_t busiest = 1;
+    for (int64_t t = 0; t < nthreads; ++t) {
+      int64_t sum = 0;
+      for (int64_t b = t; b < nb; b += nthreads) sum += (b + 1) * pl.ntiles / nb - b * pl.ntiles / nb;
+      busiest = std::max(busiest, sum);
+    }
+    const double eff = double(pl.ntiles) / nthreads / double(busiest);
+    if (eff >= 0.85 || npanels < 2 * nthreads * wmax) {
+      pl.nblocks = nb;
+    } else {
+      while (pl.nchunks < nthreads && npanels >= 2 * pl.nchunks * wmax) pl.nchunks *= 2;
+    }
+  }
+  const int64_t per_chunk = (npanels + pl.nchunks - 1) / pl.nchunks;
+  pl.per = (per_chunk + wmax - 1) / wmax * wmax;  // whole widest tiles
+  return pl;
+}
+
 // GEMM over pixel rows (row pointers + tap offsets) against packed panels, requantized per
-// task while the accumulators are still in cache.
+// task while the accumulators are still in cache. ONE OpenMP parallel region per call: pre()
+// runs first inside it (the caller's image copy: an orphaned "omp for", whose barrier ends
+// it), then (amx_int8 with split channels) the shared row copy, then the tasks.
 // E: row element (int16 pairs / uint8 quads), WT: packed weight element; one k step covers
 // KS = 4 / sizeof(E) reduction indices, a panel is K2 * KS * TC weights.
-template <typename T, typename E, typename WT>
+template <typename T, typename E, typename WT, typename Pre>
 bool run_core(const std::vector<const E*>& rows, const std::vector<int64_t>& toff, int64_t CK,
               const WT* Bp, const Requant& q, T* out, OutLayout lay, int32_t* acc_out,
-              int64_t nthreads, const micro::Kernels<E, WT>& kern, int isa) {
+              int64_t nthreads, const micro::Kernels<E, WT>& kern, int isa, Pre&& pre) {
   constexpr int64_t KS = 4 / sizeof(E);
   const int64_t P = static_cast<int64_t>(rows.size());
   const int64_t ntaps = static_cast<int64_t>(toff.size()), K2 = ntaps * CK;
@@ -160,62 +206,79 @@ bool run_core(const std::vector<const E*>& rows, const std::vector<int64_t>& tof
   // which read them in place: there, copying the rows for the tiles cost more than AMX saved
   // (measured: 0.78 against 0.72 ms for ResNet-18's first conv).
   const bool amx = sizeof(E) == 1 && isa == kAmxInt8 && (ntaps == 1 || CK * KS >= 64);
-  std::vector<int8_t> btail;
+  // (line aligned, as the panels are: kernels.py packs them into torch's 64-byte aligned memory)
+  amx::Aligned<int8_t> btail_buf;
+  const int8_t* btail = nullptr;
   if constexpr (sizeof(E) == 1)
     if (amx && K2 % 16) {
-      btail.resize(static_cast<size_t>(npanels * 1024));
-      amx::pack_b_tail(Bp, panel_size, npanels, K2, btail.data());
+      int8_t* t = btail_buf.get(static_cast<size_t>(npanels * 1024));
+      amx::pack_b_tail(Bp, panel_size, npanels, K2, t);
+      btail = t;
     }
-  // pixel blocks of ~192 pixels (fewer for long reductions: PB x KC bytes stays in L2)
-  const int64_t tr = amx ? 32 : TR, tiles_max = amx ? 6 : 32;
-  const int64_t ntiles = (P + tr - 1) / tr;
-  const int64_t nblocks = std::max<int64_t>(1, (ntiles + tiles_max - 1) / tiles_max);
-  const int64_t tiles_per = (ntiles + nblocks - 1) / nblocks, PB = tiles_per * tr;
-  // small layers (few pixel blocks): also split the channels, so every thread has work
-  int64_t nchunks = 1;
-  // (AMX on one thread: never, each channel range would copy the task's rows again)
-  const int64_t want_tasks = amx ? (nthreads > 1 ? 2 * nthreads : 1) : 4 * nthreads;
-  while (nblocks * nchunks < want_tasks && npanels >= 4 * nchunks) nchunks *= 2;
-  const int64_t per_chunk = (npanels + nchunks - 1) / nchunks;
-  const int64_t per = (per_chunk + wmax - 1) / wmax * wmax;  // whole widest tiles
-  const int64_t ntasks = nblocks * nchunks;
+  const Plan pl = make_plan(P, npanels, amx ? 2 : wmax, nthreads, amx);
+  const int64_t ntasks = pl.nblocks * pl.nchunks;
+  // split channels on AMX: the rows are copied once for all ranges (amx::Rows), in parallel
+  const bool shared_rows = amx && pl.nchunks > 1 && !amx::in_place(rows.data(), P, ntaps, K2, toff[0]);
+  amx::Rows shared;
+  if (shared_rows) shared.reserve(P, K2);
   bool ovf = false;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads) reduction(|| : ovf)
-  for (int64_t task = 0; task < ntasks; ++task) {
-    const int64_t blk = task / nchunks, ch = task % nchunks;
-    const int64_t p0 = blk * PB, pn = std::min<int64_t>(PB, P - p0);
-    const int64_t g0 = ch * per, g1 = std::min<int64_t>(npanels, g0 + per);
-    if (pn <= 0 || g0 >= g1) continue;
-    const int64_t width = (g1 - g0) * TC;
-    thread_local std::vector<int32_t> scratch;
-    if (scratch.size() < static_cast<size_t>(pn * width)) scratch.resize(static_cast<size_t>(pn * width));
-    int32_t* acc = scratch.data();
-    if (amx)
-      amx_task(rows.data() + p0, pn, toff, CK, Bp + g0 * panel_size, panel_size, g1 - g0,
-               btail.empty() ? nullptr : btail.data() + g0 * 1024, acc, width);
-    for (size_t kc = 0; !amx && kc < chunks.size(); ++kc) {
-      const KChunk& c = chunks[kc];
-      for (int64_t pnl = g0; pnl < g1;) {
-        const int64_t np = kern.four[1] && pnl + 4 <= g1 ? 4 : kern.two[1] && pnl + 2 <= g1 ? 2 : 1;
-        const auto& fn = np == 4 ? kern.four : np == 2 ? kern.two : kern.one;
-        const WT* B = Bp + pnl * panel_size + c.boff;
-        for (int64_t t0 = 0; t0 < pn; t0 += TR) {
-          const int r = static_cast<int>(std::min<int64_t>(TR, pn - t0));
-          fn[r](rows.data() + p0 + t0, c.toff, c.ntaps, c.ck, B, panel_size,
-                acc + t0 * width + (pnl - g0) * TC, width, kc > 0);
-        }
-        pnl += np;
+#pragma omp parallel num_threads(nthreads) reduction(|| : ovf)
+  {
+    pre();
+    if constexpr (sizeof(E) == 1) {
+      if (shared_rows) {
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < (P + 15) / 16; ++g)
+          shared.pack(reinterpret_cast<const uint8_t* const*>(rows.data()), P, g * 16, toff.data(), ntaps, CK);
       }
     }
-    const Requant part = q.slice(g0 * TC, g1 * TC);
-    const int64_t st = lay.stride();
-    if (st == 1 && !acc_out && rq::block_ok<T>(part, isa)) {  // pixel-major codes: one pass
-      ovf = rq::requant_block_avx512<T>(part, acc, pn, out + lay.offset(p0) + g0 * TC, lay.O) || ovf;
-      continue;
-    }
-    for (int64_t lp = 0; lp < pn; ++lp) {
-      const int64_t at = lay.offset(p0 + lp) + g0 * TC * st;
-      ovf = rq::requant_row<T>(part, acc + lp * width, out + at, st, acc_out ? acc_out + at : nullptr, st, isa) || ovf;
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t task = 0; task < ntasks; ++task) {
+      const int64_t blk = task / pl.nchunks, ch = task % pl.nchunks;
+      const int64_t p0 = pl.block_begin(blk), pn = std::min<int64_t>(pl.block_begin(blk + 1), P) - p0;
+      const int64_t g0 = ch * pl.per, g1 = std::min<int64_t>(npanels, g0 + pl.per);
+      if (pn <= 0 || g0 >= g1) continue;
+      const int64_t width = (g1 - g0) * TC;
+      thread_local amx::Aligned<int32_t> scratch;  // tile stores: whole lines (width % 16 == 0)
+      int32_t* acc = scratch.get(static_cast<size_t>(pn * width));
+      const Requant part = q.slice(g0 * TC, g1 * TC);
+      const int64_t st = lay.stride();
+      auto requant = [&](int64_t r0, int64_t r1) {  // rows [r0, r1) of the task's accumulators
+        if (st == 1 && !acc_out && rq::block_ok<T>(part, isa)) {  // pixel-major codes: one pass
+          ovf = rq::requant_block_avx512<T>(part, acc + r0 * width, r1 - r0, out + lay.offset(p0 + r0) + g0 * TC,
+                                            lay.O) || ovf;
+          return;
+        }
+        for (int64_t lp = r0; lp < r1; ++lp) {
+          const int64_t at = lay.offset(p0 + lp) + g0 * TC * st;
+          ovf = rq::requant_row<T>(part, acc + lp * width, out + at, st, acc_out ? acc_out + at : nullptr, st,
+                                   isa) || ovf;
+        }
+      };
+      // amx_int8: one 32-pixel group at a time, requantized right after its tiles are stored,
+      // while its accumulators (32 x width int32) are still in L1
+      for (int64_t m0 = 0; amx && m0 < pn; m0 += 32) {
+        const int64_t mn = std::min<int64_t>(32, pn - m0);
+        amx_task(rows.data() + p0 + m0, mn, toff, CK, Bp + g0 * panel_size, panel_size, g1 - g0,
+                 btail ? btail + g0 * 1024 : nullptr, acc + m0 * width, width,
+                 shared_rows ? shared.at(p0 + m0) : nullptr, shared.Kpad);
+        requant(m0, m0 + mn);
+      }
+      for (size_t kc = 0; !amx && kc < chunks.size(); ++kc) {
+        const KChunk& c = chunks[kc];
+        for (int64_t pnl = g0; pnl < g1;) {
+          const int64_t np = kern.four[1] && pnl + 4 <= g1 ? 4 : kern.two[1] && pnl + 2 <= g1 ? 2 : 1;
+          const auto& fn = np == 4 ? kern.four : np == 2 ? kern.two : kern.one;
+          const WT* B = Bp + pnl * panel_size + c.boff;
+          for (int64_t t0 = 0; t0 < pn; t0 += TR) {
+            const int r = static_cast<int>(std::min<int64_t>(TR, pn - t0));
+            fn[r](rows.data() + p0 + t0, c.toff, c.ntaps, c.ck, B, panel_size,
+                  acc + t0 * width + (pnl - g0) * TC, width, kc > 0);
+          }
+          pnl += np;
+        }
+      }
+      if (!amx) requant(0, pn);
     }
   }
   return ovf;
@@ -353,21 +416,32 @@ bool conv_impl(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, cons
   // pixel-major uint8 codes (base 0) whose windows never leave the image: read in place
   const bool direct = in_nhwc && implicit && KS == 4 && sub == 0 && Cp == C && g.pt == 0 &&
                       g.pl == 0 && Hp == H && Wp == W && X.scalar_type() == torch::kUInt8;
-  std::vector<S> img(direct ? 0 : static_cast<size_t>(N * img_size), static_cast<S>(fill));
-  const S* image = direct ? reinterpret_cast<const S*>(X.data_ptr()) : img.data();
-  if (!direct)
+  // the bordered image, filled by copy_image inside run_core's parallel region (implicit) or
+  // before the patch matrix (explicit): one padded row a step, border and channel pad = fill
+  amx::Aligned<S> img_buf;  // line aligned: rows of a 1x1 conv may be tile rows in place
+  S* img = direct ? nullptr : img_buf.get(static_cast<size_t>(N * img_size));
+  const S* image = direct ? reinterpret_cast<const S*>(X.data_ptr()) : img;
+  const S sfill = static_cast<S>(fill);
+  auto copy_image = [&] {  // an orphaned "omp for": shared by the threads of the enclosing region
+    if (direct) return;
     dispatch_in(X, [&](auto* x) {
-      // bands of image rows (not whole images): a batch of one is copied by every thread too
-      const int64_t band = std::max<int64_t>(1, std::min<int64_t>(H, (N * H + 4 * nthreads - 1) / (4 * nthreads)));
-      const int64_t nb = (H + band - 1) / band;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-      for (int64_t i = 0; i < N * nb; ++i) {
-        const int64_t n = i / nb, y0 = i % nb * band, y1 = std::min(H, y0 + band);
-        S* d = img.data() + n * img_size;
-        if (in_nhwc) nhwc_to_hwc<S>(x + n * C * H * W, C, H, W, sub, d, Wp, Cp, g.pt, g.pl, y0, y1);
-        else to_hwc<S>(x + n * C * H * W, C, H, W, sub, d, Wp, Cp, g.pt, g.pl, y0, y1);
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < N * Hp; ++i) {
+        const int64_t n = i / Hp, yp = i % Hp, y = yp - g.pt;
+        S* d = img + n * img_size + yp * Wp * Cp;
+        if (y < 0 || y >= H || Cp != C) {
+          std::fill(d, d + Wp * Cp, sfill);
+          if (y < 0 || y >= H) continue;
+        } else {
+          std::fill(d, d + g.pl * Cp, sfill);
+          std::fill(d + (g.pl + W) * Cp, d + Wp * Cp, sfill);
+        }
+        S* im = img + n * img_size;
+        if (in_nhwc) nhwc_to_hwc<S>(x + n * C * H * W, C, H, W, sub, im, Wp, Cp, g.pt, g.pl, y, y + 1);
+        else to_hwc<S>(x + n * C * H * W, C, H, W, sub, im, Wp, Cp, g.pt, g.pl, y, y + 1);
       }
     });
+  };
   std::vector<const S*> rows(N * P);
   std::vector<int64_t> toff;
   std::vector<S> cols;
@@ -392,12 +466,14 @@ bool conv_impl(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, cons
   } else {
     // explicit patch matrix [N*P][K], k = (i*kw + j)*C + c, zero padded (zero weights) to K
     TORCH_CHECK(N * P * K * int64_t(sizeof(S)) < (int64_t(1) << 31), "qconv: patch matrix too large");
+#pragma omp parallel num_threads(nthreads)
+    copy_image();
     cols.assign(static_cast<size_t>(N * P * K), static_cast<S>(fill));
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t gp = 0; gp < N * P; ++gp) {
       const int64_t n = gp / P, p = gp % P, oy = p / g.OW, ox = p % g.OW;
       S* d = cols.data() + gp * K;
-      const S* base = img.data() + n * img_size + ((oy * g.sh) * Wp + ox * g.sw) * Cp;
+      const S* base = img + n * img_size + ((oy * g.sh) * Wp + ox * g.sw) * Cp;
       for (int64_t i = 0; i < g.kh; ++i) {
         if (g.dw == 1) {  // the kw taps of a kernel row are kw*C contiguous values
           std::memcpy(d, base + i * g.dh * Wp * Cp, sizeof(S) * g.kw * C);
@@ -415,7 +491,9 @@ bool conv_impl(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, cons
   using WT = std::conditional_t<sizeof(S) == 1, int8_t, int16_t>;
   return dispatch_out(out, [&](auto* o) {
     return run_core(rows, toff, CK, Bp.data_ptr<WT>(), q, o, OutLayout{layout & kOutNHWC ? 0 : P, q.O}, ao,
-                    nthreads, kernels_for<S>(isa), isa);
+                    nthreads, kernels_for<S>(isa), isa, [&] {
+                      if (implicit) copy_image();
+                    });
   });
 }
 
@@ -450,7 +528,7 @@ bool gemm_impl(const torch::Tensor& X, int64_t zx, const torch::Tensor& Bp, cons
   using WT = std::conditional_t<sizeof(S) == 1, int8_t, int16_t>;
   return dispatch_out(out, [&](auto* o) {
     return run_core(rows, std::vector<int64_t>{0}, K / KS, Bp.data_ptr<WT>(), q, o, OutLayout{0, q.O}, ao,
-                    nthreads, kernels_for<S>(isa), isa);
+                    nthreads, kernels_for<S>(isa), isa, [] {});
   });
 }
 
