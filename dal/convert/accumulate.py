@@ -119,9 +119,10 @@ def refuse_int32_overflow(acc: torch.Tensor, axis: int, path: str, bias_q=None) 
     8-bit or narrower input codes: dal.npu refuses such a file at that group rather than wrap
     or saturate silently (dal/npu/bias_overflow.py), so the integer model does too. Declared
     narrower accumulators (``accumulator_bits`` < 32) saturate or wrap instead (:func:`limit`)."""
-    bad = (acc > INT32_MAX) | (acc < INT32_MIN)
-    if not bool(bad.any()):
+    lo, hi = torch.aminmax(acc)  # one pass; the details below only on the error path
+    if INT32_MIN <= float(lo) and float(hi) <= INT32_MAX:
         return
+    bad = (acc > INT32_MAX) | (acc < INT32_MIN)
     worst = torch.maximum(acc - INT32_MAX, INT32_MIN - acc)
     flat = int(torch.argmax(worst.reshape(-1)))
     idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), acc.shape)]

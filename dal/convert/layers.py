@@ -202,8 +202,9 @@ class IntegerLayer(nn.Module):
             acc.add_(self.bias_q.reshape(shape))  # exact: integers below 2^53
         bits = self.rq.accumulator_bits
         if self.in_fmt.bits <= 8 and (bits is None or bits >= 32):  # dal.npu's exact int32 path
-            refuse_int32_overflow(acc, axis, self.path, self.bias_q)
-        acc = limit(acc, bits, self.rq.accumulator_overflow)
+            refuse_int32_overflow(acc, axis, self.path, self.bias_q)  # within int32: no limit can bite
+        else:
+            acc = limit(acc, bits, self.rq.accumulator_overflow)
         if self.rq.kind in ("fixed_point", "power_of_two"):
             return self._fixed(acc, axis, plan)
         v = acc.mul_(self.mult.reshape(shape)).float()  # one rounding: float64 product -> float32
