@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
@@ -23,6 +21,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from cpu import cpu_flags  # bench/cpu.py  # noqa: E402
 from results_file import write_result  # bench/results_file.py  # noqa: E402
+from timing import interleaved_medians  # bench/timing.py  # noqa: E402
 
 
 def _sessions(proto):
@@ -48,13 +47,7 @@ def measure(label, proto, x, reps) -> list[str]:
     a, b, c = now.run(feed), old.run(feed), o.run(None, feed)
     runs = {"dal.npu after": lambda: now.run(feed), "dal.npu before": lambda: old.run(feed),
             "onnxruntime": lambda: o.run(None, feed)}
-    times = {k: [] for k in runs}
-    for _ in range(reps):
-        for k, fn in runs.items():
-            t = time.perf_counter()
-            fn()
-            times[k].append((time.perf_counter() - t) * 1e3)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = interleaved_medians(runs, reps)
     float_convs = lambda s: [st.node_name for st in s.steps if st.kind == "node" and st.node.op_type == "Conv"]
     post = lambda st: getattr(st, "post", None)
     groups = [f"{st.node_name} ({len(st.outputs)} reader(s){', ' + post(st).op_type + ' of the codes' if post(st) else ''})"

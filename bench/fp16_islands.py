@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
@@ -28,6 +26,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from cpu import cpu_flags  # bench/cpu.py  # noqa: E402
 from results_file import write_result  # bench/results_file.py  # noqa: E402
+from timing import interleaved_medians  # bench/timing.py  # noqa: E402
 
 
 def _export(hardware, recipe, size):
@@ -82,16 +81,6 @@ def _load_without_tables(proto):
         fused_codes._unary_chain = keep
 
 
-def _time(runs: dict, reps: int) -> dict:
-    times = {k: [] for k in runs}
-    for _ in range(reps):
-        for k, fn in runs.items():
-            t = time.perf_counter()
-            fn()
-            times[k].append((time.perf_counter() - t) * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def _kinds(sess) -> str:
     c = collections.Counter(getattr(s, "kind", "?") for s in sess.steps)
     return ", ".join(f"{v} {k}" for k, v in sorted(c.items()))
@@ -112,7 +101,7 @@ def main(reps: int, size: int) -> str:
     def after_numpy():
         with numpy_casts:
             sa.run(feed)
-    med = _time({"before": lambda: sb.run(feed), "after": lambda: sa.run(feed), "after, numpy casts": after_numpy},
+    med = interleaved_medians({"before": lambda: sb.run(feed), "after": lambda: sa.run(feed), "after, numpy casts": after_numpy},
                 reps)
     casts = sum(n.op_type == "Cast" for n in after.graph.node)
     cast_ms = sum(r["ms"] for r in sa.profile(feed, repeat=3) if r["op"] == "Cast")
@@ -127,7 +116,7 @@ def main(reps: int, size: int) -> str:
     lut = _export("a1000", _lut_recipe(), size)
     new, old = dal.npu.load(lut, threads=1), _load_without_tables(lut)
     assert all((p == q).all() for p, q in zip(new.run(feed), old.run(feed))), "table and nodes differ"
-    med = _time({"nodes": lambda: old.run(feed), "tables": lambda: new.run(feed)}, reps)
+    med = interleaved_medians({"nodes": lambda: old.run(feed), "tables": lambda: new.run(feed)}, reps)
     lines += ["## a1000, int8_balanced + lut_activation: DQ -> Sigmoid -> Mul -> Q node by node vs one table", "",
               "| load | steps | dal.npu ms | vs nodes |", "|---|---|---|---|",
               f"| node by node | {_kinds(old)} | {med['nodes']:.1f} | 1.00x |",

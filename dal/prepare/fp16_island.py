@@ -45,9 +45,8 @@ def is_island(hw, float_op) -> bool:
     return precision is not None and precision(float_op.op_class) == "fp16"
 
 
-class Fp16Island(QATModule):
-    """``output_quant(forward(input_quant(x), ...))`` with FP16 round trips; mixed in before a
-    float module's class (``Fp16SiLU(Fp16Island, nn.SiLU)``)."""
+class _IslandEdges(QATModule):
+    """What every FP16 island has: an FP16 quantizer on its input and on its output."""
 
     #: the exporter writes the op itself in float32 between the round trips (no FP16 region)
     fp16_island = True
@@ -64,6 +63,11 @@ class Fp16Island(QATModule):
 
     def quantizers(self) -> dict:
         return {"input_quant": self.input_quant, "output_quant": self.output_quant}
+
+
+class Fp16Island(_IslandEdges):
+    """``output_quant(forward(input_quant(x), ...))`` with FP16 round trips; mixed in before a
+    float module's class (``Fp16SiLU(Fp16Island, nn.SiLU)``)."""
 
     def to_float(self) -> nn.Module:
         new = super().to_float()
@@ -88,28 +92,17 @@ def island_module(mod: nn.Module, name: str, op_class: str) -> nn.Module:
     return q
 
 
-class Fp16Function(QATModule):
+class Fp16Function(_IslandEdges):
     """``output_quant(fn(input_quant(x), *args, **kwargs))``: a float function of a traced forward
     (``torch.sigmoid``, ``F.avg_pool2d``, ``x.mean(...)``) as an FP16 island; ``fn`` is the
     callable or, for a method call, its name."""
 
     swappable = False  # built for a graph node, not from a float module
-    fp16_island = True
 
     def __init__(self, fn: Union[Callable, str], name: str, op_class: str):
         super().__init__()
         self.fn = fn
-        self.qat_name, self.activation, self.bias_mode = name, None, "float"
-        self.island_op_class, self.weight_quant = op_class, None
-        self.input_quant = FakeQuantizer("fp16", name=f"{name}.input_quant")
-        self.output_quant = FakeQuantizer("fp16", name=f"{name}.output_quant")
-
-    @property
-    def op_class(self) -> str:
-        return self.island_op_class
-
-    def quantizers(self) -> dict:
-        return {"input_quant": self.input_quant, "output_quant": self.output_quant}
+        self._init_island(name, op_class)
 
     def forward(self, x, *args, **kwargs):
         x = self.input_quant(x)
