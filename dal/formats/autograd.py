@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .fp_cast import kernel_round_trip
 from .granularity import Granularity
 
 
@@ -92,19 +93,26 @@ class FakeQuantizeFunction(torch.autograd.Function):
 
 
 class _CastRoundTrip(torch.autograd.Function):
-    """x -> dtype -> x.dtype with an identity gradient (FP16 / BF16 fallback)."""
+    """x -> dtype -> x.dtype with an identity gradient (FP16 / BF16): one C++ pass where
+    ``fp_cast.kernel_round_trip`` applies, else torch's two casts (the same bits)."""
 
     @staticmethod
     def forward(ctx, x, dtype):
-        return x.to(dtype).to(x.dtype)
+        out = kernel_round_trip(x, dtype)
+        return x.to(dtype).to(x.dtype) if out is None else out
 
     @staticmethod
     def backward(ctx, grad_out):
-        return grad_out, None
+        return grad_out, None  # identity: the incoming gradient itself, no copy
 
 
 def fp_cast_fake_quantize(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Round ``x`` to ``dtype`` and back (overflow becomes +-inf, as ONNX Cast does)."""
+    """Round ``x`` to ``dtype`` and back (overflow becomes +-inf, as ONNX Cast does);
+    ``d out / d x = 1``. Without a gradient to record, no autograd node is made."""
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        out = kernel_round_trip(x, dtype)
+        if out is not None:
+            return out
     return _CastRoundTrip.apply(x, dtype)
 
 

@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "fake_quant.cpp")
-_ABI_VERSION = 4
+_ABI_VERSION = 5
 _status = "not built yet (the fused kernel is built on the first eligible fake_quantize call)"
 
 
@@ -52,6 +52,8 @@ def _compile_flags(cxx: str) -> list[str]:
     cpu = _cpu_flags()
     if {"avx2", "fma"} <= cpu:
         flags += ["-mavx2", "-mfma"]
+    if "f16c" in cpu:  # vcvtps2ph / vcvtph2ps: the float16 round trip (dal.formats.fp_cast)
+        flags.append("-mf16c")
     if _accepts(cxx, "-fopenmp"):
         flags.append("-fopenmp")
     return flags
@@ -121,7 +123,7 @@ def compile_library(source: str, cache_dir: str | None = None, cxx: str | None =
 
     It is ``<cache_dir>/dal_<stem>_<cache_key>.so`` (default cache ``$XDG_CACHE_HOME/dal/kernels``,
     i.e. ``~/.cache/dal/kernels``). ``cxx`` defaults to ``$CXX``, else c++, else g++; ``flags``
-    to this module's (-O3, AVX2/FMA when the CPU has them, OpenMP when the compiler links it).
+    to this module's (-O3, AVX2/FMA and F16C when the CPU has them, OpenMP when the compiler links it).
     Each build compiles to a private ``.tmp-<pid>-<host>-*`` file and ``os.replace`` s it into
     place, so concurrent builders never see a partial file (the last rename wins; all are
     equivalent), and the files of a build killed midway are removed by the next build.
@@ -206,6 +208,8 @@ def library():
     lib.dal_bias_fq_forward.restype = None
     lib.dal_mask_all_set.argtypes = [p, i64, i64]
     lib.dal_mask_all_set.restype = i32
+    lib.dal_fp_cast_round_trip.argtypes = [p, p, i64, i32, i32]
+    lib.dal_fp_cast_round_trip.restype = None
     _status = "built and loaded"
     return lib
 

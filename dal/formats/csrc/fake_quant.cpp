@@ -18,6 +18,7 @@
 // dal_track_fq_forward, dal_fq_forward_fixed: dal.formats.track), and the backward of the 1/f
 // on QConvBn2d's conv output (dal_channel_divide_backward, dal.nn.channel_divide), and the int32
 // bias with its scale s_in * s_w (dal_bias_fq_forward, dal.formats.bias).
+// And the FP16 / BF16 cast round trip of an FP16 island (dal_fp_cast_round_trip, dal.formats.fp_cast).
 //
 // Plain C ABI (called through ctypes): no torch headers, so it builds in about a second.
 #include <cmath>
@@ -694,6 +695,76 @@ void dal_channel_divide_backward(const float* g, const float* y, const float* f,
     }
 }
 
-int dal_fq_abi_version() { return 4; }
+}  // extern "C"
+
+// ---- the FP16 / BF16 cast round trip of an FP16 island (dal.formats.fp_cast) ---------------
+// out = float32(half(x)): each value rounded to the nearest float16 (dtype 0) or bfloat16
+// (dtype 1), ties to even, overflow to +-inf, NaN stays NaN (payload not kept), subnormals of
+// the narrow format kept (no flush), like torch's x.to(float16 / bfloat16).to(float32).
+// F16C's vcvtps2ph with imm8 = round to nearest is exactly that conversion for float16.
+
+namespace {
+
+// float16: the grid near t has spacing q = 2^(max(e, emin) - 10), emin = 2^-14. Scaling by the
+// exact power of two 1/q, rounding to an integer (ties to even) and scaling back is exact, so
+// this is RNE on the float16 grid, subnormals included; past 65504 the result is +-inf.
+inline float round_fp16_scalar(float t) {
+    uint32_t e = (float_to_bits(t) >> 23) & 0xff;
+    if (e == 0xff) return t;  // inf stays inf, NaN stays NaN
+    int eq = (int)(e > 127 - 14 ? e : 127 - 14) - 10;
+    float q = bits_to_float((uint32_t)eq << 23);
+    float inv_q = bits_to_float((uint32_t)(254 - eq) << 23);
+    float r = std::nearbyint(t * inv_q) * q;
+    return std::fabs(r) > 65504.0f ? std::copysign(INFINITY, t) : r;
+}
+
+// bfloat16: the upper 16 bits of the float32, rounded to nearest even on the lower 16 (a carry
+// into the exponent is the correct next value, up to +-inf). NaN is made quiet in the upper half.
+inline uint32_t bf16_bits(uint32_t b) {
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (b | 0x00400000u) & 0xffff0000u;
+    return (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+}
+
+void cast_span(const float* x, float* out, int64_t n, int dtype) {
+    int64_t i = 0;
+    if (dtype == 0) {
+#if defined(__AVX2__) && defined(__F16C__)
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+#endif
+        for (; i < n; ++i) out[i] = round_fp16_scalar(x[i]);
+        return;
+    }
+#ifdef __AVX2__
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i quiet = _mm256_set1_epi32(0x00400000), hi16 = _mm256_set1_epi32((int)0xffff0000u);
+    const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    for (; i + 8 <= n; i += 8) {
+        __m256i b = _mm256_loadu_si256((const __m256i*)(x + i));
+        __m256i r = _mm256_add_epi32(_mm256_add_epi32(b, half), _mm256_and_si256(_mm256_srli_epi32(b, 16), one));
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, abs_mask), inf);  // signed compare: |b| < 2^31
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(b, quiet), nan);
+        _mm256_storeu_si256((__m256i*)(out + i), _mm256_and_si256(r, hi16));
+    }
+#endif
+    for (; i < n; ++i) out[i] = bits_to_float(bf16_bits(float_to_bits(x[i])));
+}
+
+}  // namespace
+
+extern "C" {
+
+// x, out: n contiguous float32 (out may be x); dtype 0: float16, 1: bfloat16. Chunks of kChunk
+// elements over the threads (each element is independent: any split gives the same bits).
+void dal_fp_cast_round_trip(const float* x, float* out, int64_t n, int dtype, int nthreads) {
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 4)
+    for (int64_t k = 0; k < chunks; ++k) {
+        int64_t begin = k * kChunk, len = begin + kChunk < n ? kChunk : n - begin;
+        cast_span(x + begin, out + begin, len, dtype);
+    }
+}
+
+int dal_fq_abi_version() { return 5; }
 
 }  // extern "C"
