@@ -209,11 +209,14 @@ class BinaryCodes(_CodeStep):
                                  g.attrs(act))[0]
         t = quant.quantize(v, ys, yz, yz.dtype)
         import torch
-        self.lut = torch.from_numpy(np.ascontiguousarray(t.reshape(-1)))
+        self.lut, self.lut2 = torch.from_numpy(np.ascontiguousarray(t.reshape(-1))), None
 
     def run(self, ins, threads, want_extra=False):
-        from .layout import to_nchw, to_nhwc
+        a, b = ins
         nin = bool(self.nhwc_in and all(self.nhwc_in))
+        if not want_extra and nin == self.nhwc_out and a.shape == b.shape and (a.dtype, b.dtype) == self.dtypes:
+            return {self.outputs[0]: self._lut2(a, b, threads)}  # what _run computes, no layout change
+        from .layout import to_nchw, to_nhwc
         if nin and (ins[0].shape != ins[1].shape or want_extra):  # broadcasting is NCHW's
             nin, ins = False, [to_nchw(v) for v in ins]
         out = self._run(ins, threads, want_extra)
@@ -222,10 +225,18 @@ class BinaryCodes(_CodeStep):
             out[self.outputs[0]] = to_nhwc(y) if self.nhwc_out else to_nchw(y)
         return out
 
+    def _lut2(self, a, b, threads):
+        """lut2_codes of equal-shape codes; the kernel and torch.from_numpy looked up once."""
+        if self.lut2 is None:
+            import torch
+            from .build import kernels as lib
+            self.lut2 = (lib().lut2_codes, torch.from_numpy)
+        fn, t = self.lut2
+        return fn(t(np.ascontiguousarray(a)), t(np.ascontiguousarray(b)), self.lut, self.base_a, self.base_b,
+                  256, threads).numpy()
+
     def _run(self, ins, threads, want_extra):
-        from .build import kernels as lib
         from .errors import NPUError
-        import torch
         a, b = ins
         if (a.dtype, b.dtype) != self.dtypes:
             raise NPUError(f"node {self.node_name!r}: input codes {a.dtype}, {b.dtype}, the zero "
@@ -235,9 +246,7 @@ class BinaryCodes(_CodeStep):
                 a, b = np.broadcast_arrays(a, b)
             except ValueError as e:
                 raise NPUError(f"node {self.node_name!r}: shapes {a.shape} and {b.shape}: {e}") from None
-        y = lib().lut2_codes(torch.from_numpy(np.ascontiguousarray(a)), torch.from_numpy(np.ascontiguousarray(b)),
-                             self.lut, self.base_a, self.base_b, 256, threads).numpy()
-        out = {self.outputs[0]: y}
+        out = {self.outputs[0]: self._lut2(a, b, threads)}
         if want_extra:
             vals = self._float_chain(dict(zip(self.inputs, ins)), threads)
             out.update({k: vals[k] for k in self.extra_outputs})
@@ -381,6 +390,10 @@ def match(g, node):
     chain on codes): one step, a list of steps (read by several quantizers, one step each), or None."""
     if node.domain not in ("", "ai.onnx"):
         return None
+    if node.op_type == "GlobalAveragePool" and len(node.input) == 1:  # gap_codes.py
+        from .gap_codes import GapCodes
+        dq, q = _dq_params(g, node.input[0]), _q_after(g, node.output[0])
+        return GapCodes(g, node, dq, q) if dq is not None and q is not None else None
     if node.op_type == "MaxPool":
         if len(node.output) > 1 and node.output[1]:
             return None

@@ -30,6 +30,7 @@ import numpy as np
 from . import accumulator, kernels, quant
 from .dispatch import has_vnni
 from .bias_overflow import acc_bound, bias_overflow_error
+from .conv_call import conv_codes
 from .errors import NPUError
 from .group_chain import for_reader, is_dq as _is_dq, plan_output_chain
 from .metadata import requant_params
@@ -124,7 +125,7 @@ class FusedStep:
         # (no accumulators wanted), and the checked output size per input shape (_run_fast)
         self.fast_rq = (self.fast_mult, self.fast_bq, self.fast_bf, self.fast_m, self.fast_n, self.fast_round,
                         float(self.y_scale), int(self.y_zp), int(self.lo), int(self.hi), self.fast_out)
-        self.fast_no_acc, self.fast_geo = empty(torch.int32), {}
+        self.fast_no_acc, self.fast_geo, self.conv_calls = empty(torch.int32), {}, {}
         self.fast = True
 
     def _run_fast(self, xq, threads, want_extra, layout=0):
@@ -217,6 +218,9 @@ class FusedStep:
 
     def run(self, ins, threads, want_extra=False):
         nin, nout = bool(self.nhwc_in and self.nhwc_in[0]), self.nhwc_out
+        if (not want_extra and self.fast and self.op == "Conv" and self.acc_model is None  # conv_call.py
+                and (q := conv_codes(self, ins[0], threads, nin | nout << 1)) is not None):
+            return {self.q_out: q}
         if (nin or nout) and not self.nhwc_capable:  # planned pixel-major, now on another path
             from .layout import to_nchw, to_nhwc
             out = self._run_group(to_nchw(ins[0]) if nin else ins[0], threads, want_extra)

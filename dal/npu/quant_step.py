@@ -23,22 +23,25 @@ class QuantStep:
         self.node, self.node_name = fallback.node, fallback.node_name
         self.inputs, self.outputs, self.extra_outputs = fallback.inputs, fallback.outputs, []
         self.scale, self.zp, self.isa = float(scale), int(zp.reshape(())), max(int(isa), -1)
-        self.out_code, self.dtype = _OUT[zp.dtype], zp.dtype
+        self.out_code, self.dtype, self.kernel = _OUT[zp.dtype], zp.dtype, None
 
     def run(self, ins, threads, want_extra=False):
-        from .layout import to_nhwc
         x = ins[0]
         nhwc = bool(self.nhwc_out)
         if isinstance(x, np.ndarray) and x.dtype == np.float32 and (x.ndim == 4 or not nhwc):
-            import torch
-            from .build import kernels as lib
+            if self.kernel is None:  # looked up once, not per run
+                import torch
+                from .build import kernels as lib
+                self.kernel = (lib().quantize_codes, torch.from_numpy)
+            fn, from_numpy = self.kernel
             try:
-                q = lib().quantize_codes(torch.from_numpy(np.ascontiguousarray(x)), self.scale, self.zp,
-                                         self.out_code, nhwc, threads, self.isa).numpy()
+                q = fn(from_numpy(np.ascontiguousarray(x)), self.scale, self.zp, self.out_code, nhwc, threads,
+                       self.isa).numpy()
                 return {self.outputs[0]: q.view(self.dtype)}
             except RuntimeError as e:
                 if "is NaN" not in str(e):
                     raise
+        from .layout import to_nhwc
         out = self.fallback.run(ins, threads, want_extra)
         if nhwc:
             from .errors import NPUError
@@ -62,3 +65,39 @@ def match(g, node, fallback, isa):
     if a.get("block_size", 0) or a.get("output_dtype", 0) or not (np.isfinite(s).all() and float(s.reshape(())) > 0):
         return None
     return QuantStep(fallback, np.float32(s.reshape(())), z, isa)
+
+
+class DequantStep:
+    """DequantizeLinear of 8-bit codes with one constant float32 scale and zero point:
+    ``float32(int64(x) - zp) * s``, the operations of quant.dequantize for scalar parameters
+    (bit for bit), with the parameters broadcast and checked once at load (validate.py checked
+    the constant scale), not per run. Other input types run the node-by-node op (its error)."""
+
+    kind = "node"
+
+    def __init__(self, fallback, scale, zp):
+        self.fallback = fallback
+        self.node, self.node_name = fallback.node, fallback.node_name
+        self.inputs, self.outputs, self.extra_outputs = fallback.inputs, fallback.outputs, []
+        self.scale = np.asarray(scale, dtype=np.float32).reshape(())
+        self.zp, self.dtype = np.asarray(zp).reshape(()).astype(np.int64), zp.dtype
+
+    def run(self, ins, threads, want_extra=False):
+        x = ins[0]
+        if not isinstance(x, np.ndarray) or x.dtype != self.dtype:
+            return self.fallback.run(ins, threads, want_extra)
+        return {self.outputs[0]: np.asarray((x.astype(np.int64) - self.zp).astype(np.float32) * self.scale)}
+
+
+def match_dequant(g, node, fallback):
+    """A DequantStep for DequantizeLinear ``node`` with constant scalar float32 scale and 8-bit
+    zero point (no block_size, no output_dtype), else None."""
+    if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
+        return None
+    s, z = g.const(node.input[1]), g.const(node.input[2]) if node.input[2] else None
+    if s is None or z is None or s.size != 1 or z.size != 1 or s.dtype != np.float32 or z.dtype not in _OUT:
+        return None
+    a = g.attrs(node)
+    if a.get("block_size", 0) or a.get("output_dtype", 0) or not (np.isfinite(s).all() and float(s.reshape(())) > 0):
+        return None
+    return DequantStep(fallback, s, z)

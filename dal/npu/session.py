@@ -58,12 +58,15 @@ class NodeStep:
         self.node, self.node_name, self.fn, self.g = node, node.name, fn, g
         self.inputs = list(node.input)
         self.outputs = list(node.output)
-        self.extra_outputs = []
+        self.extra_outputs, self.ctx = [], {}
 
     def run(self, ins, threads, want_extra=False):
-        ctx = SimpleNamespace(node=self.node, opset=self.g.opset, threads=threads)
-        precheck(self.node, ins, self.g.attrs(self.node))
-        outs = self.fn(ctx, ins, self.g.attrs(self.node))
+        ctx = self.ctx.get(threads)  # per thread count, once: no op writes to its context
+        if ctx is None:
+            ctx = self.ctx[threads] = SimpleNamespace(node=self.node, opset=self.g.opset, threads=threads)
+        attrs = self.g.attrs(self.node)
+        precheck(self.node, ins, attrs)
+        outs = self.fn(ctx, ins, attrs)
         return {name: np.asarray(v) for name, v in zip(self.outputs, outs) if name}
 
 
@@ -86,7 +89,7 @@ class Session:
         from .fused_codes import match as match_codes
         from .integer_groups import match
         from .group_post import group_step
-        from .quant_step import match as match_quant
+        from .quant_step import match as match_quant, match_dequant
         self.model = load_model(model)
         self.semantics = semantics
         # kernel variant (dispatch.py): None = the best this CPU's cpuid allows
@@ -144,8 +147,10 @@ class Session:
             fn = ops_float.OPS.get(n.op_type)
             if fn is None:
                 raise UnsupportedNode(n, self._in_types(n), "no implementation for this op type")
-            qstep = match_quant(g, n, NodeStep(g, n, fn), self.isa) if semantics == "integer" else None
-            steps.append(qstep or NodeStep(g, n, fn))
+            node_step = NodeStep(g, n, fn)
+            qstep = (match_quant(g, n, node_step, self.isa) or match_dequant(g, n, node_step)
+                     if semantics == "integer" else None)
+            steps.append(qstep or node_step)
         if semantics == "onnx":
             for name in self.sparse24:  # still verified, even though the float path runs
                 from .sparse import check_24
@@ -276,20 +281,21 @@ class Session:
             t0 = clock() if timer else 0.0  # a layout conversion counts to the step that needs it
             ins = []
             for i, how in fetch:
-                if how:
-                    v = env[i] if i in env else consts[i]
-                    if how == 2:
-                        if i not in nchw:
-                            nchw[i] = layout.to_nchw(v)
-                        v = nchw[i]
-                    ins.append(v)
+                if how == 1:  # the common case first: the value as held
+                    ins.append(env[i] if i in env else consts[i])
+                elif how:
+                    if i not in nchw:
+                        nchw[i] = layout.to_nchw(env[i] if i in env else consts[i])
+                    ins.append(nchw[i])
                 else:
                     ins.append(None)
             env.update(exe(step, ins, want_extra))
             del ins
             for i in drop:
                 env.pop(i, None)
-                nchw.pop(i, None)
+            if nchw:  # usually empty: a pixel-major tensor read NCHW somewhere
+                for i in drop:
+                    nchw.pop(i, None)
             if timer:
                 timer(k, clock() - t0)
         return env
