@@ -83,22 +83,33 @@ def train_steps_line(scenes, reps):
     return _train_row("DigitDetector, batch 32, 96x96", t), qat
 
 
-def _torchvision_line(name, builder, reps, size_note="batch 2, 160x160"):
-    """A torchvision detector's train step, float vs dal QAT, or the reason it cannot be prepared."""
+def torchvision_batch():
+    """Two 160x160 images and one box each: the torchvision detectors' train-step input (seeded)."""
     torch.manual_seed(0)
     images = [torch.rand(3, 160, 160) for _ in range(2)]
     targets = [{"boxes": torch.tensor([[10.0, 20.0, 80.0, 90.0]]), "labels": torch.tensor([1])} for _ in range(2)]
+    return images, targets
+
+
+def train_step(model, images, targets):
+    """One SGD step of a torchvision detector with its own loss, as a callable (model in train mode)."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    model.train()
+
+    def step():
+        loss = sum(model(images, targets).values())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def _torchvision_line(name, builder, reps, size_note="batch 2, 160x160"):
+    """A torchvision detector's train step, float vs dal QAT, or the reason it cannot be prepared."""
+    images, targets = torchvision_batch()
 
     def step_of(model):
-        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-        model.train()
-
-        def step():
-            loss = sum(model(images, targets).values())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return step
+        return train_step(model, images, targets)
 
     fl = builder()
     try:

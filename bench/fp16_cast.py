@@ -24,19 +24,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from cpu import cpu_flags  # bench/cpu.py  # noqa: E402
 from results_file import write_result  # bench/results_file.py  # noqa: E402
+from timing import interleaved_times  # bench/timing.py  # noqa: E402
 
 
 def _cpu_times(runs: dict, reps: int) -> dict:
     """CPU ms of each callable in each of ``reps`` interleaved repetitions (after one warm-up)."""
-    for fn in runs.values():
-        fn()
-    times = {k: [] for k in runs}
-    for _ in range(reps):
-        for k, fn in runs.items():
-            c = time.process_time()
-            fn()
-            times[k].append((time.process_time() - c) * 1e3)
-    return times
+    return interleaved_times(runs, reps, clock=time.process_time, warmup=True)
 
 
 def _cpu_medians(runs: dict, reps: int) -> dict:
@@ -77,20 +70,11 @@ def ssdlite_lines(reps: int) -> list[str]:
     import torchvision
 
     import dal
-    torch.manual_seed(0)
-    images = [torch.rand(3, 160, 160) for _ in range(2)]
-    targets = [{"boxes": torch.tensor([[10.0, 20.0, 80.0, 90.0]]), "labels": torch.tensor([1])} for _ in range(2)]
+    from detection import torchvision_batch, train_step  # bench/detection.py
+    images, targets = torchvision_batch()
 
     def step_of(model):
-        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-        model.train()
-
-        def step():
-            loss = sum(model(images, targets).values())
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        return step
+        return train_step(model, images, targets)
 
     builder = torchvision.models.detection.ssdlite320_mobilenet_v3_large
     fl = builder(weights=None, weights_backbone=None)

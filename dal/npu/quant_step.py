@@ -56,7 +56,14 @@ class QuantStep:
 def match(g, node, fallback, isa):
     """A QuantStep for QuantizeLinear ``node`` with constant scalar float32 scale and 8-bit zero
     point (no block_size, no output_dtype), else None."""
-    if node.op_type != "QuantizeLinear" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
+    params = _scalar_params(g, node, "QuantizeLinear")
+    return None if params is None else QuantStep(fallback, np.float32(params[0].reshape(())), params[1], isa)
+
+
+def _scalar_params(g, node, op_type):
+    """(scale, zero point) of a ``op_type`` node with a constant scalar float32 scale (finite,
+    positive) and 8-bit zero point, no block_size and no output_dtype; else None."""
+    if node.op_type != op_type or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
         return None
     s, z = g.const(node.input[1]), g.const(node.input[2]) if node.input[2] else None
     if s is None or z is None or s.size != 1 or z.size != 1 or s.dtype != np.float32 or z.dtype not in _OUT:
@@ -64,7 +71,7 @@ def match(g, node, fallback, isa):
     a = g.attrs(node)
     if a.get("block_size", 0) or a.get("output_dtype", 0) or not (np.isfinite(s).all() and float(s.reshape(())) > 0):
         return None
-    return QuantStep(fallback, np.float32(s.reshape(())), z, isa)
+    return s, z
 
 
 class DequantStep:
@@ -92,12 +99,5 @@ class DequantStep:
 def match_dequant(g, node, fallback):
     """A DequantStep for DequantizeLinear ``node`` with constant scalar float32 scale and 8-bit
     zero point (no block_size, no output_dtype), else None."""
-    if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx") or len(node.input) < 3:
-        return None
-    s, z = g.const(node.input[1]), g.const(node.input[2]) if node.input[2] else None
-    if s is None or z is None or s.size != 1 or z.size != 1 or s.dtype != np.float32 or z.dtype not in _OUT:
-        return None
-    a = g.attrs(node)
-    if a.get("block_size", 0) or a.get("output_dtype", 0) or not (np.isfinite(s).all() and float(s.reshape(())) > 0):
-        return None
-    return DequantStep(fallback, s, z)
+    params = _scalar_params(g, node, "DequantizeLinear")
+    return None if params is None else DequantStep(fallback, *params)
