@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..formats import INT32
+from ..formats.qparams import code_range
 from .errors import ConvertError
 
 #: integers up to this magnitude are exact in float32, and so is every sum that stays below it
@@ -110,7 +112,7 @@ def limit(acc: torch.Tensor, bits, overflow: str) -> torch.Tensor:
     return (torch.remainder(a, 1 << bits) - (1 << (bits - 1))).to(torch.float64)
 
 
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+INT32_MIN, INT32_MAX = code_range(INT32, False)  # the int32 accumulator's range, from dal's one format table
 
 
 def refuse_int32_overflow(acc: torch.Tensor, axis: int, path: str, bias_q=None) -> None:

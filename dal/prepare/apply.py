@@ -88,9 +88,16 @@ def _island_node(mod: nn.Module, graph, node, step: Step, prefix: str) -> None:
     attr = step.path[len(prefix):]
     attr = attr if not hasattr(mod, attr) else f"{attr}_fp16"
     fn = node.target
+    args, kwargs = node.args, dict(node.kwargs)
+    if not args:  # torch.sigmoid(input=x): Fp16Function takes the tensor first, positionally
+        key = next((k for k in ("input", "self") if k in kwargs), None)
+        if key is None:
+            raise ValueError(f"{step.path}: cannot find the tensor argument of {getattr(fn, '__name__', fn)} "
+                             f"(keywords {sorted(kwargs)}); pass it positionally")
+        args = (kwargs.pop(key),)
     mod.add_module(attr, Fp16Function(fn, prefix + attr, step.op_class))
     with graph.inserting_after(node):
-        new = graph.call_module(attr, node.args, node.kwargs)
+        new = graph.call_module(attr, args, kwargs)
     node.replace_all_uses_with(new)
     graph.erase_node(node)
 

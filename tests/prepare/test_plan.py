@@ -1,5 +1,7 @@
 """prepare as plan -> check -> apply: the report accounts for every module and functional op,
 float ops are checked against the hardware model, and dal.prepared sees through wrappers."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -182,3 +184,26 @@ def test_functional_float_ops_in_a_traced_forward_are_checked_too():
 
     with pytest.raises(RecipeError, match=r"silu \(silu\).*lut_activation"):
         dal.prepare_qat(Fn(), recipe="int8_balanced", hardware="a1000", example_inputs=(_x(),))
+
+
+def test_an_island_function_called_with_its_tensor_as_keyword():
+    """torch.sigmoid(input=y) in a traced forward on the a2000 (fp16 vector engine) becomes an FP16
+    island like the positional call; with quantizers off it computes torch's own sigmoid."""
+    class Gate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.head = nn.Conv2d(4, 2, 1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.head(y * torch.sigmoid(input=y))
+
+    float_model = Gate()
+    ref = copy.deepcopy(float_model)
+    q = dal.prepare_qat(float_model, recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
+    islands = [m for m in q.modules() if type(m).__name__ == "Fp16Function"]
+    assert len(islands) == 1 and islands[0].fn is torch.sigmoid
+    x = _x((2, 3, 8, 8))
+    with dal.quantizer_states(q, "off"):
+        assert torch.equal(q(x), ref(x))
