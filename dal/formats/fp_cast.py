@@ -37,6 +37,12 @@ def use_kernel(enabled: bool = True) -> bool:
     return previous
 
 
+def kernel_enabled() -> bool:
+    """Whether the C++ round trip is switched on (:func:`use_kernel`); the fused FP16 island
+    (dal.formats.island) follows this switch too."""
+    return _enabled
+
+
 def kernel_round_trip(x: torch.Tensor, dtype: torch.dtype) -> Optional[torch.Tensor]:
     """``x.to(dtype).to(torch.float32)`` for ``dtype`` float16 / bfloat16, computed by the C++
     kernel into a new tensor (no autograd); None where the kernel does not apply (module doc)."""
