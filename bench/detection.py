@@ -19,6 +19,7 @@ also counts the waits for a core).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -104,16 +105,41 @@ def train_step(model, images, targets):
     return step
 
 
+def warmed_detector(builder, images):
+    """``builder()`` from seed 0, its BatchNorm running statistics set to those of ``images``
+    (one eval-mode forward with the BatchNorms in train mode and cumulative averaging).
+
+    Why: a random-init network's default statistics (mean 0, variance 1) shrink MobileNetV3's
+    activations in eval mode until SSDlite's head inputs are ~1e-16; calibration (eval mode)
+    then gives scales that clip every value in training, 261 of SSDlite's 266 parameters get
+    zero gradients, and the step timed is not one that trains. A user starts from pretrained
+    weights, whose statistics describe the data: this is the closest a random model gets."""
+    torch.manual_seed(0)
+    model = builder().eval()
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+        m.train()
+    with torch.no_grad():
+        model(images)
+    for m, momentum in zip(norms, momenta):
+        m.momentum = momentum
+    return model
+
+
 def _torchvision_line(name, builder, reps, size_note="batch 2, 160x160"):
-    """A torchvision detector's train step, float vs dal QAT, or the reason it cannot be prepared."""
+    """A torchvision detector's train step, float vs dal QAT (the same weights and BatchNorm
+    statistics, ``warmed_detector``), or the reason it cannot be prepared."""
     images, targets = torchvision_batch()
 
     def step_of(model):
         return train_step(model, images, targets)
 
-    fl = builder()
+    fl = warmed_detector(builder, images)
     try:
-        qat = dal.prepare_qat(builder(), recipe="int8_balanced", hardware="a2000",
+        qat = dal.prepare_qat(copy.deepcopy(fl), recipe="int8_balanced", hardware="a2000",
                               example_inputs=(torch.stack(images),))
         dal.calibrate(qat, [torch.stack(images)], num_batches=1, progress=False)
         t = _interleaved({"float": step_of(fl), "qat": step_of(qat)}, reps, cpu=True)
