@@ -33,12 +33,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "npu"))
 
 
+def _peak_module():
+    """bench/npu_peak.cpp, built once; it includes dal.npu's AMX kernel and requantizer headers
+    (amx_gemm_phases), listed as dependencies so that an edit of them rebuilds it."""
+    from dal.npu.build import build_extension
+    csrc = os.path.join(HERE, "..", "dal", "npu", "csrc")
+    deps = [os.path.join(csrc, f) for f in ("qconv_amx.h", "qconv_requant.h", "isa.h")]
+    return build_extension("dal_npu_peak", [os.path.join(HERE, "npu_peak.cpp")], ["-O2", "-ffp-contract=off"],
+                           depends=deps, message="bench: compiling the peak loop into {dir}")
+
+
 def peak_gops(kernel: str) -> tuple[float, str]:
     """One thread's int8 peak for the instruction family ``kernel`` uses: best of 40 short
     loops (~3 ms each: on a shared machine a short run is more likely to own its core)."""
-    from dal.npu.build import build_extension
-    mod = build_extension("dal_npu_peak", [os.path.join(HERE, "npu_peak.cpp")], ["-O2"],
-                          message="bench: compiling the peak loop into {dir}")
+    mod = _peak_module()
     fn, what, iters = {"amx_int8": (mod.amx_tdpbusd, "AMX tdpbusd, 2x2 tiles", 20_000),
                        "avx512_vnni": (mod.zmm_vnni, "vpdpbusd zmm", 1_000_000),
                        "avx_vnni": (mod.ymm_vnni, "vpdpbusd ymm", 1_000_000),
@@ -50,11 +58,12 @@ def peak_gops(kernel: str) -> tuple[float, str]:
 
 def amx_load_bound() -> dict:
     """GOP/s of npu_peak.cpp's 2 x 2 tdpbusd step with its 4 operand tiles loaded every step
-    from random bytes cycled over 32 KiB (L1) / 512 KiB (L2): best of 40 loops each."""
-    from dal.npu.build import build_extension
-    mod = build_extension("dal_npu_peak", [os.path.join(HERE, "npu_peak.cpp")], ["-O2"],
-                          message="bench: compiling the peak loop into {dir}")
-    return {kib: max(mod.amx_tdpbusd_loads(20_000, kib) for _ in range(40)) for kib in (32, 512)}
+    from random bytes cycled over 32 KiB (L1) / 512 KiB (L2), and ("split") with the A tiles from
+    16 KiB (L1, as dal.npu's K blocks keep the rows) and the B tiles from 512 KiB: best of 40 each."""
+    mod = _peak_module()
+    out = {kib: max(mod.amx_tdpbusd_loads(20_000, kib) for _ in range(40)) for kib in (32, 512)}
+    out["split"] = max(mod.amx_tdpbusd_loads(20_000, 512, 16) for _ in range(40))
+    return out
 
 
 def _isa(kernel):
@@ -82,6 +91,12 @@ def _torch_owned(a: np.ndarray):
     t = torch.empty(a.shape, dtype=torch.uint8)
     t.numpy()[...] = a
     return t
+
+
+def amx_phases(m=784, k=2304, n=256, reps=41) -> tuple[float, float, float]:
+    """Microseconds of dal.npu's AMX GEMM phases on ``m x k x n`` (npu_peak.cpp amx_gemm_phases,
+    C++ timers, medians): the tiles alone, the requantizer alone, both as the fused call runs them."""
+    return tuple(_peak_module().amx_gemm_phases(m, k, n, reps))
 
 
 def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1, kernel=None) -> float:
@@ -196,6 +211,33 @@ def alone_scaling(path, batch, reps) -> float:
     return statistics.median(times[1]) / statistics.median(times[2])
 
 
+def scaling_lines(say, path, rounds=5):
+    """Which steps scale: Session.profile at one and two threads (u8s8, batch 1), the two
+    sessions alternated ``rounds`` times (7 runs each), per-step medians over the rounds; by
+    kind and the five steps that lose most against 1.85x."""
+    import dal.npu as npu
+    x = {"input": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    sessions = {t: npu.load(path, threads=t) for t in (1, 2)}
+    ms = {1: {}, 2: {}}
+    kinds = {}
+    for _ in range(rounds):
+        for t, s in sessions.items():
+            for r in s.profile(x, repeat=7):
+                ms[t].setdefault(r["node"], []).append(r["ms"])
+                kinds[r["node"]] = r["kind"]
+    med = {t: {k: statistics.median(v) for k, v in d.items()} for t, d in ms.items()}
+    say("Two threads against one, per step (u8s8, batch 1, Session.profile, one- and two-thread sessions alternated):")
+    by = {}
+    for k, kind in kinds.items():
+        a = by.setdefault(kind, [0.0, 0.0])
+        a[0] += med[1][k]
+        a[1] += med[2][k]
+    say("  by kind: " + ", ".join(f"{kind} {a:.2f} -> {b:.2f} ms ({a / b:.2f}x)" for kind, (a, b) in by.items()))
+    loss = sorted(kinds, key=lambda k: -(med[2][k] - med[1][k] / 1.85))
+    for k in loss[:5]:
+        say(f"  {med[1][k]:6.3f} -> {med[2][k]:6.3f} ms ({med[1][k] / med[2][k]:.2f}x)  {kinds[k]:6s} {k}")
+
+
 def detector_lines(say, reps, rounds):
     """The dense-prediction issue's detector: dal's DigitDetector export (bench/fan_out.py), the
     same interleaved medians as ResNet-18's rows, batch 1 and 32, one and two threads."""
@@ -227,12 +269,20 @@ def kernel_lines(say, chosen):
         lb = amx_load_bound()
         say(f"AMX 2x2 tdpbusd step with its 4 operand tiles loaded every step (random bytes), one thread: "
             f"from L1 (32 KiB cycled) {lb[32]:.0f} GOP/s = {lb[32] / peaks[chosen][0]:.0%} of the peak, "
-            f"from L2 (512 KiB) {lb[512]:.0f} GOP/s = {lb[512] / peaks[chosen][0]:.0%}: the bound of a GEMM on this blocking")
+            f"from L2 (512 KiB) {lb[512]:.0f} GOP/s = {lb[512] / peaks[chosen][0]:.0%}, A from L1 (16 KiB) and B from "
+            f"L2 (512 KiB) {lb['split']:.0f} GOP/s = {lb['split'] / peaks[chosen][0]:.0%}: the bounds of a GEMM on this blocking")
     for kd in kinds:
         peak, what = peaks[kd]
         g1 = gemm_gops(kernel=kd)
         say(f"exact fused int8 GEMM 784x2304x256, one thread, {kd}: {g1:.0f} GOP/s = {g1 / peak:.0%} of "
             f"the {what} peak (target >= 80%)")
+        if kd == "amx_int8":  # where that call's time goes: the kernel's phases, C++ timers
+            tt, tr, tb = amx_phases()
+            ops = 2 * 784 * 2304 * 256 / 1e3
+            say(f"  its phases (the same AMX kernel and requantizer called from C++, medians): tiles alone "
+                f"{tt:.0f} us = {ops / tt:.0f} GOP/s = {ops / tt / peak:.0%} of the peak; requantizer alone {tr:.0f} us; "
+                f"both, as the fused call interleaves them, {tb:.0f} us = {ops / tb / peak:.0%}; the fused call "
+                f"{ops / g1:.0f} us (the rest: the Python call, output allocation, row pointers)")
     for cin, hw in ((64, 56), (128, 28), (256, 14), (512, 7)):
         part = []
         for kd in kinds:
@@ -313,6 +363,7 @@ def main(reps: int = 9, rounds: int = 5, ort_spinning: str = "0"):
     say("  by kind: " + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])))
     for r in prof[:8]:
         say(f"  {r['ms']:6.2f} ms {r['share']:5.1%}  {r['op']:16s} {r['kind']:6s} {r['node']}")
+    scaling_lines(say, models["u8"][0])
     out = os.path.join(HERE, "results", "npu.md")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:

@@ -58,3 +58,27 @@ def conv_call(step, x_shape: tuple, threads: int, layout: int) -> tuple:
             + (step.fast_no_acc, threads, step.isa, layout))
     out = (n, oh, ow, c) if layout & 2 else (n, c, oh, ow)
     return lib().qconv, torch.from_numpy, tail, out, (n, c, oh, ow)
+
+
+def fast_codes(step, xq, threads: int, layout: int):
+    """``conv_codes`` for a Conv group; for a Gemm / MatMul group the same cached call of its
+    qgemm (``FusedStep._run_fast``'s, without intermediates: the same function and arguments);
+    None where ``step._run_group`` must decide."""
+    if step.op == "Conv":
+        return conv_codes(step, xq, threads, layout)
+    if xq.dtype != step.x_dtype or xq.dtype not in _CODES8 or xq.ndim < 1 or xq.shape[-1] != step.k:
+        return None
+    call = step.__dict__.get("gemm_call")
+    if call is None:
+        import torch
+        from .build import kernels as lib
+        # kernels.code_tensor passes an 8-bit code tensor's zero point unchanged
+        call = step.gemm_call = (lib().qgemm, torch.from_numpy, (step.x_zp, step.fast_b, step.fast_wsum, step.channels)
+                                 + tuple(step.fast_rq) + (step.fast_no_acc,), (step.isa,))
+    fn, from_numpy, head, tail = call
+    try:
+        q = fn(from_numpy(np.ascontiguousarray(xq.reshape(-1, step.k))), *head, threads, *tail).numpy()
+    except RuntimeError:
+        return None
+    q = q.reshape(xq.shape[:-1] + (step.channels,))
+    return q if q.dtype == step.y_dtype else q.astype(step.y_dtype)

@@ -394,6 +394,9 @@ def match(g, node):
         from .gap_codes import GapCodes
         dq, q = _dq_params(g, node.input[0]), _q_after(g, node.output[0])
         return GapCodes(g, node, dq, q) if dq is not None and q is not None else None
+    if node.op_type in ("Flatten", "Reshape") and node.input:  # shape_codes.py
+        from .shape_codes import match as match_shape
+        return match_shape(g, node, _dq_params(g, node.input[0]), _q_after(g, node.output[0]))
     if node.op_type == "MaxPool":
         if len(node.output) > 1 and node.output[1]:
             return None

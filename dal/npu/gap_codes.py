@@ -10,6 +10,9 @@ the result, does not depend on the order of the additions. The step therefore su
 float64, the table values ``T[c] = DQ(c)`` (the very float32 values quant.dequantize gives) of the codes
 as they are stored -- NCHW, or pixel-major [N, H, W, C] (layout.py), which spares the
 conversion of the last residual sum -- then divides and quantizes exactly as the nodes do.
+The sums and the division are one C++ pass (csrc/pool_codes.cpp gap_codes_mean: a thread
+per block of 64 channels, each sum in pixel order, which the bound makes equal to any other
+order's), the quantizer csrc/quantize.cpp (quant_step.py).
 Outside that bound, or for other ranks / types, the three nodes run one by one.
 """
 from __future__ import annotations
@@ -38,10 +41,10 @@ class GapCodes:
         self.x_dtype = xz.dtype
         self.table = np.empty(256, dtype=np.float32)  # indexed by the code's byte
         self.table[codes.view(np.uint8)] = t
-        # the same float32 values by float32(c) - float32(zp), times s: no gather (its index
-        # array would be 8 bytes a code); used only where it reproduces every table value's bits
-        self.zp32, self.s32 = np.float32(xz.reshape(())), np.float32(np.asarray(xs).reshape(()))
-        self.affine = np.array_equal(self._affine(codes).view(np.int32), t.view(np.int32))
+        self.kernel = None  # (gap_codes_mean, quantize_codes, torch.from_numpy, table tensor): on first use
+        self.scale, self.zp = float(self.ys), int(self.yz)  # quantize_codes' arguments
+        self.isa = -1  # the session's kernel variant (session.py sets it; -1: the best)
+        self.out_code = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2}[self.yz.dtype]
         big = float(np.abs(t).max())
         nz = np.abs(t[t != 0])
         quantum = float(np.spacing(nz).min()) if nz.size else 1.0
@@ -56,18 +59,18 @@ class GapCodes:
         n, c, h, w = (x.shape[0], x.shape[3], x.shape[1], x.shape[2]) if nin else x.shape
         if not 0 < h * w <= self.max_pixels:
             return self._by_nodes(to_nchw(x) if nin else x, threads, want_extra)
-        v = self._affine(x) if self.affine else np.take(self.table, np.ascontiguousarray(x).view(np.uint8))
-        # float32 addends summed in float64 (exact, any order: module doc); no float64 copy
-        s = v.sum(axis=(1, 2) if nin else (2, 3), dtype=np.float64).astype(np.float32).reshape(n, c, 1, 1)
-        y = (s / s.dtype.type(h * w)).astype(np.float32)
-        qy = quant.quantize(y, self.ys, self.yz, self.yz.dtype)
+        if self.kernel is None:
+            import torch
+            from .build import kernels as lib
+            self.kernel = (lib().gap_codes_mean, lib().quantize_codes, torch.from_numpy, torch.from_numpy(self.table))
+        mean, quantize, from_numpy, table = self.kernel
+        try:  # float32 addends summed in float64 (exact, any order: module doc), rounded once
+            y = mean(from_numpy(np.ascontiguousarray(x)), table, int(nin), threads)
+            # QuantizeLinear as quant_step.QuantStep runs it (csrc/quantize.cpp, quant.py's bits)
+            qy = quantize(y, self.scale, self.zp, self.out_code, False, 1, self.isa).numpy().view(self.yz.dtype)
+        except RuntimeError:  # a NaN mean, a refused scale: the nodes decide and name it
+            return self._by_nodes(to_nchw(x) if nin else x, threads, want_extra)
         return {self.outputs[0]: qy.reshape(n, 1, 1, c) if self.nhwc_out else qy}
-
-    def _affine(self, x):
-        v = x.astype(np.float32)
-        v -= self.zp32
-        v *= self.s32
-        return v
 
     def _by_nodes(self, x, threads, want_extra):
         """DequantizeLinear, GlobalAveragePool, QuantizeLinear by the node-by-node ops."""

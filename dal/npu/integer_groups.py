@@ -30,7 +30,7 @@ import numpy as np
 from . import accumulator, kernels, quant
 from .dispatch import has_vnni
 from .bias_overflow import acc_bound, bias_overflow_error
-from .conv_call import conv_codes
+from .conv_call import fast_codes
 from .errors import NPUError
 from .group_chain import for_reader, is_dq as _is_dq, plan_output_chain
 from .metadata import requant_params
@@ -218,8 +218,8 @@ class FusedStep:
 
     def run(self, ins, threads, want_extra=False):
         nin, nout = bool(self.nhwc_in and self.nhwc_in[0]), self.nhwc_out
-        if (not want_extra and self.fast and self.op == "Conv" and self.acc_model is None  # conv_call.py
-                and (q := conv_codes(self, ins[0], threads, nin | nout << 1)) is not None):
+        if (not want_extra and self.fast and self.acc_model is None  # conv_call.py
+                and (q := fast_codes(self, ins[0], threads, nin | nout << 1)) is not None):
             return {self.q_out: q}
         if (nin or nout) and not self.nhwc_capable:  # planned pixel-major, now on another path
             from .layout import to_nchw, to_nhwc

@@ -70,6 +70,14 @@ class NodeStep:
         return {name: np.asarray(v) for name, v in zip(self.outputs, outs) if name}
 
 
+def _with_isa(step, isa):
+    """``step``, told the session's kernel variant where it has a C++ quantizer of its own
+    (gap_codes.GapCodes: quantize_codes), so that a forced variant holds for it too."""
+    if hasattr(step, "isa"):
+        step.isa = isa
+    return step
+
+
 def _default_threads():
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -140,7 +148,7 @@ class Session:
                 except Exception:  # unusual attributes: the node-by-node path reports them
                     cstep = None
                 for one in (cstep if isinstance(cstep, list) else [cstep] if cstep is not None else []):
-                    steps.append(one)
+                    steps.append(_with_isa(one, self.isa))
                     absorbed.update(id(c) for c in one.absorbed)
                 if cstep is not None:
                     continue

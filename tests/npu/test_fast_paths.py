@@ -165,7 +165,7 @@ def test_resnet18_fast_equals_old(act, model_dir, monkeypatch, npu_lib):
     x = np.random.default_rng(1).standard_normal((1, 3, 64, 64)).astype(np.float32)
     fast = _same(m, {"input": x}, monkeypatch, min_fast=25)
     kinds = [s.kind for s in fast.steps]
-    assert kinds.count("codes") == 10  # 8 Add + MaxPool + GlobalAveragePool (gap_codes.py)
+    assert kinds.count("codes") == 11  # 8 Add + MaxPool + GlobalAveragePool (gap_codes.py) + Flatten (shape_codes.py)
 
 
 def test_fixed_point_fast_equals_old(monkeypatch, npu_lib):

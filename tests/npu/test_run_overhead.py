@@ -136,11 +136,11 @@ def test_gap_codes_bit_exact_with_exact_sum(act, hw, scale):
     want = _exact_gap_codes(m, codes, c[st.dq.input[1]], c[st.dq.input[2]], c[st.q.input[1]], c[st.q.input[2]])
     assert np.array_equal(s.run(x)[0], c[st.q.input[1]] * (want.astype(np.float32) - c[st.q.input[2]]))
     assert np.array_equal(vals[st.outputs[0]], want)
-    assert st.affine
-    for nin, affine in [(False, True), (True, True), (False, False), (True, False)]:  # either layout, either way
-        st.nhwc_in, st.affine = (nin,), affine
-        got = st.run([np.ascontiguousarray(np.moveaxis(codes, 1, 3)) if nin else codes], 1)[st.outputs[0]]
-        assert got.dtype == want.dtype and np.array_equal(got, want), (nin, affine)
+    for nin in (False, True):  # either layout, 1 to 3 threads (C++ gap_codes_mean)
+        for threads in (1, 2, 3):
+            st.nhwc_in = (nin,)
+            got = st.run([np.ascontiguousarray(np.moveaxis(codes, 1, 3)) if nin else codes], threads)[st.outputs[0]]
+            assert got.dtype == want.dtype and np.array_equal(got, want), (nin, threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -145,7 +145,53 @@ void lut2(const TA* __restrict a, const TB* __restrict b, int64_t n, const uint8
 #pragma omp parallel for schedule(static) num_threads(nthreads)
   for (int64_t i = 0; i < n; ++i) o[i] = tb[int32_t(a[i]) * 256 + int32_t(b[i]) + off];
 }
+// gap_codes_mean's loops: pixel-major codes sum 64-channel blocks over the pixels (a task per
+// image and block, each sum added in pixel order); NCHW codes one channel's pixels a task.
+// out = float32(sum) / float32(HW), a float32 division (the node's GlobalAveragePool).
+template <typename T>
+void gap_mean(const T* x, int64_t N, int64_t C, int64_t HW, bool nhwc, const float* tb, float* out,
+              int64_t nthreads) {
+  const float count = static_cast<float>(HW);
+  if (nhwc) {
+    const int64_t nblk = (C + 63) / 64;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t task = 0; task < N * nblk; ++task) {
+      const int64_t n = task / nblk, c0 = task % nblk * 64, cn = std::min<int64_t>(64, C - c0);
+      double acc[64] = {};
+      const T* xn = x + n * HW * C + c0;
+      for (int64_t p = 0; p < HW; ++p)
+        for (int64_t c = 0; c < cn; ++c) acc[c] += double(tb[uint8_t(xn[p * C + c])]);
+      for (int64_t c = 0; c < cn; ++c) out[n * C + c0 + c] = static_cast<float>(acc[c]) / count;
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+  for (int64_t nc = 0; nc < N * C; ++nc) {
+    double acc = 0.0;
+    const T* xc = x + nc * HW;
+    for (int64_t p = 0; p < HW; ++p) acc += double(tb[uint8_t(xc[p])]);
+    out[nc] = static_cast<float>(acc) / count;
+  }
+}
 }  // namespace
+
+torch::Tensor gap_codes_mean(const torch::Tensor& X, const torch::Tensor& table, int64_t nhwc,
+                             int64_t nthreads) {
+  TORCH_CHECK(X.dim() == 4 && X.is_contiguous(), "gap_codes_mean: X must be contiguous 4-D codes");
+  TORCH_CHECK(X.size(nhwc ? 1 : 2) * X.size(nhwc ? 2 : 3) < (int64_t(1) << 24),
+              "gap_codes_mean: more than 2^24 pixels");
+  TORCH_CHECK(table.dim() == 1 && table.is_contiguous() && table.size(0) == 256 &&
+                  table.scalar_type() == torch::kFloat32,
+              "gap_codes_mean: table must be a contiguous float32 vector of 256 entries");
+  TORCH_CHECK(nhwc == 0 || nhwc == 1, "gap_codes_mean: nhwc must be 0 or 1");
+  const int64_t N = X.size(0), C = X.size(nhwc ? 3 : 1), HW = X.size(nhwc ? 1 : 2) * X.size(nhwc ? 2 : 3);
+  auto out = torch::empty({N, C, 1, 1}, torch::dtype(torch::kFloat32));
+  const float* tb = table.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  nthreads = std::max<int64_t>(1, std::min<int64_t>(nthreads, 1024));
+  in_codes(X, "gap_codes_mean", [&](auto* x) { gap_mean(x, N, C, HW, nhwc != 0, tb, o, nthreads); });
+  return out;
+}
 
 // Pixel-major form: X [N, H, W, C] -> [N, OH, OW, C]; each output pixel is the channel-wise
 // max of the valid window positions (padding ignored, as -inf), vectorizable over channels.

@@ -117,27 +117,26 @@ std::vector<KChunk> k_chunks(const std::vector<int64_t>& toff, std::vector<int64
 // multiple of 64 bytes, equally spaced rows, a multiple of 16 of them: GEMM rows, unpadded
 // stride-1 1x1 convs) are read in place; ready: the rows already copied by run_core (shared by
 // the channel ranges of a small layer), row stride lda. A no-op for int16 rows (the AMX variant
-// runs int16 panels on the AVX2 kernels).
-template <typename E, typename WT>
+// runs int16 panels on the AVX2 kernels). done(r0, r1): rows [r0, r1) of acc are final (after
+// each 32-pixel group, amx::gemm), under the caller's amx::TileScope.
+template <typename E, typename WT, typename Done>
 void amx_task(const E* const* rp, int64_t pn, const std::vector<int64_t>& toff, int64_t CK, const WT* B,
               int64_t panel_size, int64_t npan, const int8_t* tail, int32_t* acc, int64_t ldc,
-              const uint8_t* ready, int64_t lda) {
+              const uint8_t* ready, int64_t lda, Done&& done) {
   if constexpr (std::is_same_v<E, uint8_t>) {
     const int64_t ntaps = static_cast<int64_t>(toff.size()), K4 = ntaps * CK, Kpad = (K4 * 4 + 63) / 64 * 64;
-    thread_local amx::Aligned<int32_t> tmp_buf;
-    int32_t* tmp = tmp_buf.get(1024);
     if (ready) {
-      amx::gemm(ready, pn, lda, B, panel_size, npan, K4, tail, acc, ldc, tmp);
+      amx::gemm(ready, pn, lda, B, panel_size, npan, K4, tail, acc, ldc, done);
       return;
     }
     if (amx::in_place(rp, pn, ntaps, K4, toff[0])) {
-      amx::gemm(rp[0] + toff[0], pn, pn > 1 ? rp[1] - rp[0] : Kpad, B, panel_size, npan, K4, tail, acc, ldc, tmp);
+      amx::gemm(rp[0] + toff[0], pn, pn > 1 ? rp[1] - rp[0] : Kpad, B, panel_size, npan, K4, tail, acc, ldc, done);
       return;
     }
     thread_local amx::Aligned<uint8_t> a;
     uint8_t* ab = a.get(static_cast<size_t>((pn + 15) / 16 * 16 * Kpad));
     amx::pack_a(rp, pn, toff.data(), ntaps, CK, ab, Kpad);
-    amx::gemm(ab, pn, Kpad, B, panel_size, npan, K4, tail, acc, ldc, tmp);
+    amx::gemm(ab, pn, Kpad, B, panel_size, npan, K4, tail, acc, ldc, done);
   }
 }
 
@@ -147,7 +146,11 @@ void amx_task(const E* const* rp, int64_t pn, const std::vector<int64_t>& toff, 
 // thread count, so that each thread gets an equal share at batch 1 too; a layer with too few
 // pixel tiles for that (7x7 and 14x14 maps) splits its channels instead, each thread then
 // reading one shared copy of the rows (amx_int8) instead of copying them again per range.
-// The result never depends on the partition: each output is one exact int32 sum.
+// So does a layer with at least twice as many output channels as pixels (ResNet's 7x7 maps
+// at batch 1, a GEMM's few rows): its packed weights (Op x K) outweigh its rows (P x K), and a pixel
+// split had every thread stream all of them (2.4 MB per 3x3 conv of layer4, beyond one core's
+// L2), a channel split each thread its own share. The result never depends on the partition:
+// each output is one exact int32 sum.
 struct Plan {
   int64_t tr, ntiles, nblocks, nchunks, per;
   int64_t block_begin(int64_t b) const { return b * ntiles / nblocks * tr; }
@@ -163,15 +166,16 @@ Plan make_plan(int64_t P, int64_t npanels, int64_t wmax, int64_t nthreads, bool 
   pl.nchunks = 1;
   if (nthreads > 1) {
     const int64_t nb = std::min(pl.ntiles, (nb0 + nthreads - 1) / nthreads * nthreads);
-    // an equal share against the busiest thread's tiles, the blocks taken in turn
+    // an equal share against the busiest thread's tiles, thread t taking blocks
+    // [t * nb / n, (t + 1) * nb / n) (run_core's static schedule)
     int64_t busiest = 1;
     for (int64_t t = 0; t < nthreads; ++t) {
-      int64_t sum = 0;
-      for (int64_t b = t; b < nb; b += nthreads) sum += (b + 1) * pl.ntiles / nb - b * pl.ntiles / nb;
-      busiest = std::max(busiest, sum);
+      const int64_t b0 = t * nb / nthreads, b1 = (t + 1) * nb / nthreads;
+      busiest = std::max(busiest, b1 * pl.ntiles / nb - b0 * pl.ntiles / nb);
     }
     const double eff = double(pl.ntiles) / nthreads / double(busiest);
-    if (eff >= 0.85 || npanels < 2 * nthreads * wmax) {
+    const bool weight_bound = npanels * TC >= 2 * P;  // weights (Op x K) twice the rows (P x K)
+    if ((eff >= 0.85 && !weight_bound) || npanels < 2 * nthreads * wmax) {
       pl.nblocks = nb;
     } else {
       while (pl.nchunks < nthreads && npanels >= 2 * pl.nchunks * wmax) pl.nchunks *= 2;
@@ -232,12 +236,15 @@ bool run_core(const std::vector<const E*>& rows, const std::vector<int64_t>& tof
           shared.pack(reinterpret_cast<const uint8_t* const*>(rows.data()), P, g * 16, toff.data(), ntaps, CK);
       }
     }
-#pragma omp for schedule(dynamic, 1) nowait
-    for (int64_t task = 0; task < ntasks; ++task) {
-      const int64_t blk = task / pl.nchunks, ch = task % pl.nchunks;
+    // task = channel range x block, channel-major: dealt statically (below), thread t takes
+    // the t-th contiguous share -- its own channel range, or its own band of image rows, the
+    // same band in every layer of one map size and the band that thread copied into the
+    // bordered image, so its input codes are mostly in its own L2
+    auto run_task = [&](int64_t task) {
+      const int64_t ch = task / pl.nblocks, blk = task % pl.nblocks;
       const int64_t p0 = pl.block_begin(blk), pn = std::min<int64_t>(pl.block_begin(blk + 1), P) - p0;
       const int64_t g0 = ch * pl.per, g1 = std::min<int64_t>(npanels, g0 + pl.per);
-      if (pn <= 0 || g0 >= g1) continue;
+      if (pn <= 0 || g0 >= g1) return;
       const int64_t width = (g1 - g0) * TC;
       thread_local amx::Aligned<int32_t> scratch;  // tile stores: whole lines (width % 16 == 0)
       int32_t* acc = scratch.get(static_cast<size_t>(pn * width));
@@ -255,14 +262,14 @@ bool run_core(const std::vector<const E*>& rows, const std::vector<int64_t>& tof
                                    isa) || ovf;
         }
       };
-      // amx_int8: one 32-pixel group at a time, requantized right after its tiles are stored,
-      // while its accumulators (32 x width int32) are still in L1
-      for (int64_t m0 = 0; amx && m0 < pn; m0 += 32) {
-        const int64_t mn = std::min<int64_t>(32, pn - m0);
-        amx_task(rows.data() + p0 + m0, mn, toff, CK, Bp + g0 * panel_size, panel_size, g1 - g0,
-                 btail ? btail + g0 * 1024 : nullptr, acc + m0 * width, width,
-                 shared_rows ? shared.at(p0 + m0) : nullptr, shared.Kpad);
-        requant(m0, m0 + mn);
+      // amx_int8: one kernel call per task, each 32-pixel group requantized right after its
+      // tiles are stored, while its accumulators (32 x width int32) are still in L1 (weights too
+      // large for L2, amx::groups_inside: all the task's groups at the end)
+      if (amx) {
+        const amx::TileScope tiles(true);  // the tile configuration, loaded once per task
+        amx_task(rows.data() + p0, pn, toff, CK, Bp + g0 * panel_size, panel_size, g1 - g0,
+                 btail ? btail + g0 * 1024 : nullptr, acc, width, shared_rows ? shared.at(p0) : nullptr,
+                 shared.Kpad, requant);
       }
       for (size_t kc = 0; !amx && kc < chunks.size(); ++kc) {
         const KChunk& c = chunks[kc];
@@ -279,6 +286,13 @@ bool run_core(const std::vector<const E*>& rows, const std::vector<int64_t>& tof
         }
       }
       if (!amx) requant(0, pn);
+    };
+    if (ntasks % nthreads == 0) {  // equal shares (make_plan): static, no scheduling traffic
+#pragma omp for schedule(static) nowait
+      for (int64_t task = 0; task < ntasks; ++task) run_task(task);
+    } else {
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int64_t task = 0; task < ntasks; ++task) run_task(task);
     }
   }
   return ovf;

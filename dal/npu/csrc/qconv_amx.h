@@ -12,8 +12,8 @@
 // reads those in place); the K tail (K/4 mod 16 quads) reads B from a zero-padded copy
 // (never past the panel's end). Each output is summed over its whole reduction by one call, in
 // a fixed order: results do not depend on the thread count.
-// The tile configuration is loaded at the start of every call and released at its end: other
-// code on the same thread (onnxruntime's kernels, say) may have loaded its own in between.
+// The tile configuration is loaded at the start of every task (TileScope) and released at its
+// end: other code on the same thread (onnxruntime's kernels, say) may load its own in between.
 #pragma once
 #include <immintrin.h>
 
@@ -109,71 +109,156 @@ inline void pack_b_tail(const int8_t* B, int64_t panel_size, int64_t npan, int64
   }
 }
 
-// C[pn][16 * npan] (row stride ldc int32) = A[pn][K] (row stride lda bytes: pack_a's Kpad, or
-// the rows in place; every 64-byte step it loads lies within a row) x panels B[npan] (K4 quads each).
-// 32-pixel groups outside, panel pairs inside: a group's rows (32 x K bytes) stay in L1 / L2
-// while every pair of the task passes (run_core calls it one group at a time, so that the
-// group's accumulators are requantized while they are in L1). Software prefetch of the next k
-// step's tiles was tried: slower once every operand is line aligned (2151 against 2693 GOP/s).
-// tail: pack_b_tail's copy when K4 % 16 != 0. tmp: 2 x 16 x 32 int32 scratch for edge rows.
-// An odd last panel runs one tile column (tiles 1 and 3 idle), a last group of <= 16 pixels
-// one tile row (tiles 2 and 3 idle). Each output is one k-ordered sum whatever the loop order.
-DAL_TARGET_AMX inline void gemm(const uint8_t* A, int64_t pn, int64_t lda, const int8_t* B, int64_t panel_size,
-                                int64_t npan, int64_t K4, const int8_t* tail, int32_t* C, int64_t ldc,
-                                int32_t* tmp) {
-  TileCfg cfg;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+// k steps (64 bytes) per K block of gemm: ceil(nk / blocks) with blocks = ceil(nk / 9), so that a
+// block of the group's rows (32 x <= 576 bytes, 18 KB) stays in L1 while every panel pair passes
+// (measured 784x2304x256, tiles alone, blocks of at most 4 / 6 / 9 / 12 / 18 / 36 steps: 2800 /
+// 3000 / 3250 / 3200 / 2900 / 2760 GOP/s).
+inline int64_t k_block(int64_t nk) {
+  constexpr int64_t kMaxSteps = 9;
+  if (nk <= kMaxSteps) return nk;
+  const int64_t blocks = (nk + kMaxSteps - 1) / kMaxSteps;
+  return (nk + blocks - 1) / blocks;
+}
+
+// The tile configuration gemm runs under (palette 1, tiles 0..7 all 16 rows x 64 bytes), loaded
+// by the caller around a task's gemm calls (TileScope) and released at its end: other code on the
+// same thread (onnxruntime's own AMX kernels, say) may load its own between two tasks. Once per
+// task, not once per 32-pixel group as before: ldtilecfg + tilerelease per group cost 20% of a
+// 64-channel 3x3 conv's tile time (3136x576x64, tiles alone: 1800 -> 2240 GOP/s).
+// (a constant: gcc 12 dropped the stores filling a local TileCfg as dead once ldtilecfg was its
+// only reader in the function, and the tiles ran unconfigured -- SIGILL)
+DAL_TARGET_AMX inline void tiles_on() {
+  static constexpr TileCfg cfg = [] {
+    TileCfg c;
+    for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+    return c;
+  }();
   _tile_loadconfig(&cfg);
-  const int64_t kt = K4 / 16, nk = kt + (K4 % 16 != 0), sa = lda;
-  for (int64_t m0 = 0; m0 < pn; m0 += 32) {
-    const uint8_t* a0 = A + m0 * lda;
-    const uint8_t* a1 = a0 + 16 * lda;
-    const bool two = pn - m0 > 16;
-    for (int64_t p = 0; p < npan; p += 2) {
-      const bool pair = p + 1 < npan;
-      const int8_t* b0 = B + p * panel_size;
-      const int8_t* b1 = pair ? b0 + panel_size : b0;
-      const int8_t* t0 = tail ? tail + p * 1024 : nullptr;
-      const int8_t* t1 = tail ? tail + (pair ? p + 1 : p) * 1024 : nullptr;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t k = 0; k < nk; ++k) {
-        const int8_t* x0 = k < kt ? b0 + k * 1024 : t0;
-        const int8_t* x1 = k < kt ? b1 + k * 1024 : t1;
-        _tile_loadd(4, a0 + k * 64, sa);
-        _tile_loadd(6, x0, 64);
-        _tile_dpbusd(0, 4, 6);
-        if (pair) {
-          _tile_loadd(7, x1, 64);
-          _tile_dpbusd(1, 4, 7);
-        }
-        if (two) {
-          _tile_loadd(5, a1 + k * 64, sa);
-          _tile_dpbusd(2, 5, 6);
-          if (pair) _tile_dpbusd(3, 5, 7);
-        }
-      }
-      const int64_t nr = pn - m0 < 32 ? pn - m0 : 32, nc = pair ? 32 : 16;
-      int32_t* c = C + m0 * ldc + p * 16;
-      if (nr == 32 && pair) {
-        _tile_stored(0, c, ldc * 4);
-        _tile_stored(1, c + 16, ldc * 4);
-        _tile_stored(2, c + 16 * ldc, ldc * 4);
-        _tile_stored(3, c + 16 * ldc + 16, ldc * 4);
-        continue;
-      }
-      _tile_stored(0, tmp, 128);
-      if (pair) _tile_stored(1, tmp + 16, 128);
-      if (two) {
-        _tile_stored(2, tmp + 512, 128);
-        if (pair) _tile_stored(3, tmp + 512 + 16, 128);
-      }
-      for (int64_t r = 0; r < nr; ++r) std::memcpy(c + r * ldc, tmp + r * 32, nc * 4);
+}
+DAL_TARGET_AMX inline void tiles_off() { _tile_release(); }
+// tiles_on() .. tiles_off() for a scope when on (the AMX variant runs; a no-op otherwise, so that
+// a CPU without AMX never executes either)
+struct TileScope {
+  const bool on;
+  explicit TileScope(bool o) : on(o) {
+    if (on) tiles_on();
+  }
+  ~TileScope() {
+    if (on) tiles_off();
+  }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+// One group x panel pair x K block of gemm: the 2 x 2 accumulator tiles zeroed (first block) or
+// loaded from c (row stride lc int32), k steps [k0, k1) summed, stored back. two: a second tile
+// row (rows 16..31), pair: a second panel.
+DAL_TARGET_AMX inline void gemm_unit(const uint8_t* a0, int64_t sa, bool two, const int8_t* b0, const int8_t* b1,
+                                     const int8_t* t0, const int8_t* t1, bool pair, int64_t kt, int64_t k0,
+                                     int64_t k1, int32_t* c, int64_t lc) {
+  const uint8_t* a1 = a0 + 16 * sa;
+  if (k0 == 0) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, lc * 4);
+    if (pair) _tile_loadd(1, c + 16, lc * 4);
+    if (two) {
+      _tile_loadd(2, c + 16 * lc, lc * 4);
+      if (pair) _tile_loadd(3, c + 16 * lc + 16, lc * 4);
     }
   }
-  _tile_release();
+  for (int64_t k = k0; k < k1; ++k) {
+    const int8_t* x0 = k < kt ? b0 + k * 1024 : t0;
+    const int8_t* x1 = k < kt ? b1 + k * 1024 : t1;
+    _tile_loadd(4, a0 + k * 64, sa);
+    _tile_loadd(6, x0, 64);
+    _tile_dpbusd(0, 4, 6);
+    if (pair) {
+      _tile_loadd(7, x1, 64);
+      _tile_dpbusd(1, 4, 7);
+    }
+    if (two) {
+      _tile_loadd(5, a1 + k * 64, sa);
+      _tile_dpbusd(2, 5, 6);
+      if (pair) _tile_dpbusd(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, lc * 4);
+  if (pair) _tile_stored(1, c + 16, lc * 4);
+  if (two) {
+    _tile_stored(2, c + 16 * lc, lc * 4);
+    if (pair) _tile_stored(3, c + 16 * lc + 16, lc * 4);
+  }
+}
+
+// Weights beyond this many bytes do not stay in L2 next to the rows (2 MB a core here): gemm
+// then runs every group of the call inside each panel pair and K block (groups_inside).
+constexpr int64_t kWeightsL2 = 1 << 20;
+inline bool groups_inside(int64_t pn, int64_t npan, int64_t panel_size) {
+  return pn > 32 && npan * panel_size > kWeightsL2;
+}
+
+// C[pn][16 * npan] (row stride ldc int32) = A[pn][K] (row stride lda bytes: pack_a's Kpad, or
+// the rows in place; every 64-byte step it loads lies within a row) x panels B[npan] (K4 quads
+// each), under tiles_on() (the caller's TileScope). 32-pixel groups; inside a group the
+// reduction runs in K blocks of k_block steps, every panel pair passing each block: the block's
+// rows (32 x <= 576 bytes) stay in L1 and only the weights stream from L2 (with the whole
+// reduction per pair, as before, the group's 32 x K rows -- 73 KB for K = 2304 -- were reread
+// from L2 by every pair). Between blocks the 2 x 2 accumulator tiles are stored to C and loaded
+// back: int32 sums wrap like the tiles, so each output is still the same k-ordered exact sum.
+// Weights too large for L2 (groups_inside: ResNet's 512-channel 3x3, 2.4 MB) would stream from
+// L3 once per group: then every group of the call runs inside each pair's K block, which serves
+// them all from L1 (49x4608x512, tiles alone: 1310 -> 1650 GOP/s; 98 rows: 1370 -> 2000).
+// done(r0, r1): rows [r0, r1) of C are final -- after each group (the caller requantizes them
+// while they are in L1), once for all rows with groups_inside. One call per task rather than
+// one per group: something costs ~0.2 us per call (not the tile configuration nor the
+// thread-local buffer, measured): 3136x576x64, tiles alone, 1890 GOP/s in 32-row calls, 2270 in one.
+// Tried, not kept (784x2304x256 unless said): software prefetch (2151 against 2693 GOP/s once
+// aligned; of the next A block -3%), N chunks keeping C in L1 (A reread per chunk, -3%), A
+// packed tile-contiguous per block (-15%, the copy), panel pairs interleaved so that a k step's
+// two B tiles are adjacent (+-1%), the previous group's requantizer spread between the units
+// (no gain: it does not overlap the tiles).
+// tail: pack_b_tail's copy when K4 % 16 != 0. A group of fewer than 32 rows accumulates in a
+// thread-local 32-row buffer, copied out before its done().
+// An odd last panel runs one tile column (tiles 1 and 3 idle), a last group of <= 16 pixels
+// one tile row (tiles 2 and 3 idle). Each output is one k-ordered sum whatever the loop order.
+template <typename Done>
+DAL_TARGET_AMX inline void gemm(const uint8_t* A, int64_t pn, int64_t lda, const int8_t* B, int64_t panel_size,
+                                int64_t npan, int64_t K4, const int8_t* tail, int32_t* C, int64_t ldc,
+                                Done&& done) {
+  const int64_t kt = K4 / 16, nk = kt + (K4 % 16 != 0), kb = k_block(nk);
+  // full groups accumulate in place; a short last one in 32 rows of its own (tile stores write 16 rows)
+  thread_local Aligned<int32_t> edge_buf;
+  const int64_t wc = (npan + 1) / 2 * 32, mlast = (pn - 1) / 32 * 32, nlast = pn - mlast;
+  int32_t* edge = nlast < 32 ? edge_buf.get(static_cast<size_t>(32 * wc)) : nullptr;
+  auto unit = [&](int64_t m0, int64_t p, int64_t k0) {
+    const bool pair = p + 1 < npan, short_group = m0 == mlast && edge;
+    const int8_t* b0 = B + p * panel_size;
+    gemm_unit(A + m0 * lda, lda, pn - m0 > 16, b0, pair ? b0 + panel_size : b0, tail ? tail + p * 1024 : nullptr,
+              tail ? tail + (pair ? p + 1 : p) * 1024 : nullptr, pair, kt, k0, std::min(nk, k0 + kb),
+              short_group ? edge + p * 16 : C + m0 * ldc + p * 16, short_group ? wc : ldc);
+  };
+  auto copy_edge = [&] {
+    if (edge)
+      for (int64_t r = 0; r < nlast; ++r) std::memcpy(C + (mlast + r) * ldc, edge + r * wc, npan * 16 * 4);
+  };
+  if (groups_inside(pn, npan, panel_size)) {
+    for (int64_t k0 = 0; k0 < nk; k0 += kb)
+      for (int64_t p = 0; p < npan; p += 2)
+        for (int64_t m0 = 0; m0 < pn; m0 += 32) unit(m0, p, k0);
+    copy_edge();
+    done(int64_t{0}, pn);
+    return;
+  }
+  for (int64_t m0 = 0; m0 < pn; m0 += 32) {
+    for (int64_t k0 = 0; k0 < nk; k0 += kb)
+      for (int64_t p = 0; p < npan; p += 2) unit(m0, p, k0);
+    if (m0 == mlast) copy_edge();
+    done(m0, std::min<int64_t>(pn, m0 + 32));
+  }
 }
 
 }  // namespace amx
