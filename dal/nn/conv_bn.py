@@ -89,7 +89,7 @@ class QConvBn2d(QATModule, nn.Conv2d):
         the choice only moves float rounding, never the formula.
         """
         positions = x.numel() // x.shape[-3] // (self.stride[0] * self.stride[1])
-        return positions < self.weight[0].numel()
+        return positions < self.weight.numel() // self.weight.shape[0]  # not weight[0]: a view, an autograd node
 
     def forward(self, x):
         if self.input_quant is not None:
