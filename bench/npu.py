@@ -112,7 +112,7 @@ def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1, kernel=None) -> float:
     mult = kernels.pad_channels(np.full(n, 1e-4), n, np.float64)
     e32, ef, e64 = (torch.empty(0, dtype=t) for t in (torch.int32, torch.float32, torch.int64))
     isa = _isa(kernel)
-    bp, ws = kernels.pack_panels_s8(w) if has_vnni(isa) else (kernels.pack_panels(w), e32)
+    bp, ws = kernels.pack_weights(w, has_vnni(isa))
     args = (x, 128, bp, ws, n, mult, e32, ef, e64, e64, 0, 0.05, 128, 0, 255, 1, e32, threads, isa)
     return 2 * m * k * n / _best_seconds(lambda: lib().qgemm(*args), reps) / 1e9
 
@@ -130,7 +130,7 @@ def conv_gops(cin, cout, hw, k=3, reps=15, threads=1, kernel=None) -> float:
     isa = _isa(kernel)
     vnni = has_vnni(isa)
     wm = kernels.conv_weight_matrix(w, True, 4 if vnni else 2)
-    bp, ws = kernels.pack_panels_s8(wm) if vnni else (kernels.pack_panels(wm), torch.empty(0, dtype=torch.int32))
+    bp, ws = kernels.pack_weights(wm, vnni)
     mult = kernels.pad_channels(np.full(cout, 1e-4), cout, np.float64)
     e32, ef, e64 = (torch.empty(0, dtype=t) for t in (torch.int32, torch.float32, torch.int64))
     p = k // 2

@@ -86,7 +86,6 @@ class FusedStep:
         input codes are 8-bit and every weight minus its zero point lies in [-128, 127]; else
         int16 panels (vpmaddwd). Both give the same exact int32 accumulators."""
         import torch
-        from .build import kernels as lib
         c = self.channels
         k_total = int(np.prod(wd.shape[1:]))
         vnni = (allow_vnni and has_vnni(self.isa) and np.dtype(self.x_dtype).itemsize == 1
@@ -100,10 +99,7 @@ class FusedStep:
             wm = kernels.conv_weight_matrix(wd, self.implicit, step)
         else:
             wm = np.pad(wd, ((0, 0), (0, (-wd.shape[1]) % step)))
-        if vnni:
-            self.fast_b, self.fast_wsum = kernels.pack_panels_s8(wm)
-        else:
-            self.fast_b, self.fast_wsum = kernels.pack_panels(wm), torch.empty(0, dtype=torch.int32)
+        self.fast_b, self.fast_wsum = kernels.pack_weights(wm, vnni)
         self.vnni = vnni
         self.fast_mult = kernels.pad_channels(self.mult, c, np.float64)
         empty = lambda dt: torch.empty(0, dtype=dt)

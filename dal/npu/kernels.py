@@ -242,6 +242,16 @@ def pack_panels_s8(wd: np.ndarray):
     return panels, torch.from_numpy(w.astype(np.int64).sum(1).astype(np.int32))
 
 
+def pack_weights(wm: np.ndarray, vnni: bool):
+    """``(panels, wsum)`` of a weight matrix [O, K] (minus zero point, K a multiple of the step)
+    for the kernel family that will read it: int8 VNNI panels and their row sums
+    (:func:`pack_panels_s8`, K % 4 == 0) when ``vnni``, else int16 panels (:func:`pack_panels`)
+    and an empty int32 wsum, which those kernels do not read."""
+    if vnni:
+        return pack_panels_s8(wm)
+    return pack_panels(wm), _torch().empty(0, dtype=_torch().int32)
+
+
 def conv_weight_matrix(wd: np.ndarray, implicit: bool, step: int = 2) -> np.ndarray:
     """[O, C, kh, kw] -> [O, K] in the reduction order of qconv: k = (i*kw + j)*Cp + c with Cp
     = C rounded up to a multiple of ``step`` (implicit), or k = (i*kw + j)*C + c zero padded to
