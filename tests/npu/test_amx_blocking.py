@@ -2,8 +2,10 @@
 runs in blocks of at most 9 k steps of 64 bytes, the 2 x 2 accumulator tiles stored and loaded
 back between blocks). Shapes around the block edges -- K just below, at and above one block,
 several blocks with and without a K tail, groups of 1, 15, 16, 17, 33, 65 pixels, odd panel
-counts, weights too large for L2 (every group inside each pair) -- must give numpy's int64 sums as the int32 accumulators and the same codes on every
-variant this CPU runs (the portable one included), for 1 and 2 threads."""
+counts -- must give numpy's int64 sums as the int32 accumulators and the same codes on every
+variant this CPU runs (the portable one included), for 1 and 2 threads. The convolutions that
+need two to four K blocks, and weights too large for L2 (every group inside each pair), are in
+test_partition.py's CONVS (the same check at 1 to 4 threads, with and without acc_out)."""
 from __future__ import annotations
 
 import numpy as np
@@ -58,44 +60,3 @@ def test_qgemm_k_blocks_exact(m, k, n, npu_lib):
             q2 = npu_lib.qgemm(_owned(x), zx, bp, ws, n, mult, e32, ef, e64, e64, 0, 0.5, 3, 0, 255, 1,
                                torch.empty(0, dtype=torch.int32), threads, NAMES.index(kernel)).numpy()
             assert np.array_equal(q2.reshape(m, n), want), (kernel, threads, "no acc_out")
-
-
-# cin, cout, hw: 3x3 convs, stride 1, padding 1 (the rows copied for the tiles, zero tail)
-CONVS = [
-    (80, 48, 9),     # K 720: nk 12 (a 16-byte tail), two blocks; 81 pixels = 2 groups + 17; 3 panels
-    (160, 96, 5),    # K 1440: nk 23, three blocks; 25 pixels (one short group)
-    (256, 64, 4),    # K 2304: nk 36, four blocks, no tail; 16 pixels
-    (264, 512, 7),   # K 2376 (nk 38, an 8-byte tail), weights 1.2 MB > amx::kWeightsL2: one thread
-                     # runs its 49 pixels (32 + 17) inside each pair and K block (groups_inside)
-]
-
-
-@pytest.mark.parametrize("cin,cout,hw", CONVS)
-def test_qconv_k_blocks_exact(cin, cout, hw, npu_lib):
-    import torch
-    import dal.npu as npu
-    from dal.npu import kernels
-    from dal.npu.dispatch import NAMES, has_vnni
-    rng = np.random.default_rng(cin + cout + hw)
-    x = rng.integers(0, 256, (hw, hw, cin)).astype(np.uint8)
-    zx, k, p = 7, 3, 1
-    w = rng.integers(-128, 128, (cout, cin, k, k))
-    xp = np.full((hw + 2, hw + 2, cin), zx, dtype=np.int64)
-    xp[1:1 + hw, 1:1 + hw] = x
-    cols = np.stack([xp[i:i + hw, j:j + hw] for i in range(k) for j in range(k)], axis=2)
-    exact = (cols.reshape(hw * hw, -1) - zx) @ np.transpose(w, (0, 2, 3, 1)).reshape(cout, -1).T
-    mult = kernels.pad_channels(np.full(cout, 3e-5), cout, np.float64)
-    e32, ef, e64 = (torch.empty(0, dtype=t) for t in (torch.int32, torch.float32, torch.int64))
-    want = np.clip(np.rint((exact * 3e-5).astype(np.float32) / np.float32(0.25)) + 9, 0, 255).astype(np.uint8)
-    for kernel in npu.info()["supported"]:
-        isa = NAMES.index(kernel)
-        step = 4 if has_vnni(isa) else 2
-        wm = kernels.conv_weight_matrix(w, True, step)
-        bp, ws = kernels.pack_panels_s8(wm) if step == 4 else (kernels.pack_panels(wm), e32)
-        for threads in (1, 2):
-            acc = torch.empty(hw * hw * cout, dtype=torch.int32)
-            q = npu_lib.qconv(torch.from_numpy(x[None]), zx, bp, ws, cout, k, k, 1, 1, 1, 1, p, p, hw, hw,
-                              True, mult, e32, ef, e64, e64, 0, 0.25, 9, 0, 255, 1, acc, threads, isa,
-                              3).numpy().reshape(hw * hw, cout)
-            assert np.array_equal(acc.numpy().reshape(hw * hw, cout), exact), (kernel, threads)
-            assert np.array_equal(q, want), (kernel, threads)

@@ -17,6 +17,13 @@ CONVS = [
     (128, 256, 14, 3, 2, 1),  # stride 2: 49 pixels from a 14x14 map
     (32, 48, 14, 3, 1, 1),    # 196 pixels: 7 AMX tiles over 2..4 threads, 3 panels (odd)
     (64, 64, 4, 1, 1, 0),     # 16 pixels 1x1 unpadded: uint8 rows read in place
+    # the amx_int8 K blocks (csrc/qconv_amx.h: at most 9 steps of 64 bytes, tiles stored and
+    # reloaded between blocks; test_amx_blocking.py has the GEMM edges)
+    (80, 48, 9, 3, 1, 1),     # K 720: nk 12 (a 16-byte tail), two blocks; 81 pixels = 2 groups + 17
+    (160, 96, 5, 3, 1, 1),    # K 1440: nk 23, three blocks; 25 pixels (one short group)
+    (256, 64, 4, 3, 1, 1),    # K 2304: nk 36, four blocks, no tail; 16 pixels
+    (264, 512, 7, 3, 1, 1),   # K 2376 (an 8-byte tail), weights 1.2 MB > amx::kWeightsL2: the
+                              # groups run inside each pair and K block (groups_inside)
 ]
 
 
@@ -51,7 +58,7 @@ def test_qconv_any_partition_exact(i, npu_lib):
         isa = NAMES.index(kernel)
         step = 4 if has_vnni(isa) else 2
         wm = kernels.conv_weight_matrix(w, True, step)
-        bp, ws = kernels.pack_panels_s8(wm) if step == 4 else (kernels.pack_panels(wm), e32)
+        bp, ws = kernels.pack_weights(wm, step == 4)
         for threads in (1, 2, 3, 4):
             for with_acc in (True, False):
                 acc = torch.empty(oh * oh * cout if with_acc else 0, dtype=torch.int32)
