@@ -43,6 +43,10 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
     The model runs in eval mode under ``torch.no_grad()`` and gets its mode back afterwards. A
     batch with NaN/Inf inputs raises before it reaches an observer; an empty ``data`` raises;
     a method that fails leaves every quantizer as it was (state, observer, scale, zero point).
+    It warns, naming them, about quantizers that saw no data (turned off) and about activation
+    quantizers whose observed range collapsed below ``observe.COLLAPSE_RATIO`` times the
+    model's median range (random-init BatchNorm statistics in eval mode do this; QAT would
+    clip nearly every value there).
     """
     if method is None:
         from ..prepare.handle import find_prepared
