@@ -30,12 +30,17 @@ def trace_own_forward(mod: nn.Module) -> fx.Graph:
 
 
 def needs_tracing(mod: nn.Module) -> bool:
-    """Containers and user modules have forwards worth reading; torch.nn leaves do not."""
+    """Containers and user modules have forwards worth reading; torch.nn leaves and plain
+    ModuleList / ModuleDict (no forward of their own) do not."""
     from .base import QATModule
     from .registry import QAT_MODULES
 
-    if isinstance(mod, (nn.ModuleList, nn.ModuleDict, QATModule, fx.GraphModule)):
+    if isinstance(mod, (QATModule, fx.GraphModule)):
         return False
+    if isinstance(mod, (nn.ModuleList, nn.ModuleDict)) and type(mod).forward is nn.Module.forward:
+        return False  # a plain container has no forward; a subclass with one (torchvision's
+        # IntermediateLayerGetter, a ModuleDict: conv1 -> bn1 -> relu of every detector's
+        # backbone) is read like any module, so its Conv + BN fold
     if type(mod) in QAT_MODULES:
         return False  # a registered type is swapped whole by its QAT class
     if isinstance(mod, nn.Sequential):
