@@ -250,3 +250,31 @@ def test_a_cat_of_permuted_views_quantizes_as_its_contiguous_inputs():
     assert torch.equal(out, expect)
     state, ref_state = cat.state_dict(), ref.state_dict()
     assert all(torch.equal(state[k], ref_state[k]) for k in state)
+
+
+def test_the_modules_an_owner_calls_run_without_its_mode(monkeypatch):
+    """Only the owner's own calls pass through its mode: the convolutions and quantizers it
+    calls run with the mode off the stack (each dispatch to a Python mode costs time), and the
+    stack is back in order after a forward, also after one that raised inside a callee."""
+    import sys
+
+    import dal.prepare.call_sites as cs
+
+    m = _calibrated()
+    m.train()
+    callers = []
+    routed = cs._SiteMode.__torch_function__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        callers.append(sys._getframe(1).f_code.co_filename)
+        return routed(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(cs._SiteMode, "__torch_function__", spy)
+    m(_x(3)).sum().backward()
+    assert callers and all(__file__ == f or "torch" in f and "modules" not in f for f in callers), \
+        sorted(set(callers))  # the tests' own forwards, and torch.nn.functional helpers they call
+    assert torch._C._len_torch_function_stack() == 0
+    with pytest.raises(RuntimeError):
+        m(torch.randn(2, 5, 16, 16))  # the first lateral conv (3 input channels) raises
+    assert torch._C._len_torch_function_stack() == 0
+    assert torch.isfinite(m(_x(4))).all()  # and the next forward routes as before
