@@ -33,6 +33,7 @@ from torch import nn
 from .formats import PER_TENSOR, Granularity, code_range, fake_quantize, get_format
 from .formats.autograd import pow2_scale_ste
 from .formats.fold import FoldedFakeQuantizeFunction, fold_eligible, fold_granularity, kernel_format, scale_extremes
+from .formats.share import ShareStats
 from .formats.track import fixed_kernel_params, fold_track_forward, kernel_fake_quantize, track_qparams
 from .formats.qparams import MIN_SCALE, check_pow2_rounding, power_of_two_scale
 from .observers import MinMaxObserver, make_observer
@@ -93,6 +94,8 @@ class FakeQuantizer(nn.Module):
         >>> y = fq(torch.randn(8, 16))
     """
 
+    _share_stats = None  # a quantizer pickled before ShareStats existed: memoize every result
+
     def __init__(self, fmt="int8", granularity: Granularity = PER_TENSOR, symmetric: bool = True,
                  narrow_range: bool = False, observer: str = "minmax", observer_args: Optional[dict] = None,
                  learnable: bool = False, name: str = ""):
@@ -122,6 +125,7 @@ class FakeQuantizer(nn.Module):
         self.power_of_two = None
         if getattr(self.observer, "power_of_two", None) is not None:
             self.constrain_power_of_two(self.observer.power_of_two)
+        self._share_stats = ShareStats()  # whether this quantizer's results are worth memoizing (share.py)
         self._mirror(QState.OBSERVE)
 
     # ---- state -------------------------------------------------------------------------
@@ -330,7 +334,7 @@ class FakeQuantizer(nn.Module):
         tracking = self._tracking()
         step = self._track_step() if tracking else None
         return None if tracking and step is None else kernel_fake_quantize(
-            x, self.granularity, self.fmt, self.qmin, self.qmax, self.scale, self.zero_point, step)
+            x, self.granularity, self.fmt, self.qmin, self.qmax, self.scale, self.zero_point, step, self._share_stats)
 
     def _kernel_params(self, x: torch.Tensor, f: Optional[torch.Tensor]) -> Optional[tuple]:
         """This call's ``(s, lo, hi, mode)`` for the C++ kernel, after the observer's QAT step (of

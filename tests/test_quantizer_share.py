@@ -182,3 +182,20 @@ def test_export_is_byte_identical(tmp_path):
         p2 = dal.export_onnx(a, (x[:1],), tmp_path / "b.onnx").SerializeToString()
     assert p1 == p2
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
+def test_a_quantizer_whose_results_nobody_takes_stops_recording_them():
+    """After share.PROBE_CALLS untaken entries a quantizer stops recording (speed only): the
+    pairs still share, and every output, gradient and buffer keeps the bits of no sharing."""
+    from dal.formats.share import PROBE_CALLS
+
+    a, x = _resnet()
+    b = copy.deepcopy(a)
+    seen_a, _ = _compare(a, b, x, n=PROBE_CALLS + 2)
+    for first, second in PAIRS:
+        assert seen_a[first] == seen_a[second], f"{second} stopped sharing {first}'s output"
+    stats = {n: q._share_stats for n, q in dal.quantizer.quantizers(a) if q._share_stats.recorded}
+    stopped = [n for n, s in stats.items() if not s.records()]
+    assert stopped and all(stats[n].recorded == PROBE_CALLS and stats[n].taken == 0 for n in stopped)
+    assert all(s.records() for s in stats.values() if s.taken)
+    assert all(stats[first].taken >= PROBE_CALLS + 2 for first, _ in PAIRS)

@@ -44,6 +44,12 @@ would differ in the sign of zeros and where the sum overflows). The storage is s
 in-place write to one output writes the other, which autograd reports where the other was
 saved for a backward; dal's modules only read a quantizer's output (conv, linear, add, cat).
 
+Recording an entry (two byte snapshots of the state, three weak references) costs about as much
+as the kernel call on a small tensor, and most quantizers' inputs feed no second quantizer. So a
+caller may pass its ``ShareStats``: once its first ``PROBE_CALLS`` entries have all gone untaken
+it stops recording (its calls still take another's entry). Only the speed depends on it: a call
+that finds no entry computes, and the bits are the same either way.
+
 :func:`sharing` switches the memo off for a block (the reference path of the tests).
 """
 from __future__ import annotations
@@ -78,8 +84,25 @@ def sharing_enabled() -> bool:
     return _ENABLED[0]
 
 
+#: a caller whose first this many recorded entries no later call took stops recording (module doc)
+PROBE_CALLS = 16
+
+
+class ShareStats:
+    """One caller's record (a quantizer's): entries it recorded, and how many were taken."""
+
+    __slots__ = ("recorded", "taken")
+
+    def __init__(self):
+        self.recorded = self.taken = 0
+
+    def records(self) -> bool:
+        """Whether the caller's next result is worth recording."""
+        return self.taken > 0 or self.recorded < PROBE_CALLS
+
+
 class _Entry:
-    __slots__ = ("x", "x_version", "out", "out_version", "mask", "rows", "row_len", "pre", "post")
+    __slots__ = ("x", "x_version", "out", "out_version", "mask", "rows", "row_len", "pre", "post", "stats")
 
 
 def _memo() -> dict:
@@ -89,12 +112,22 @@ def _memo() -> dict:
     return memo
 
 
+def bump_versions(tensors: tuple) -> None:
+    """Autograd's version counter of each tensor += 1 (buffers a C++ call wrote in place), in one
+    call where torch takes a tuple (>= 2.5), else one call per tensor (pyproject allows 2.4)."""
+    try:
+        increment_version(tensors)
+    except TypeError:
+        for t in tensors:
+            increment_version(t)
+
+
 def _state(tensors: tuple) -> tuple:
     return tuple(ctypes.string_at(t.data_ptr(), t.nbytes) for t in tensors)
 
 
 def share_or_compute(x: torch.Tensor, key: tuple, state: tuple, counter: Optional[torch.Tensor],
-                     compute: Callable[[], Optional[tuple]]) -> Optional[tuple]:
+                     compute: Callable[[], Optional[tuple]], stats: Optional[ShareStats] = None) -> Optional[tuple]:
     """``compute()`` — a kernel call on ``x`` returning ``(out, mask, rows, row_len)`` or None —
     or the same tuple from an earlier call on ``x`` that is provably the same bits (module doc).
 
@@ -102,24 +135,31 @@ def share_or_compute(x: torch.Tensor, key: tuple, state: tuple, counter: Optiona
     writes when it has a ``counter`` (same dtypes and sizes for every caller with this key);
     ``counter``: the int64 tensor an observer step increments (``batches_seen``), or None for a
     call with fixed parameters, which writes nothing. A reused observer step writes the first
-    call's post-call ``state`` bytes and increments ``counter``, bumping their versions."""
+    call's post-call ``state`` bytes and increments ``counter``, bumping their versions.
+    ``stats``: the caller's record; recording stops once it shows no taker (module doc)."""
     if not _ENABLED[0] or x.is_inference() or torch.is_inference_mode_enabled():
         return compute()  # inference tensors have no version counter to prove "unwritten" with
     memo = _memo()
-    pre = _state(state)
     entries = memo.get(id(x))
     e = entries.get(key) if entries is not None else None
-    if e is not None and e.x() is x and e.x_version == x._version and e.pre == pre:
-        out = e.out()
+    pre = None
+    if e is not None and e.x() is x and e.x_version == x._version:
+        pre = _state(state)
+        out = e.out() if e.pre == pre else None
         mask = e.mask() if e.mask is not None else None
         if out is not None and out._version == e.out_version and (mask is not None) == (e.mask is not None):
             if counter is not None:  # the observer's step: written as the C++ call writes it, versions bumped
                 for t, b in zip(state, e.post):
                     ctypes.memmove(t.data_ptr(), b, len(b))
                 ctypes.c_int64.from_address(counter.data_ptr()).value += 1
-                for t in state + (counter,):
-                    increment_version(t)
+                bump_versions(state + (counter,))
+            if e.stats is not None:
+                e.stats.taken += 1
             return out.detach(), mask, e.rows, e.row_len
+    if stats is not None and not stats.records():
+        return compute()
+    if pre is None:
+        pre = _state(state)
     done = compute()
     if done is None:
         return None
@@ -131,6 +171,8 @@ def share_or_compute(x: torch.Tensor, key: tuple, state: tuple, counter: Optiona
     e = _Entry()
     e.x, e.x_version, e.out, e.out_version = entries["ref"], x._version, weakref.ref(done[0]), done[0]._version
     e.mask = weakref.ref(done[1]) if done[1] is not None else None
-    e.rows, e.row_len, e.pre, e.post = done[2], done[3], pre, _state(state)
+    e.rows, e.row_len, e.pre, e.post, e.stats = done[2], done[3], pre, _state(state), stats
     entries[key] = e
+    if stats is not None:
+        stats.recorded += 1
     return done

@@ -26,22 +26,19 @@ import functools
 from typing import Optional
 
 import torch
-from torch.autograd.graph import increment_version
 
 from . import native
 from .fold import scale_extremes
 from .fused import FusedFakeQuantizeFunction, KernelOutputFunction, kernel_layout, kernel_mode, kernel_params
 from .granularity import Granularity
 from .qformat import QFormat
-from .share import share_or_compute
+from .share import ShareStats, bump_versions, share_or_compute
 
 
 
 def _bump(*tensors: torch.Tensor) -> None:
-    """Autograd's version counter of each buffer the C++ step wrote in place, one call per tensor
-    (a tuple argument needs torch >= 2.5; pyproject allows 2.4)."""
-    for t in tensors:
-        increment_version(t)
+    """Autograd's version counter of each buffer the C++ step wrote in place."""
+    bump_versions(tensors)
 
 def _f32(t: torch.Tensor, n: int) -> bool:
     return t.dtype == torch.float32 and t.numel() == n and t.is_contiguous() and t.is_cpu
@@ -135,7 +132,8 @@ def fixed_kernel_params(scale: torch.Tensor, zero_point: torch.Tensor, fmt: QFor
 
 
 def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin, qmax, scale: torch.Tensor,
-                         zero_point: torch.Tensor, step: Optional[tuple]) -> Optional[torch.Tensor]:
+                         zero_point: torch.Tensor, step: Optional[tuple],
+                         stats: Optional[ShareStats] = None) -> Optional[torch.Tensor]:
     """A quantizer's fake quantization of ``x`` by the C++ kernel (the straight-through
     estimator): with ``step`` (an observer's ``track_step()``, the QAT step of a min-max
     quantizer) its observer update and new scale first, as ``track_qparams``; without, the
@@ -145,7 +143,8 @@ def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin,
     Returns the output (an autograd node whose backward is ``grad * mask`` when ``x`` needs a
     gradient), or None, having changed nothing, where the torch path must decide: no kernel,
     a tensor or parameters the kernel does not take, a scale not yet calibrated, and every case
-    where ``track_qparams`` declines (NaN, zeros of both signs at an extreme, ...)."""
+    where ``track_qparams`` declines (NaN, zeros of both signs at an extreme, ...). ``stats``: the
+    calling quantizer's record for the share memo (``share.ShareStats``)."""
     lay = kernel_layout(x, gran)
     if lay is None:
         return None
@@ -155,13 +154,13 @@ def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin,
                 and zero_point.is_cpu:
             # per tensor: a second quantizer of this tensor with the same scale shares the result (share.py)
             done = share_or_compute(x, (fmt, qmin, qmax, need), (scale, zero_point), None, lambda: fixed_fake_quantize(
-                x, lay, scale, zero_point, fmt, qmin, qmax, need))
+                x, lay, scale, zero_point, fmt, qmin, qmax, need), stats)
         else:
             done = fixed_fake_quantize(x, lay, scale, zero_point, fmt, qmin, qmax, need)
     elif gran.axis is None:
         if scale.numel() == 1 and zero_point.is_cpu and _buffers_ok(step[0], step[1], step[2], scale, zero_point):
             done = share_or_compute(x, (fmt, qmin, qmax, need) + step[3:], (step[0], step[1], scale, zero_point),
-                                    step[2], lambda: track_fake_quantize(x, *step, scale, zero_point, need))
+                                    step[2], lambda: _track_fq(x, *step, scale, zero_point, need), stats)
         else:
             done = None
     else:  # per channel / group: the range pass and the observer step, then the fused kernel
@@ -179,8 +178,15 @@ def track_fake_quantize(x: torch.Tensor, min_val, max_val, batches_seen, ema, fm
     values) and the fused fake quantization of ``x`` with the new parameters, in one C++ call
     (``dal_track_fq_forward``; ``x`` CPU float32 contiguous): ``(out, mask, 1, x.numel())`` for
     ``fused.KernelOutputFunction`` (mask None unless ``need_mask``), or None with nothing written."""
+    if scale.numel() != 1 or not _buffers_ok(min_val, max_val, batches_seen, scale, zero_point):
+        return None
+    return _track_fq(x, min_val, max_val, batches_seen, ema, fmt, symmetric, qmin, qmax, scale, zero_point, need_mask)
+
+
+def _track_fq(x, min_val, max_val, batches_seen, ema, fmt, symmetric, qmin, qmax, scale, zero_point, need_mask):
+    """track_fake_quantize once its buffers are checked (kernel_fake_quantize checked them)."""
     lib = native.library()
-    if lib is None or scale.numel() != 1 or not _buffers_ok(min_val, max_val, batches_seen, scale, zero_point):
+    if lib is None:
         return None
     n = x.numel()
     out = torch.empty_like(x)
