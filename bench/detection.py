@@ -6,7 +6,8 @@ exported QDQ detector run by dal.npu against onnxruntime (the ratio), all in one
   Float and QAT steps are interleaved, medians of the repetitions. Then torchvision's FCOS
   (fcos_resnet50_fpn, the only FCOS torchvision builds) and SSDlite320 with
   ``losses = model(images, targets)`` if ``dal.prepare_qat`` prepares them (otherwise the line
-  says why).
+  says why), at batch 2 and 8 (``--batches``): QAT adds a fixed cost per quantizer call, so at
+  batch 2 it weighs ~4x more against the float step than at batch 8.
 - Inference: the QAT detector exported with dal.export_onnx, batch 1 and batch 32, one thread
   each: dal.npu (integer semantics) against onnxruntime with full graph optimizations (its
   fused QLinearConv kernels, the deployed speed) and with optimizations off (the oracle).
@@ -84,11 +85,11 @@ def train_steps_line(scenes, reps):
     return _train_row("DigitDetector, batch 32, 96x96", t), qat
 
 
-def torchvision_batch():
-    """Two 160x160 images and one box each: the torchvision detectors' train-step input (seeded)."""
+def torchvision_batch(n: int = 2):
+    """``n`` 160x160 images and one box each: the torchvision detectors' train-step input (seeded)."""
     torch.manual_seed(0)
-    images = [torch.rand(3, 160, 160) for _ in range(2)]
-    targets = [{"boxes": torch.tensor([[10.0, 20.0, 80.0, 90.0]]), "labels": torch.tensor([1])} for _ in range(2)]
+    images = [torch.rand(3, 160, 160) for _ in range(n)]
+    targets = [{"boxes": torch.tensor([[10.0, 20.0, 80.0, 90.0]]), "labels": torch.tensor([1])} for _ in range(n)]
     return images, targets
 
 
@@ -129,10 +130,11 @@ def warmed_detector(builder, images):
     return model
 
 
-def _torchvision_line(name, builder, reps, size_note="batch 2, 160x160"):
-    """A torchvision detector's train step, float vs dal QAT (the same weights and BatchNorm
-    statistics, ``warmed_detector``), or the reason it cannot be prepared."""
-    images, targets = torchvision_batch()
+def _torchvision_line(name, builder, reps, batch=2, size_note="160x160"):
+    """A torchvision detector's train step at ``batch`` images, float vs dal QAT (the same weights
+    and BatchNorm statistics, ``warmed_detector``), or the reason it cannot be prepared."""
+    images, targets = torchvision_batch(batch)
+    size_note = f"batch {batch}, {size_note}"
 
     def step_of(model):
         return train_step(model, images, targets)
@@ -188,6 +190,9 @@ def main(argv=None) -> int:
     ap.add_argument("--write", metavar="PATH", help="also write the markdown to PATH")
     ap.add_argument("--no-torchvision", action="store_true", help="skip the torchvision detectors")
     ap.add_argument("--train-only", action="store_true", help="skip the inference rows (no dal.npu build needed)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[2, 8],
+                    help="torchvision detector batch sizes (a step's Python cost is per call, not per image: "
+                         "the ratio falls with the batch)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     scenes = mnist_scenes("test", 64)
@@ -203,11 +208,13 @@ def main(argv=None) -> int:
     if not args.no_torchvision:
         import torchvision.models.detection as tvd
 
-        out.append(_torchvision_line("torchvision fcos_resnet50_fpn", lambda: tvd.fcos_resnet50_fpn(
-            weights=None, weights_backbone=None, num_classes=11, min_size=160, max_size=160), args.reps))
-        out.append(_torchvision_line("torchvision ssdlite320_mobilenet_v3_large", lambda: tvd.ssdlite320_mobilenet_v3_large(
-            weights=None, weights_backbone=None, num_classes=11), args.reps,
-            "batch 2, 160x160 resized to 320x320 by its transform"))
+        for batch in args.batches:
+            out.append(_torchvision_line("torchvision fcos_resnet50_fpn", lambda: tvd.fcos_resnet50_fpn(
+                weights=None, weights_backbone=None, num_classes=11, min_size=160, max_size=160), args.reps, batch))
+            out.append(_torchvision_line("torchvision ssdlite320_mobilenet_v3_large",
+                                         lambda: tvd.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None,
+                                                                                   num_classes=11),
+                                         args.reps, batch, "160x160 resized to 320x320 by its transform"))
     out += ["", f"Load average after the train steps: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
             f"MALLOC_TRIM_THRESHOLD_={os.environ.get('MALLOC_TRIM_THRESHOLD_', 'unset')}."]
     if not args.train_only:
