@@ -33,8 +33,7 @@ from torch import nn
 from .formats import PER_TENSOR, Granularity, code_range, fake_quantize, get_format
 from .formats.autograd import pow2_scale_ste
 from .formats.fold import FoldedFakeQuantizeFunction, fold_eligible, fold_granularity, kernel_format, scale_extremes
-from .formats.share import ShareStats
-from .formats.track import fixed_kernel_params, fold_track_forward, kernel_fake_quantize, track_qparams
+from .formats.track import ShareStats, fixed_kernel_params, fold_track_forward, kernel_fake_quantize, track_qparams
 from .formats.qparams import MIN_SCALE, check_pow2_rounding, power_of_two_scale
 from .observers import MinMaxObserver, make_observer
 
@@ -93,8 +92,6 @@ class FakeQuantizer(nn.Module):
         >>> _ = fq(torch.randn(8, 16)); _ = fq.end_observation("frozen")
         >>> y = fq(torch.randn(8, 16))
     """
-
-    _share_stats = None  # a quantizer pickled before ShareStats existed: memoize every result
 
     def __init__(self, fmt="int8", granularity: Granularity = PER_TENSOR, symmetric: bool = True,
                  narrow_range: bool = False, observer: str = "minmax", observer_args: Optional[dict] = None,
@@ -331,10 +328,10 @@ class FakeQuantizer(nn.Module):
     def _kernel_forward(self, x: torch.Tensor) -> Optional[torch.Tensor]:
         """This call by the C++ kernel, the observer's QAT step included (``dal.formats.track``), or
         None: the torch path decides (it also raises for a quantizer without a scale)."""
-        tracking = self._tracking()
+        tracking, stats = self._tracking(), self.__dict__.get("_share_stats")  # None: pickled before ShareStats
         step = self._track_step() if tracking else None
         return None if tracking and step is None else kernel_fake_quantize(
-            x, self.granularity, self.fmt, self.qmin, self.qmax, self.scale, self.zero_point, step, self._share_stats)
+            x, self.granularity, self.fmt, self.qmin, self.qmax, self.scale, self.zero_point, step, stats)
 
     def _kernel_params(self, x: torch.Tensor, f: Optional[torch.Tensor]) -> Optional[tuple]:
         """This call's ``(s, lo, hi, mode)`` for the C++ kernel, after the observer's QAT step (of
@@ -352,9 +349,8 @@ class FakeQuantizer(nn.Module):
 
     def _track_step(self) -> Optional[tuple]:
         """The observer's ``track_step()`` when it is this quantizer's C++ QAT step (not for 2^k scales)."""
-        o = self.observer
-        same = isinstance(o, MinMaxObserver) and (o.fmt, o.symmetric, o.narrow_range) == (self.fmt, self.symmetric,
-                                                                                          self.narrow_range)
+        o, mine = self.observer, (self.fmt, self.symmetric, self.narrow_range)
+        same = isinstance(o, MinMaxObserver) and (o.fmt, o.symmetric, o.narrow_range) == mine
         return o.track_step() if same and self.power_of_two is None else None
 
     def fold_quantize(self, weight: torch.Tensor, f: torch.Tensor, divide: bool) -> Optional[torch.Tensor]:
