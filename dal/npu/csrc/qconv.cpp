@@ -90,7 +90,8 @@ struct KChunk {
 // Reduction chunks of at most ~KC bytes of activations per pixel: the weight slice of one
 // micro tile for one chunk (16 channels per panel x KC bytes) then stays in L1 while the pixel
 // tiles of a block stream past it, and the block's activations (PB pixels x KC) stay in L2.
-// KC = 2048 / (panels per micro tile): the slice is <= 32 KB whatever the tile width.
+// KC = 2048 / (panels per micro tile): the slice is <= 32 KB whatever the tile width (36 KB for a
+// whole reduction of at most 576 bytes on four-panel tiles: run_core).
 template <int64_t KS, typename E>
 std::vector<KChunk> k_chunks(const std::vector<int64_t>& toff, std::vector<int64_t>& single, int64_t CK,
                              int64_t KC) {
@@ -203,7 +204,12 @@ bool run_core(const std::vector<const E*>& rows, const std::vector<int64_t>& tof
   const int64_t npanels = q.Op / TC;
   std::vector<int64_t> single;
   const int64_t wmax = kern.widest();  // panels per widest micro tile (1, 2 or 4)
-  const std::vector<KChunk> chunks = k_chunks<KS, E>(toff, single, CK, 2048 / wmax);
+  // zmm four-panel tiles: a reduction of at most 576 bytes (3x3 x 64 channels) is one chunk (a
+  // 36 KB slice) instead of 384 + 192 bytes, whose second kernel call per tile (its reload of the
+  // accumulators, its loop exits) cost more than the larger slice: 367 -> 358 us at 64x64, 56x56
+  const int64_t red_bytes = K2 * KS * static_cast<int64_t>(sizeof(E));
+  const int64_t kc_bytes = wmax == 4 && red_bytes <= 2304 / wmax ? 2304 / wmax : 2048 / wmax;
+  const std::vector<KChunk> chunks = k_chunks<KS, E>(toff, single, CK, kc_bytes);
   // amx_int8: 32-pixel tiles, the whole reduction in one kernel call (no chunks); the K tail of
   // every panel (K2 % 16 quads) copied once, zero padded, so no tile load reads past a panel.
   // Many short taps (the 7x7 conv on 3 channels: 7 taps of 28 bytes) stay on the zmm kernels,
@@ -277,10 +283,18 @@ bool run_core(const std::vector<const E*>& rows, const std::vector<int64_t>& tof
           const int64_t np = kern.four[1] && pnl + 4 <= g1 ? 4 : kern.two[1] && pnl + 2 <= g1 ? 2 : 1;
           const auto& fn = np == 4 ? kern.four : np == 2 ? kern.two : kern.one;
           const WT* B = Bp + pnl * panel_size + c.boff;
-          for (int64_t t0 = 0; t0 < pn; t0 += TR) {
+          // the next weight slice: the next panel group of this chunk, else the first of the
+          // next chunk; tile i = 1..4 has the four-panel kernel prefetch its panel i - 1 into L2
+          // (measured at 512 channels, 7x7: 290 -> 269 us; a burst of prefetches between the
+          // calls instead stalled on the line fill buffers, 308 -> 388 us)
+          const bool more = pnl + np < g1;
+          const KChunk* cn = more ? &c : kc + 1 < chunks.size() ? &chunks[kc + 1] : nullptr;
+          const int64_t nxt = more ? pnl + np : g0, npf = cn ? std::min<int64_t>(4, g1 - nxt) : 0;
+          for (int64_t t0 = 0, i = 0; t0 < pn; t0 += TR, ++i) {
             const int r = static_cast<int>(std::min<int64_t>(TR, pn - t0));
+            const WT* pf = i >= 1 && i <= npf ? Bp + (nxt + i - 1) * panel_size + cn->boff : nullptr;
             fn[r](rows.data() + p0 + t0, c.toff, c.ntaps, c.ck, B, panel_size,
-                  acc + t0 * width + (pnl - g0) * TC, width, kc > 0);
+                  acc + t0 * width + (pnl - g0) * TC, width, kc > 0, pf);
           }
           pnl += np;
         }

@@ -30,12 +30,14 @@ inline int32_t quad_at(const void* p) {
 
 // Signature shared by all kernels; two-panel kernels also write channels 16..31 of each row
 // from the panel at B + bstride. add: C += the sums (a later chunk of the reduction), else C =.
+// Last: a prefetch address, read by the four-panel kernel only (u8_avx512_wide), else ignored.
 template <typename E, typename WT>
-using Fn = void (*)(const E* const*, const int64_t*, int64_t, int64_t, const WT*, int64_t, int32_t*, int64_t, bool);
+using Fn = void (*)(const E* const*, const int64_t*, int64_t, int64_t, const WT*, int64_t, int32_t*, int64_t, bool,
+                    const void*);
 
 template <int R>
 void s16_portable(const int16_t* const* rp, const int64_t* toff, int64_t ntaps, int64_t C2,
-                  const int16_t* B, int64_t, int32_t* C, int64_t ldc, bool add) {
+                  const int16_t* B, int64_t, int32_t* C, int64_t ldc, bool add, const void*) {
   int32_t acc[TR][TC] = {};
   for (int64_t t = 0; t < ntaps; ++t)
     for (int64_t c2 = 0; c2 < C2; ++c2, B += 2 * TC)
@@ -50,7 +52,7 @@ void s16_portable(const int16_t* const* rp, const int64_t* toff, int64_t ntaps, 
 
 template <int R>
 void u8_portable(const uint8_t* const* rp, const int64_t* toff, int64_t ntaps, int64_t C4,
-                 const int8_t* B, int64_t, int32_t* C, int64_t ldc, bool add) {
+                 const int8_t* B, int64_t, int32_t* C, int64_t ldc, bool add, const void*) {
   int32_t acc[TR][TC] = {};
   for (int64_t t = 0; t < ntaps; ++t)
     for (int64_t c4 = 0; c4 < C4; ++c4, B += 4 * TC)
@@ -76,7 +78,7 @@ void u8_portable(const uint8_t* const* rp, const int64_t* toff, int64_t ntaps, i
 
 template <int R>
 DAL_TARGET_AVX2 void s16_avx2(const int16_t* const* rp, const int64_t* toff, int64_t ntaps, int64_t C2,
-                              const int16_t* B, int64_t, int32_t* C, int64_t ldc, bool add) {
+                              const int16_t* B, int64_t, int32_t* C, int64_t ldc, bool add, const void*) {
   __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256i c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t t = 0; t < ntaps; ++t) {
@@ -110,7 +112,7 @@ DAL_TARGET_AVX2 void s16_avx2(const int16_t* const* rp, const int64_t* toff, int
 
 template <int R>
 DAL_TARGET_AVXVNNI void u8_avxvnni(const uint8_t* const* rp, const int64_t* toff, int64_t ntaps, int64_t C4,
-                                   const int8_t* B, int64_t, int32_t* C, int64_t ldc, bool add) {
+                                   const int8_t* B, int64_t, int32_t* C, int64_t ldc, bool add, const void*) {
   __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256i c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t t = 0; t < ntaps; ++t) {
@@ -135,7 +137,7 @@ DAL_TARGET_AVXVNNI void u8_avxvnni(const uint8_t* const* rp, const int64_t* toff
 // zmm, one panel: 16 channels = one register per row.
 template <int R>
 DAL_TARGET_AVX512VNNI void u8_avx512(const uint8_t* const* rp, const int64_t* toff, int64_t ntaps, int64_t C4,
-                                     const int8_t* B, int64_t, int32_t* C, int64_t ldc, bool add) {
+                                     const int8_t* B, int64_t, int32_t* C, int64_t ldc, bool add, const void*) {
   __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4_ = c0, c5 = c0;
   for (int64_t t = 0; t < ntaps; ++t) {
     DAL_ROWPTRS
@@ -161,7 +163,8 @@ DAL_TARGET_AVX512VNNI void u8_avx512(const uint8_t* const* rp, const int64_t* to
 // zmm, two panels (32 channels): 12 accumulators, each broadcast feeds two vpdpbusd.
 template <int R>
 DAL_TARGET_AVX512VNNI void u8_avx512x2(const uint8_t* const* rp, const int64_t* toff, int64_t ntaps, int64_t C4,
-                                       const int8_t* B, int64_t bstride, int32_t* C, int64_t ldc, bool add) {
+                                       const int8_t* B, int64_t bstride, int32_t* C, int64_t ldc, bool add,
+                                       const void*) {
   __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m512i c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t t = 0; t < ntaps; ++t) {
@@ -197,20 +200,27 @@ DAL_TARGET_AVX512VNNI void u8_avx512x2(const uint8_t* const* rp, const int64_t* 
 // zmm, NP panels (16 * NP channels) x R pixels: R * NP accumulators (24 for 6 x 4), each
 // broadcast feeds NP vpdpbusd and each weight load R of them. Fully unrolled over the
 // constant bounds, so GCC keeps the arrays in registers (checked: no spills in the loop).
+// pf (or null): where the NEXT weight slice's lines start, at the same offsets as B's: one line
+// of it goes to L2 per k step (prefetcht1), spread over the loop -- weights streaming from L3
+// (layers whose panels exceed L2: 512 channels at 7x7) then arrive before their first tile.
 template <int R, int NP>
 DAL_TARGET_AVX512VNNI void u8_avx512_wide(const uint8_t* const* rp, const int64_t* toff, int64_t ntaps,
                                           int64_t C4, const int8_t* B, int64_t bstride, int32_t* C,
-                                          int64_t ldc, bool add) {
+                                          int64_t ldc, bool add, const void* pf) {
   __m512i acc[R][NP];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_si512();
+  // as an integer distance: the last slice's prefetches may run past the panels' end (a hint,
+  // never a fault, but not a pointer C++ lets one form)
+  const uintptr_t pfd = pf ? reinterpret_cast<uintptr_t>(pf) - reinterpret_cast<uintptr_t>(B) : 0;
   for (int64_t t = 0; t < ntaps; ++t) {
     const uint8_t* a[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) a[r] = rp[r] + toff[t];
     for (int64_t k = 0; k < C4; ++k, B += 4 * TC) {
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(B) + pfd), _MM_HINT_T1);
       __m512i b[NP];
 #pragma GCC unroll 4
       for (int p = 0; p < NP; ++p) b[p] = _mm512_loadu_si512(B + p * bstride);
@@ -222,18 +232,27 @@ DAL_TARGET_AVX512VNNI void u8_avx512_wide(const uint8_t* const* rp, const int64_
       }
     }
   }
+  // one row pointer stepped by ldc: written as C + r * ldc + TC * p, GCC precomputed all R * NP
+  // store addresses and parked them in xmm registers (~60 more instructions per call)
+  int32_t* c = C;
+  if (add) {
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r, c += ldc)
 #pragma GCC unroll 4
-    for (int p = 0; p < NP; ++p) {
-      int32_t* c = C + r * ldc + TC * p;
-      _mm512_storeu_si512(c, add ? _mm512_add_epi32(acc[r][p], _mm512_loadu_si512(c)) : acc[r][p]);
-    }
+      for (int p = 0; p < NP; ++p)
+        _mm512_storeu_si512(c + TC * p, _mm512_add_epi32(acc[r][p], _mm512_loadu_si512(c + TC * p)));
+  } else {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r, c += ldc)
+#pragma GCC unroll 4
+      for (int p = 0; p < NP; ++p) _mm512_storeu_si512(c + TC * p, acc[r][p]);
+  }
 }
 template <int R>
 DAL_TARGET_AVX512VNNI void u8_avx512x4(const uint8_t* const* rp, const int64_t* toff, int64_t ntaps, int64_t C4,
-                                       const int8_t* B, int64_t bstride, int32_t* C, int64_t ldc, bool add) {
-  u8_avx512_wide<R, 4>(rp, toff, ntaps, C4, B, bstride, C, ldc, add);
+                                       const int8_t* B, int64_t bstride, int32_t* C, int64_t ldc, bool add,
+                                       const void* pf) {
+  u8_avx512_wide<R, 4>(rp, toff, ntaps, C4, B, bstride, C, ldc, add, pf);
 }
 
 // A variant's kernels: one[r] (16 channels) and, where it has them, two[r] (32 channels) and
