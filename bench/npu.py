@@ -99,7 +99,7 @@ def amx_phases(m=784, k=2304, n=256, reps=41) -> tuple[float, float, float]:
     return tuple(_peak_module().amx_gemm_phases(m, k, n, reps))
 
 
-def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1, kernel=None) -> float:
+def gemm_gops(m=784, k=2304, n=256, reps=41, threads=1, kernel=None) -> float:
     """GOP/s of the fused exact int8 GEMM (u8 codes x s8 weights -> u8 codes, a layer3-sized
     conv as GEMM), with ``kernel`` (None: the one dal.npu picks); best of ``reps`` (shared machine)."""
     import torch
@@ -117,7 +117,7 @@ def gemm_gops(m=784, k=2304, n=256, reps=15, threads=1, kernel=None) -> float:
     return 2 * m * k * n / _best_seconds(lambda: lib().qgemm(*args), reps) / 1e9
 
 
-def conv_gops(cin, cout, hw, k=3, reps=15, threads=1, kernel=None) -> float:
+def conv_gops(cin, cout, hw, k=3, reps=41, threads=1, kernel=None) -> float:
     """GOP/s of one fused exact conv as the network runs it (pixel-major u8 codes in and out,
     stride 1, padding k // 2), with ``kernel`` (None: the default); best of ``reps``."""
     import torch
