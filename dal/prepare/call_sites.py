@@ -226,7 +226,7 @@ def install(model: nn.Module, site: Site, qmod: nn.Module) -> None:
         owner.register_forward_pre_hook(_enter)
         owner.register_forward_hook(_exit, always_call=True)
         for callee in _callees(owner):
-            if not callee.__dict__.get("dal_site_pauses"):
+            if "dal_site_pauses" not in callee.__dict__:  # once, if two owners call it
                 callee.__dict__["dal_site_pauses"] = []
                 callee.register_forward_pre_hook(_pause)
                 callee.register_forward_hook(_resume, always_call=True)
