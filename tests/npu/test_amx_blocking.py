@@ -35,28 +35,19 @@ def _owned(a):
 def test_qgemm_k_blocks_exact(m, k, n, npu_lib):
     import torch
     import dal.npu as npu
-    from dal.npu import kernels
-    from dal.npu.dispatch import NAMES
+    from qgemm_case import QgemmCase
     rng = np.random.default_rng(m * 7 + k + n)
     x = rng.integers(0, 256, (m, k)).astype(np.uint8)
     x[0, :] = 255  # extreme quads: 255 * -128, nothing may saturate
-    zx = 0 if k % 64 == 0 else 13  # zero point 0: the uint8 rows may be read in place
     w = rng.integers(-128, 128, (n, k))
     w[0, :] = -128
-    exact = (x.astype(np.int64) - zx) @ w.T
-    kpad = -(-k // 4) * 4
-    bp, ws = kernels.pack_panels_s8(np.pad(w, ((0, 0), (0, kpad - k))))
-    mult = kernels.pad_channels(np.full(n, 2e-5), n, np.float64)
-    e32, ef, e64 = (torch.empty(0, dtype=t) for t in (torch.int32, torch.float32, torch.int64))
-    want = np.clip(np.rint((exact * 2e-5).astype(np.float32) / np.float32(0.5)) + 3, 0, 255).astype(np.uint8)
+    case = QgemmCase(x, 0 if k % 64 == 0 else 13, w)  # zero point 0: the uint8 rows may be read in place
     for kernel in npu.info()["supported"]:
         for threads in (1, 2):
             acc = torch.empty(m * n, dtype=torch.int32)
-            q = npu_lib.qgemm(_owned(x), zx, bp, ws, n, mult, e32, ef, e64, e64, 0, 0.5, 3, 0, 255, 1,
-                              acc, threads, NAMES.index(kernel)).numpy()
-            assert np.array_equal(acc.numpy().reshape(m, n), exact), (kernel, threads)
-            assert np.array_equal(q.reshape(m, n), want), (kernel, threads)
+            q = case.run(npu_lib, _owned(x), kernel, threads, acc)
+            assert np.array_equal(acc.numpy().reshape(m, n), case.exact), (kernel, threads)
+            assert np.array_equal(q, case.want), (kernel, threads)
             # without acc_out the one-pass block requantizer reads the accumulators instead
-            q2 = npu_lib.qgemm(_owned(x), zx, bp, ws, n, mult, e32, ef, e64, e64, 0, 0.5, 3, 0, 255, 1,
-                               torch.empty(0, dtype=torch.int32), threads, NAMES.index(kernel)).numpy()
-            assert np.array_equal(q2.reshape(m, n), want), (kernel, threads, "no acc_out")
+            q2 = case.run(npu_lib, _owned(x), kernel, threads)
+            assert np.array_equal(q2, case.want), (kernel, threads, "no acc_out")

@@ -64,31 +64,22 @@ def test_qgemm_every_variant_exact(m, k, n, act, npu_lib):
     threads; s8 activations go through the u = code + 128 offset."""
     import torch
     import dal.npu as npu
-    from dal.npu import kernels
-    from dal.npu.dispatch import NAMES
+    from qgemm_case import QgemmCase
     rng = np.random.default_rng(m + k + n)
     dt = np.uint8 if act == "u8" else np.int8
     info = np.iinfo(dt)
     x = rng.integers(info.min, info.max + 1, (m, k)).astype(dt)
     x[0, :] = info.max  # extreme operands: 255 * -128 quads, nothing may saturate
-    zx = 121 if act == "u8" else -5
     w = rng.integers(-128, 128, (n, k))
     w[0, :] = -128
-    exact = (x.astype(np.int64) - zx) @ w.T
-    kpad = -(-k // 4) * 4
-    bp, ws = kernels.pack_panels_s8(np.pad(w, ((0, 0), (0, kpad - k))))
-    mult = kernels.pad_channels(np.full(n, 2e-5), n, np.float64)
-    e32, ef, e64 = (torch.empty(0, dtype=t) for t in (torch.int32, torch.float32, torch.int64))
+    case = QgemmCase(x, 121 if act == "u8" else -5, w)
     codes = {}
     for kernel in npu.info()["supported"]:
         for threads in (1, 3):
             acc = torch.empty(m * n, dtype=torch.int32)
-            q = npu_lib.qgemm(torch.from_numpy(x), zx, bp, ws, n, mult, e32, ef, e64, e64, 0, 0.5, 3, 0, 255, 1,
-                              acc, threads, NAMES.index(kernel)).numpy()
-            assert np.array_equal(acc.numpy().reshape(m, n), exact), (kernel, threads)
-            codes[kernel, threads] = q
+            codes[kernel, threads] = case.run(npu_lib, torch.from_numpy(x), kernel, threads, acc)
+            assert np.array_equal(acc.numpy().reshape(m, n), case.exact), (kernel, threads)
     ref = codes["portable", 1]
-    want = np.clip(np.rint((exact * 2e-5).astype(np.float32) / np.float32(0.5)) + 3, 0, 255)
-    assert np.array_equal(ref, want.astype(np.uint8))
+    assert np.array_equal(ref, case.want)
     for key, q in codes.items():
         assert np.array_equal(q, ref), key
