@@ -35,11 +35,6 @@ from .qformat import QFormat
 from .share import ShareStats, bump_versions, share_or_compute
 
 
-
-def _bump(*tensors: torch.Tensor) -> None:
-    """Autograd's version counter of each buffer the C++ step wrote in place."""
-    bump_versions(tensors)
-
 def _f32(t: torch.Tensor, n: int) -> bool:
     return t.dtype == torch.float32 and t.numel() == n and t.is_contiguous() and t.is_cpu
 
@@ -68,7 +63,7 @@ def track_qparams(lo: torch.Tensor, hi: torch.Tensor, min_val: torch.Tensor, max
                                k_hi.data_ptr())
     if not ok:
         return None
-    _bump(min_val, max_val, batches_seen, scale, zero_point)
+    bump_versions((min_val, max_val, batches_seen, scale, zero_point))  # written in place by the C++ step
     return s, k_lo, k_hi, kernel_mode(fmt)
 
 
@@ -112,7 +107,7 @@ def fold_track_forward(weight: torch.Tensor, f: torch.Tensor, min_val, max_val, 
                                     k_hi.data_ptr(), mode, bool(divide), torch.get_num_threads())
     if not ok:
         return None
-    _bump(min_val, max_val, batches_seen, scale, zero_point)
+    bump_versions((min_val, max_val, batches_seen, scale, zero_point))  # written in place by the C++ step
     return out, mask, (s, k_lo, k_hi, mode)
 
 
@@ -197,7 +192,7 @@ def _track_fq(x, min_val, max_val, batches_seen, ema, fmt, symmetric, qmin, qmax
                                   zero_point.data_ptr(), kernel_mode(fmt), torch.get_num_threads())
     if not ok:
         return None
-    _bump(min_val, max_val, batches_seen, scale, zero_point)
+    bump_versions((min_val, max_val, batches_seen, scale, zero_point))  # written in place by the C++ step
     return out, mask, 1, n
 
 
