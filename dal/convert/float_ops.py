@@ -10,7 +10,8 @@ reference implements instead (written once in export/SPEC.md), and which these f
 * Sigmoid (and SiLU, exported as ``x * Sigmoid(x)``): ``1 / (1 + exp(-x))`` in float64, rounded
   once to float32 (the Mul in float32); Tanh: float64, rounded once;
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
-* Resize linear (``F.interpolate`` bilinear): separable in float64, rounded once to float32;
+* Resize linear and cubic (``F.interpolate`` bilinear, bicubic): separable in float64, rounded
+  once to float32;
 * functional ``F.gelu``, ``F.softmax`` / ``torch.softmax`` / ``Tensor.softmax`` and
   ``F.layer_norm`` (not only their modules, which forms.py swaps): as their exported nodes, at the
   export's opset (lut.py ``gelu_onnx``, attention.py ``softmax_f32``, layernorm.py
@@ -103,15 +104,18 @@ def _hardswish(x, inplace=False):
     return None if h is None else x * h
 
 
-def _source_index(n_in: int, n_out: int, scale: float, align_corners: bool, device) -> torch.Tensor:
-    """ONNX Resize's source coordinate in float64, clamped to [0, n_in - 1] (the ``half_pixel`` /
-    ``align_corners`` modes torch exports), in dal.npu's operation order."""
+def _source_coord(n_in: int, n_out: int, scale: float, align_corners: bool, device) -> torch.Tensor:
+    """ONNX Resize's source coordinate in float64 (the ``half_pixel`` / ``align_corners`` modes
+    torch exports), in dal.npu's operation order."""
     o = torch.arange(n_out, dtype=torch.float64, device=device)
     if align_corners:
-        src = o * (n_in - 1) / (n_out - 1) if n_out > 1 else o * 0.0
-    else:
-        src = (o + 0.5) / scale - 0.5
-    return src.clamp(0, n_in - 1)
+        return o * (n_in - 1) / (n_out - 1) if n_out > 1 else o * 0.0
+    return (o + 0.5) / scale - 0.5
+
+
+def _source_index(n_in: int, n_out: int, scale: float, align_corners: bool, device) -> torch.Tensor:
+    """``_source_coord`` clamped to [0, n_in - 1], as linear Resize reads it."""
+    return _source_coord(n_in, n_out, scale, align_corners, device).clamp(0, n_in - 1)
 
 
 def linear_resize_f64(x: torch.Tensor, sizes: list, scales: list, align_corners: bool) -> torch.Tensor:
@@ -130,12 +134,40 @@ def linear_resize_f64(x: torch.Tensor, sizes: list, scales: list, align_corners:
     return out.float()
 
 
+#: torch's bicubic kernel constant, which its export writes as Resize's ``cubic_coeff_a``
+CUBIC_A = -0.75
+
+
+def cubic_resize_f64(x: torch.Tensor, sizes: list, scales: list, align_corners: bool) -> torch.Tensor:
+    """ONNX Resize ``cubic`` with ``cubic_coeff_a = -0.75`` and ``exclude_outside = 0`` (torch's
+    bicubic export) as dal.npu computes it (export/SPEC.md §5a): per axis in float64, the taps
+    ``floor(src) - 1 .. floor(src) + 2`` (clamped to the edge) weighted by the Keys kernel at
+    distances ``1 + t, t, 1 - t, 2 - t``, summed left to right; the result rounded once to float32."""
+    out, A = x.double(), CUBIC_A
+    offsets = torch.tensor([1.0, 0.0, -1.0, -2.0], dtype=torch.float64, device=x.device)
+    for ax in range(2, x.ndim):
+        n_in, n_out = out.shape[ax], sizes[ax - 2]
+        if n_out == n_in and scales[ax - 2] == 1:
+            continue
+        src = _source_coord(n_in, n_out, scales[ax - 2], align_corners, x.device)  # not clamped
+        base = torch.floor(src)
+        d = (offsets + (src - base)[:, None]).abs()
+        w = torch.where(d <= 1, ((A + 2) * d - (A + 3)) * d * d + 1, ((A * d - 5 * A) * d + 8 * A) * d - 4 * A)
+        taps = (base.long()[:, None] + torch.arange(-1, 3, device=x.device)).clamp(0, n_in - 1)
+        shape = [-1 if i == ax else 1 for i in range(x.ndim)]
+        y = out.index_select(ax, taps[:, 0]) * w[:, 0].reshape(shape)
+        for k in range(1, 4):
+            y = y + out.index_select(ax, taps[:, k]) * w[:, k].reshape(shape)
+        out = y
+    return out.float()
+
+
 def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                  recompute_scale_factor=None, antialias=False):
-    """F.interpolate's (bi)linear modes as the exported Resize computes them: ``size`` gives
-    ``sizes`` (scale = out / in in float64); ``scale_factor`` gives float32 ``scales`` and
+    """F.interpolate's (bi)linear and bicubic modes as the exported Resize computes them: ``size``
+    gives ``sizes`` (scale = out / in in float64); ``scale_factor`` gives float32 ``scales`` and
     ``floor(in * scale)`` outputs, unless ``recompute_scale_factor`` makes them sizes."""
-    if mode not in ("linear", "bilinear", "trilinear") or input.dtype != torch.float32 or antialias:
+    if mode not in ("linear", "bilinear", "trilinear", "bicubic") or input.dtype != torch.float32 or antialias:
         return None
     spatial = list(input.shape[2:])
     n = len(spatial)
@@ -150,7 +182,8 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
             scales = [o / i for o, i in zip(sizes, spatial)]
     else:
         return None
-    return linear_resize_f64(input, sizes, scales, bool(align_corners))
+    resize = cubic_resize_f64 if mode == "bicubic" else linear_resize_f64
+    return resize(input, sizes, scales, bool(align_corners))
 
 
 _IMPL = {

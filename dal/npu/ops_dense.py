@@ -1,4 +1,4 @@
-"""Float normalisations and linear Resize, node by node, with ONNX semantics in numpy.
+"""Float normalisations and linear / cubic Resize, node by node, with ONNX semantics in numpy.
 
 What detectors and segmenters export besides convolutions: an unfolded ``BatchNormalization``
 (a stem BN whose conv is not its only producer), ``InstanceNormalization`` (torch exports
@@ -14,6 +14,13 @@ Resize ``linear`` on any axes (bilinear on H, W), every ``coordinate_transformat
 torch exports: ``half_pixel`` (align_corners=False, opset >= 11 export), ``pytorch_half_pixel``,
 ``align_corners`` (align_corners=True) and ``asymmetric``; the source coordinate is clamped to
 ``[0, n_in - 1]`` as the ONNX reference does. ``nearest`` stays with ops_nn's kernel.
+
+Resize ``cubic`` (bicubic on H, W: ``F.interpolate(mode="bicubic")``), the same coordinate modes,
+separable like linear: each output takes the four inputs ``floor(src) - 1 .. floor(src) + 2``
+with the Keys kernel of ``cubic_coeff_a`` (default -0.75, torch's) at distances ``1 + t, t,
+1 - t, 2 - t`` (``t = src - floor(src)``). The source coordinate is not clamped; taps beyond
+the edge read the edge value (the ONNX reference pads by repeating it), or with
+``exclude_outside=1`` get weight 0 and the others are renormalised to sum to 1.
 """
 from __future__ import annotations
 
@@ -137,6 +144,33 @@ def _linear_axis(x: np.ndarray, ax: int, n_out: int, scale: float, ctm: str, nod
     return np.take(x, lo, axis=ax) * (1.0 - w) + np.take(x, hi, axis=ax) * w
 
 
+def _keys(d: np.ndarray, A: float) -> np.ndarray:
+    """The cubic convolution kernel (Keys 1981) at distances ``d`` in [0, 2]: ONNX Resize's cubic
+    coefficients, ``(A+2)d^3 - (A+3)d^2 + 1`` for d <= 1, ``A d^3 - 5A d^2 + 8A d - 4A`` beyond."""
+    near = ((A + 2) * d - (A + 3)) * d * d + 1
+    far = ((A * d - 5 * A) * d + 8 * A) * d - 4 * A
+    return np.where(d <= 1, near, far)
+
+
+def _cubic_axis(x: np.ndarray, ax: int, n_out: int, scale: float, ctm: str, A: float, exclude: bool,
+                node) -> np.ndarray:
+    n_in = x.shape[ax]
+    src = _source(np.arange(n_out, dtype=np.float64), n_in, n_out, scale, ctm, node)  # not clamped (module doc)
+    base = np.floor(src)
+    t = (src - base)[:, None]
+    taps = base.astype(np.int64)[:, None] + np.arange(-1, 3)
+    w = _keys(np.abs(np.array([1.0, 0.0, -1.0, -2.0]) + t), A)
+    if exclude:
+        w = np.where((taps < 0) | (taps >= n_in), 0.0, w)
+        w = w / w.sum(axis=1, keepdims=True)
+    taps = np.clip(taps, 0, n_in - 1)
+    shape = [-1 if i == ax else 1 for i in range(x.ndim)]
+    out = np.take(x, taps[:, 0], axis=ax) * w[:, 0].reshape(shape)
+    for k in range(1, 4):
+        out = out + np.take(x, taps[:, k], axis=ax) * w[:, k].reshape(shape)
+    return out
+
+
 def _sizes_scales(ctx, ins, x) -> tuple[list[int], list[float]]:
     scales = ins[2] if len(ins) > 2 and ins[2] is not None and ins[2].size else None
     sizes = ins[3] if len(ins) > 3 and ins[3] is not None and ins[3].size else None
@@ -151,26 +185,28 @@ def _sizes_scales(ctx, ins, x) -> tuple[list[int], list[float]]:
 
 @op("Resize")
 def _resize(ctx, ins, a):
-    """Linear (separable, float64, rounded once); nearest is ops_nn's kernel."""
+    """Linear and cubic (separable, float64, rounded once); nearest is ops_nn's kernel."""
     x = ins[0]
     mode = _text(a.get("mode"), "nearest")
     if mode == "nearest" and _NEAREST is not None:
         return _NEAREST(ctx, ins, a)
-    if mode != "linear":
-        raise UnsupportedNode(ctx.node, [x.dtype], f"Resize mode {mode!r} (nearest and linear only)")
+    if mode not in ("linear", "cubic"):
+        raise UnsupportedNode(ctx.node, [x.dtype], f"Resize mode {mode!r} (nearest, linear and cubic only)")
     if ctx.opset < 11:
-        raise UnsupportedNode(ctx.node, [x.dtype], "linear Resize before opset 11")
+        raise UnsupportedNode(ctx.node, [x.dtype], f"{mode} Resize before opset 11")
     if not is_float(x):
-        raise UnsupportedNode(ctx.node, [x.dtype], "linear Resize expects a float tensor")
+        raise UnsupportedNode(ctx.node, [x.dtype], f"{mode} Resize expects a float tensor")
     if a.get("antialias", 0):
         raise UnsupportedNode(ctx.node, [x.dtype], "Resize antialias=1")
     ctm = _text(a.get("coordinate_transformation_mode"), "half_pixel")
     sizes, scales = _sizes_scales(ctx, ins, x)
     if len(sizes) != x.ndim or min(sizes) < 0 or np.prod(sizes) > 1 << 31:
         raise NPUError(f"node {ctx.node.name!r}: bad Resize output size {sizes}")
+    A, exclude = float(a.get("cubic_coeff_a", -0.75)), bool(a.get("exclude_outside", 0))
     out = as_compute_type(x).astype(np.float64)
     for ax, (n_out, sc) in enumerate(zip(sizes, scales)):
         if n_out == x.shape[ax] and sc == 1:
             continue
-        out = _linear_axis(out, ax, n_out, sc, ctm, ctx.node)
+        out = _linear_axis(out, ax, n_out, sc, ctm, ctx.node) if mode == "linear" else \
+            _cubic_axis(out, ax, n_out, sc, ctm, A, exclude, ctx.node)
     return [out.astype(x.dtype)]

@@ -7,7 +7,7 @@ than ``M_TRIM_THRESHOLD`` of it is free, and by default that threshold follows t
 block freed so far (twice it, at most 64 MiB). The QAT heap's top swings by more than that
 within a step, so glibc gives ~40 MB back after the backward and the next forward takes it again
 page by page: 12-16 thousand minor page faults per SSDlite step (16-48 ms of system time on a
-250 ms float step), against none for the float model, whose heap settles.
+250 ms float step), against 0-3 thousand for the float model, whose heap mostly settles.
 
 :func:`retain_freed_memory` sets both of glibc's thresholds once for the process, as
 ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment would:

@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
@@ -307,6 +308,51 @@ def test_bilinear_resize_float_island_is_bit_exact(tmp_path):
     for size, corners in (((37, 41), False), ((20, 20), True), ((14, 18), False)):
         ours = linear_resize_f64(y, list(size), [o / i for o, i in zip(size, y.shape[2:])], corners)
         oracle = torch.nn.functional.interpolate(y.double(), size=size, mode="bilinear", align_corners=corners)
+        assert (ours.double() - oracle).abs().max() <= 2.0 ** -23 * oracle.abs().max() * 2
+
+
+class _BicubicUpsampler(torch.nn.Module):
+    """Bicubic Resize between quantizers and at the float outputs (half_pixel and align_corners):
+    generic_int8 lists ``bicubic`` among its resize modes."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.b = torch.nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.b(torch.nn.functional.interpolate(torch.relu(self.a(x)), scale_factor=2.0, mode="bicubic"))
+        return (torch.nn.functional.interpolate(y, size=(37, 41), mode="bicubic", align_corners=False),
+                torch.nn.functional.interpolate(y, size=(20, 20), mode="bicubic", align_corners=True))
+
+
+def test_bicubic_resize_is_bit_exact_and_within_1_lsb_of_onnxruntime(tmp_path):
+    """dal.convert's float64 cubic Resize equals dal.npu's on every element, inside the network
+    and at its float outputs; dal.npu is within 1 LSB of onnxruntime layer by layer; and the
+    kernel is within float32 rounding of torch's own bicubic on float64 inputs."""
+    from dal.convert.float_ops import cubic_resize_f64
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 24, 24)
+    q = dal.prepare_qat(_BicubicUpsampler(), recipe="int8_balanced", hardware="generic_int8", example_inputs=(x,))
+    dal.calibrate(q, [torch.randn(2, 3, 24, 24) for _ in range(3)], progress=False)
+    dal.prepare.set_quantizer_state(q, "frozen")
+    q.eval()
+    path = tmp_path / "bicubic.onnx"
+    dal.export_onnx(q, (x,), path)
+    modes = {onnx.helper.get_attribute_value(a) for n in onnx.load(path).graph.node if n.op_type == "Resize"
+             for a in n.attribute if a.name == "mode"}
+    assert modes == {b"cubic"}, modes
+    for seed in range(2):
+        torch.manual_seed(seed)
+        report = dal.verify(path, q, (torch.randn(2, 3, 24, 24),))
+        assert report.integer.identical, report.integer
+        differ, total, worst = report.layer_by_layer()
+        assert total and worst <= 1 and report.verdict(), report.verdict_line()
+    y = torch.randn(1, 2, 7, 9)
+    for size, corners in (((37, 41), False), ((20, 20), True), ((14, 18), False)):
+        ours = cubic_resize_f64(y, list(size), [o / i for o, i in zip(size, y.shape[2:])], corners)
+        oracle = torch.nn.functional.interpolate(y.double(), size=size, mode="bicubic", align_corners=corners)
         assert (ours.double() - oracle).abs().max() <= 2.0 ** -23 * oracle.abs().max() * 2
 
 
