@@ -271,88 +271,54 @@ def test_fp16_add_of_two_fp16_activations_bit_exact(tmp_path):
 
 
 class _Upsampler(torch.nn.Module):
-    """Bilinear Resize inside the network (by a scale factor, between quantizers) and at its
-    float outputs (by size, half_pixel and align_corners), as the segmenters export it."""
+    """Bilinear or bicubic Resize inside the network (by a scale factor, between quantizers) and
+    at its float outputs (by size, half_pixel and align_corners), as the segmenters export it."""
 
-    def __init__(self):
+    def __init__(self, mode: str):
         super().__init__()
+        self.mode = mode
         self.a = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
         self.b = torch.nn.Conv2d(8, 4, 3, padding=1)
 
     def forward(self, x):
-        y = torch.nn.functional.interpolate(torch.relu(self.a(x)), scale_factor=2.0, mode="bilinear")
-        y = self.b(y)
-        return (torch.nn.functional.interpolate(y, size=(37, 41), mode="bilinear", align_corners=False),
-                torch.nn.functional.interpolate(y, size=(20, 20), mode="bilinear", align_corners=True))
+        up = torch.nn.functional.interpolate
+        y = self.b(up(torch.relu(self.a(x)), scale_factor=2.0, mode=self.mode))
+        return (up(y, size=(37, 41), mode=self.mode, align_corners=False),
+                up(y, size=(20, 20), mode=self.mode, align_corners=True))
 
 
-def test_bilinear_resize_float_island_is_bit_exact(tmp_path):
-    """The float Resize after the last quantizer: dal.convert's float64 separable form equals
-    dal.npu's on every output element (torch's float32 kernel differed on most of them), and it
-    is within float32 rounding of a float64 oracle, torch's own interpolate on float64 inputs."""
-    from dal.convert.float_ops import linear_resize_f64
+# bilinear on the a2000; bicubic on generic_int8, the bundled model that lists it
+@pytest.mark.parametrize("mode,onnx_mode,hardware", [("bilinear", b"linear", "a2000"),
+                                                     ("bicubic", b"cubic", "generic_int8")])
+def test_resize_float_island_is_bit_exact(tmp_path, mode, onnx_mode, hardware):
+    """The float Resize between quantizers and after the last one: dal.convert's float64
+    separable form equals dal.npu's on every element (torch's float32 kernel differed on most
+    of them); dal.npu is within 1 LSB of onnxruntime layer by layer; and the float64 form is
+    within float32 rounding of a float64 oracle, torch's own interpolate on float64 inputs."""
+    from dal.convert.float_ops import cubic_resize_f64, linear_resize_f64
 
     torch.manual_seed(0)
     x = torch.randn(2, 3, 24, 24)
-    q = dal.prepare_qat(_Upsampler(), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    q = dal.prepare_qat(_Upsampler(mode), recipe="int8_balanced", hardware=hardware, example_inputs=(x,))
     dal.calibrate(q, [torch.randn(2, 3, 24, 24) for _ in range(3)], progress=False)
     dal.prepare.set_quantizer_state(q, "frozen")
     q.eval()
     path = tmp_path / "up.onnx"
     dal.export_onnx(q, (x,), path)
-    for seed in range(2):
-        torch.manual_seed(seed)
-        report = dal.verify(path, q, (torch.randn(2, 3, 24, 24),), onnxruntime=False)
-        assert report.integer.identical, report.integer
-    y = torch.randn(1, 2, 7, 9)
-    for size, corners in (((37, 41), False), ((20, 20), True), ((14, 18), False)):
-        ours = linear_resize_f64(y, list(size), [o / i for o, i in zip(size, y.shape[2:])], corners)
-        oracle = torch.nn.functional.interpolate(y.double(), size=size, mode="bilinear", align_corners=corners)
-        assert (ours.double() - oracle).abs().max() <= 2.0 ** -23 * oracle.abs().max() * 2
-
-
-class _BicubicUpsampler(torch.nn.Module):
-    """Bicubic Resize between quantizers and at the float outputs (half_pixel and align_corners):
-    generic_int8 lists ``bicubic`` among its resize modes."""
-
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1)
-        self.b = torch.nn.Conv2d(8, 4, 3, padding=1)
-
-    def forward(self, x):
-        y = self.b(torch.nn.functional.interpolate(torch.relu(self.a(x)), scale_factor=2.0, mode="bicubic"))
-        return (torch.nn.functional.interpolate(y, size=(37, 41), mode="bicubic", align_corners=False),
-                torch.nn.functional.interpolate(y, size=(20, 20), mode="bicubic", align_corners=True))
-
-
-def test_bicubic_resize_is_bit_exact_and_within_1_lsb_of_onnxruntime(tmp_path):
-    """dal.convert's float64 cubic Resize equals dal.npu's on every element, inside the network
-    and at its float outputs; dal.npu is within 1 LSB of onnxruntime layer by layer; and the
-    kernel is within float32 rounding of torch's own bicubic on float64 inputs."""
-    from dal.convert.float_ops import cubic_resize_f64
-
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 24, 24)
-    q = dal.prepare_qat(_BicubicUpsampler(), recipe="int8_balanced", hardware="generic_int8", example_inputs=(x,))
-    dal.calibrate(q, [torch.randn(2, 3, 24, 24) for _ in range(3)], progress=False)
-    dal.prepare.set_quantizer_state(q, "frozen")
-    q.eval()
-    path = tmp_path / "bicubic.onnx"
-    dal.export_onnx(q, (x,), path)
     modes = {onnx.helper.get_attribute_value(a) for n in onnx.load(path).graph.node if n.op_type == "Resize"
              for a in n.attribute if a.name == "mode"}
-    assert modes == {b"cubic"}, modes
+    assert modes == {onnx_mode}, modes
     for seed in range(2):
         torch.manual_seed(seed)
         report = dal.verify(path, q, (torch.randn(2, 3, 24, 24),))
         assert report.integer.identical, report.integer
         differ, total, worst = report.layer_by_layer()
         assert total and worst <= 1 and report.verdict(), report.verdict_line()
+    resize = linear_resize_f64 if mode == "bilinear" else cubic_resize_f64
     y = torch.randn(1, 2, 7, 9)
     for size, corners in (((37, 41), False), ((20, 20), True), ((14, 18), False)):
-        ours = cubic_resize_f64(y, list(size), [o / i for o, i in zip(size, y.shape[2:])], corners)
-        oracle = torch.nn.functional.interpolate(y.double(), size=size, mode="bicubic", align_corners=corners)
+        ours = resize(y, list(size), [o / i for o, i in zip(size, y.shape[2:])], corners)
+        oracle = torch.nn.functional.interpolate(y.double(), size=size, mode=mode, align_corners=corners)
         assert (ours.double() - oracle).abs().max() <= 2.0 ** -23 * oracle.abs().max() * 2
 
 

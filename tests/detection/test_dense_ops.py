@@ -65,61 +65,39 @@ def test_instancenormalization_matches_onnxruntime(dtype):
         _close(mine, ort)
 
 
+# linear; cubic with torch's kernel constant, and with another one and the taps outside excluded
+RESIZE_MODES = [("linear", {}), ("cubic", {"cubic_coeff_a": -0.75}),
+                ("cubic", {"cubic_coeff_a": -0.5, "exclude_outside": 1})]
+
+
 @pytest.mark.parametrize("ctm", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
 @pytest.mark.parametrize("shape_out", [(12, 14), (3, 5), (1, 9)])
-def test_linear_resize_every_coordinate_mode_matches_onnxruntime(ctm, shape_out):
+@pytest.mark.parametrize("mode,attrs", RESIZE_MODES)
+def test_resize_every_coordinate_mode_matches_onnxruntime(ctm, shape_out, mode, attrs):
     x = RNG.normal(size=(1, 2, 6, 7)).astype(np.float32)
     sizes = np.array([1, 2, *shape_out], dtype=np.int64)
-    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear", coordinate_transformation_mode=ctm)
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode=mode, coordinate_transformation_mode=ctm,
+                            **attrs)
     model = _graph(node, [("x", x.shape)], {"sizes": sizes}, [1, 2, *shape_out], opset=13)
     _close(_npu(model, {"x": x}), run_ort(model, {"x": x})[0])
 
 
 @pytest.mark.parametrize("align_corners", [False, True])
 @pytest.mark.parametrize("how", [{"scale_factor": 2.0}, {"size": (13, 9)}])
-def test_torch_exported_bilinear_matches_onnxruntime_and_torch(align_corners, how):
+@pytest.mark.parametrize("mode,onnx_mode", [("bilinear", b"linear"), ("bicubic", b"cubic")])
+def test_torch_exported_resize_matches_onnxruntime_and_torch(align_corners, how, mode, onnx_mode):
     class Up(torch.nn.Module):
         def forward(self, x):
-            return F.interpolate(x, mode="bilinear", align_corners=align_corners, **how)
+            return F.interpolate(x, mode=mode, align_corners=align_corners, **how)
 
     x = torch.randn(1, 3, 6, 5, generator=torch.Generator().manual_seed(1))
     buf = io.BytesIO()
     torch.onnx.export(Up(), (x,), buf, dynamo=False, opset_version=17, input_names=["x"])
     model = onnx.load_from_string(buf.getvalue())
     resize = next(n for n in model.graph.node if n.op_type == "Resize")
-    assert helper.get_attribute_value(next(a for a in resize.attribute if a.name == "mode")) == b"linear"
+    assert helper.get_attribute_value(next(a for a in resize.attribute if a.name == "mode")) == onnx_mode
     mine = _npu(model, {"x": x.numpy()})
     _close(mine, run_ort(model, {"x": x.numpy()})[0])
-    torch64 = F.interpolate(x.double(), mode="bilinear", align_corners=align_corners, **how).numpy()
+    torch64 = F.interpolate(x.double(), mode=mode, align_corners=align_corners, **how).numpy()
     np.testing.assert_allclose(mine, torch64.astype(np.float32), rtol=0, atol=1e-6)
 
-
-@pytest.mark.parametrize("ctm", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
-@pytest.mark.parametrize("shape_out", [(12, 14), (3, 5), (1, 9)])
-@pytest.mark.parametrize("coeff_a,exclude_outside", [(-0.75, 0), (-0.5, 1)])
-def test_cubic_resize_every_coordinate_mode_matches_onnxruntime(ctm, shape_out, coeff_a, exclude_outside):
-    x = RNG.normal(size=(1, 2, 6, 7)).astype(np.float32)
-    sizes = np.array([1, 2, *shape_out], dtype=np.int64)
-    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="cubic", coordinate_transformation_mode=ctm,
-                            cubic_coeff_a=coeff_a, exclude_outside=exclude_outside)
-    model = _graph(node, [("x", x.shape)], {"sizes": sizes}, [1, 2, *shape_out], opset=13)
-    _close(_npu(model, {"x": x}), run_ort(model, {"x": x})[0])
-
-
-@pytest.mark.parametrize("align_corners", [False, True])
-@pytest.mark.parametrize("how", [{"scale_factor": 2.0}, {"size": (13, 9)}])
-def test_torch_exported_bicubic_matches_onnxruntime_and_torch(align_corners, how):
-    class Up(torch.nn.Module):
-        def forward(self, x):
-            return F.interpolate(x, mode="bicubic", align_corners=align_corners, **how)
-
-    x = torch.randn(1, 3, 6, 5, generator=torch.Generator().manual_seed(2))
-    buf = io.BytesIO()
-    torch.onnx.export(Up(), (x,), buf, dynamo=False, opset_version=17, input_names=["x"])
-    model = onnx.load_from_string(buf.getvalue())
-    resize = next(n for n in model.graph.node if n.op_type == "Resize")
-    assert helper.get_attribute_value(next(a for a in resize.attribute if a.name == "mode")) == b"cubic"
-    mine = _npu(model, {"x": x.numpy()})
-    _close(mine, run_ort(model, {"x": x.numpy()})[0])
-    torch64 = F.interpolate(x.double(), mode="bicubic", align_corners=align_corners, **how).numpy()
-    np.testing.assert_allclose(mine, torch64.astype(np.float32), rtol=0, atol=1e-6 * float(np.abs(torch64).max()))
