@@ -36,6 +36,7 @@ from torch import nn
 from .adopt import adopt, release
 from .base import QATModule
 from .channel_divide import channel_divide
+from .own_forward import folds_as_batchnorm
 
 
 _IN_PLACE = {"relu": F.relu_, "relu6": lambda y: F.hardtanh_(y, 0.0, 6.0)}
@@ -48,9 +49,9 @@ class QConvBn2d(QATModule, nn.Conv2d):
 
     @classmethod
     def from_float(cls, conv: nn.Conv2d, bn: nn.BatchNorm2d, spec=None, name: str = "", activation="default"):
-        if type(conv) is not nn.Conv2d or not isinstance(bn, nn.BatchNorm2d):
-            raise TypeError(f"{cls.__name__} fuses nn.Conv2d + nn.BatchNorm2d, got {type(conv).__name__} + "
-                            f"{type(bn).__name__} at {name or '<unnamed>'}")
+        if type(conv) is not nn.Conv2d or not folds_as_batchnorm(bn):
+            raise TypeError(f"{cls.__name__} fuses nn.Conv2d + nn.BatchNorm2d (torch's forward), got "
+                            f"{type(conv).__name__} + {type(bn).__name__} at {name or '<unnamed>'}")
         if bn.num_features != conv.out_channels:
             raise ValueError(f"{name}: BatchNorm2d has {bn.num_features} features but the conv has "
                              f"{conv.out_channels} output channels")
@@ -71,6 +72,16 @@ class QConvBn2d(QATModule, nn.Conv2d):
         std = torch.sqrt(self.bn.running_var + self.bn.eps)
         gamma = self.bn.weight if self.bn.affine else torch.ones_like(std)
         return gamma / std
+
+    def _training_fold_factor(self) -> torch.Tensor:
+        """``_fold_factor()`` with 1 where it is 0. A channel with gamma = 0 (timm's and
+        torchvision's zero-init of a residual block's last BN) has f = 0, and training's
+        ``fq_w(W * f) / f`` would be 0 / 0 = NaN in the forward and every gradient. Its BN output
+        is beta whatever the conv computes, so the conv may take f = 1 there: ``fq_w(W) / 1``,
+        finite, and gamma's gradient from BN is the float model's. Eval and export keep f = 0
+        (the folded weight is 0 and the bias beta, which is exact). Other channels: the same bits."""
+        f = self._fold_factor()
+        return torch.where(f != 0, f, 1.0)
 
     def folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W * f, beta + (b - mean) * f) in float: what the exporter and hardware see before quantization."""
@@ -95,7 +106,7 @@ class QConvBn2d(QATModule, nn.Conv2d):
         if self.input_quant is not None:
             x = self.input_quant(x)
         if self.training and not bool(self.bn_frozen):
-            f = self._fold_factor()
+            f = self._training_fold_factor()
             # The weight quantizer must see the folded weight W * f (the grid the hardware uses);
             # the 1/f that undoes the folding goes where it costs less (module doc).
             if self._divide_output(x):

@@ -49,6 +49,13 @@ def needs_tracing(mod: nn.Module) -> bool:
     return not module.startswith(("torch.nn.modules", "dal.nn", "dal.quantizer", "dal.observers"))
 
 
+def folds_as_batchnorm(m) -> bool:
+    """A BatchNorm2d whose forward is torch's: a subclass with a forward of its own (timm's
+    BatchNormAct2d has its activation inside) would lose that part if folded into a conv, so it
+    is planned as the module it is (listed, with the hardware's verdict), never folded."""
+    return isinstance(m, nn.BatchNorm2d) and type(m).forward is nn.BatchNorm2d.forward
+
+
 @dataclass
 class ConvBnPattern:
     conv: str          # attribute path of the conv inside the traced module
@@ -78,7 +85,7 @@ def find_conv_bn(graph: fx.Graph, mod: nn.Module) -> list[ConvBnPattern]:
         if n.op != "call_module" or type(modules.get(n.target)) is not nn.Conv2d or len(n.users) != 1:
             continue
         user = next(iter(n.users))
-        if user.op != "call_module" or not isinstance(modules.get(user.target), nn.BatchNorm2d):
+        if user.op != "call_module" or not folds_as_batchnorm(modules.get(user.target)):
             continue
         if user.args[0] is not n or calls[n.target] != 1 or calls[user.target] != 1:
             continue

@@ -145,3 +145,41 @@ def test_route_choice_follows_tensor_sizes():
     assert not early._divide_output(torch.empty(8, 64, 56, 56))
     assert late._divide_output(torch.empty(8, 512, 7, 7))
     assert late._divide_output(torch.empty(512, 7, 7))  # unbatched input
+
+
+@pytest.mark.parametrize("route", ["weight", "output"])
+def test_zero_gamma_channels_train_finite_and_export_beta(route):
+    """gamma = 0 on some channels (the zero-init of a residual block's last BN, timm's and
+    torchvision's ``zero_init_residual``): f = gamma / std = 0 there, and ``fq(W f) / f`` was
+    0 / 0. The step must stay finite, those channels' output is exactly beta (BN with gamma 0),
+    gamma gets the float model's gradient sum(g * x_hat) there (float64 oracle: BN on the conv
+    of the unfolded weight), and eval folds them to weight 0, bias beta."""
+    q = _make(None, False, 0.1, 1, seed=3)
+    q._divide_output = lambda x: route == "output"
+    with torch.no_grad():
+        q.bn.weight[[1, 4]] = 0.0
+    set_quantizer_state(q, "observe")
+    with torch.no_grad():
+        q(torch.randn(4, 4, 8, 8))
+    set_quantizer_state(q, "quantize")
+    x = torch.randn(4, 4, 8, 8, requires_grad=True)
+    out = q(x)
+    g = torch.randn_like(out)
+    out.backward(g)
+    for name, t in (("output", out), ("grad x", x.grad), ("grad W", q.weight.grad), ("grad gamma", q.bn.weight.grad),
+                    ("grad beta", q.bn.bias.grad)):
+        assert torch.isfinite(t).all(), f"{name} is not finite"
+    beta = q.bn.bias.detach()
+    for c in (1, 4):
+        assert torch.equal(out[:, c], torch.full_like(out[:, c], float(beta[c])))
+        assert float(q.weight.grad[c].abs().max()) == 0.0  # gamma 0: the channel's conv has no effect
+    # gamma's gradient on a zero channel: sum(g * x_hat), x_hat the batch-normalised conv output
+    # of the per-channel fake-quantized weight (f = 1 there), in float64.
+    wq = fake_quantize(q.weight.detach(), "int8", q.weight_quant.scale.detach(), None, per_channel(0))
+    z = F.conv2d(x.detach().double(), wq.double(), None, q.stride, q.padding)
+    xhat = (z - z.mean((0, 2, 3), keepdim=True)) / torch.sqrt(z.var((0, 2, 3), unbiased=False, keepdim=True) + q.bn.eps)
+    want = (g.double() * xhat).sum((0, 2, 3))
+    for c in (1, 4):
+        _assert_close(q.bn.weight.grad[c:c + 1], want[c:c + 1], f"grad gamma[{c}]", rel=1e-4)
+    w, b = (t.detach() for t in q.folded_weight_and_bias())
+    assert float(w[[1, 4]].abs().max()) == 0.0 and torch.equal(b[[1, 4]], beta[[1, 4]])

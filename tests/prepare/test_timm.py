@@ -1,0 +1,75 @@
+"""timm models (random weights, no download) through the whole flow: prepare, a QAT step,
+export, verify on the a2000.
+
+timm builds its networks from parts torchvision does not use: a zero-initialised last BN in each
+residual block (gamma = 0, which made QConvBn2d's training step 0 / 0 = NaN), LayerNorm2d + GELU
+(ConvNeXt), RepVGG's parallel branches, and ``BatchNormAct2d`` (a BatchNorm2d subclass with its
+activation inside, which prepare used to fold into the conv before it, dropping the activation,
+and then failed on with an AttributeError). Each model must train finite and verify:
+dal.convert == dal.npu on every element, <= 1 LSB layer by layer against onnxruntime.
+"""
+import pytest
+import torch
+
+import dal
+from dal.prepare import set_quantizer_state
+
+timm = pytest.importorskip("timm")  # a dev dependency (pyproject): present wherever make test runs
+
+MODELS = ["resnet18", "convnext_atto", "repvgg_a0"]
+
+
+def _float_model(name: str) -> torch.nn.Module:
+    """``name`` from seed 0 with its BatchNorm statistics set from one random batch (cumulative),
+    so that eval-mode activations are not the ~0 of random-init statistics."""
+    torch.manual_seed(0)
+    m = timm.create_model(name, pretrained=False, num_classes=10)
+    norms = [b for b in m.modules() if isinstance(b, torch.nn.modules.batchnorm._BatchNorm)]
+    for b in norms:
+        b.reset_running_stats()
+        b.momentum = None
+    with torch.no_grad():
+        m.train()(torch.randn(8, 3, 64, 64))
+    for b in norms:
+        b.momentum = 0.1
+    return m.eval()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_timm_model_trains_exports_and_verifies(name, tmp_path):
+    m = _float_model(name)
+    x = torch.randn(2, 3, 64, 64)
+    q = dal.prepare_qat(m, recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    dal.calibrate(q, [torch.randn(4, 3, 64, 64) for _ in range(2)], progress=False)
+    q.train()
+    opt = torch.optim.SGD(q.parameters(), lr=1e-3)
+    loss = torch.nn.functional.cross_entropy(q(torch.randn(4, 3, 64, 64)), torch.randint(0, 10, (4,)))
+    loss.backward()
+    opt.step()
+    assert all(torch.isfinite(p).all() for p in q.parameters()), "a parameter is not finite after one step"
+    set_quantizer_state(q, "frozen")
+    q.eval()
+    path = tmp_path / f"{name}.onnx"
+    dal.export_onnx(q, (x,), path)
+    report = dal.verify(path, q, (x,))
+    differ, total, worst = report.layer_by_layer()
+    assert report.integer.identical, report.integer
+    assert total and worst <= 1 and report.verdict(), report.verdict_line()
+
+
+def test_batchnorm_with_its_activation_inside_is_not_folded():
+    """EfficientNet's BatchNormAct2d (BN + SiLU in one module) stays whole: the prepared model
+    with every quantizer off is the float model, and the report lists each one as a float
+    module the a2000 cannot run, with what to do, instead of folding it and losing the SiLU."""
+    m = _float_model("efficientnet_b0")
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        want = m(x)
+    q = dal.prepare_qat(m, recipe="int8_balanced", hardware="a2000", example_inputs=(x,), inplace=False)
+    set_quantizer_state(q, "off")
+    with torch.no_grad():
+        assert torch.equal(q(x), want)
+    rows = [r for r in dal.prepared(q).report.rows if r.type_name == "BatchNormAct2d"]
+    n = sum(type(mod).__name__ == "BatchNormAct2d" for mod in m.modules())
+    assert n and len(rows) == n
+    assert all(r.status == "float" and "a2000 cannot run a float BatchNormAct2d" in r.detail for r in rows)
