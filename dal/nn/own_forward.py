@@ -14,6 +14,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from .norm_act import is_norm_act
+
 RELU_FUNCTIONS = {F.relu, torch.relu}
 
 
@@ -50,9 +52,9 @@ def needs_tracing(mod: nn.Module) -> bool:
 
 
 def folds_as_batchnorm(m) -> bool:
-    """A BatchNorm2d whose forward is torch's: a subclass with a forward of its own (timm's
-    BatchNormAct2d has its activation inside) would lose that part if folded into a conv, so it
-    is planned as the module it is (listed, with the hardware's verdict), never folded."""
+    """A BatchNorm2d whose forward is torch's: a subclass with a forward of its own would lose
+    that part if folded into a conv, so it is planned as the module it is (listed, with the
+    hardware's verdict), never folded; timm's BatchNormAct2d folds its BN only (norm_act.py)."""
     return isinstance(m, nn.BatchNorm2d) and type(m).forward is nn.BatchNorm2d.forward
 
 
@@ -62,6 +64,7 @@ class ConvBnPattern:
     bn: str
     relu_node: Optional[fx.Node]
     nodes: tuple = field(default=())
+    act_inside: bool = False  # the BN is timm's BatchNormAct2d: its activation stays (norm_act.py)
 
 
 def _is_relu(node: fx.Node, modules: dict) -> bool:
@@ -85,14 +88,16 @@ def find_conv_bn(graph: fx.Graph, mod: nn.Module) -> list[ConvBnPattern]:
         if n.op != "call_module" or type(modules.get(n.target)) is not nn.Conv2d or len(n.users) != 1:
             continue
         user = next(iter(n.users))
-        if user.op != "call_module" or not folds_as_batchnorm(modules.get(user.target)):
+        bn = modules.get(user.target) if user.op == "call_module" else None
+        act_inside = is_norm_act(bn)
+        if not (folds_as_batchnorm(bn) or act_inside):
             continue
         if user.args[0] is not n or calls[n.target] != 1 or calls[user.target] != 1:
             continue
         relu = None
-        if len(user.users) == 1:
+        if len(user.users) == 1 and not act_inside:
             nxt = next(iter(user.users))
             if _is_relu(nxt, modules) and nxt.args[0] is user:
                 relu = nxt
-        found.append(ConvBnPattern(n.target, user.target, relu, (n, user)))
+        found.append(ConvBnPattern(n.target, user.target, relu, (n, user), act_inside))
     return found

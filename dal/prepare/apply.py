@@ -6,6 +6,7 @@ from torch import nn
 
 from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
 from ..nn.norm import FP16_NORMS, QBatchNorm2d
+from ..nn.norm_act import ActAfterFold, bare_batchnorm, is_norm_act
 from ..nn.registry import QAT_MODULES
 from ..nn.tree import set_submodule
 from .call_sites import install
@@ -70,6 +71,10 @@ def _rewrite(mod: nn.Module, graph, steps: list[Step], owner: str) -> nn.Module:
 def _fuse(mod: nn.Module, graph, nodes: dict, step: Step) -> None:
     conv, bn = mod.get_submodule(step.node), mod.get_submodule(step.bn)
     cls = QConvBnReLU2d if step.relu else QConvBn2d
+    if is_norm_act(bn):  # timm's BatchNormAct2d: the BN folds, drop + act stay at their paths
+        set_submodule(mod, step.node, cls.from_float(conv, bare_batchnorm(bn), step.spec, step.path))
+        set_submodule(mod, step.bn, ActAfterFold(bn))
+        return
     set_submodule(mod, step.node, cls.from_float(conv, bn, step.spec, step.path))
     conv_node = next(n for n in graph.nodes if n.op == "call_module" and n.target == step.node)
     bn_node = next(iter(conv_node.users))

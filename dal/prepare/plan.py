@@ -108,6 +108,8 @@ def build_plan(model: nn.Module, cap: Capture, resolve, extra: tuple = ()) -> li
     steps: list[Step] = list(extra)
     fused: set[str] = set()  # BN paths folded into a conv, and convs that fuse
     for owner, graph in cap.graphs.items():
+        if owner in fused:
+            continue  # a BatchNormAct2d folded by its parent: its own forward is replaced (norm_act.py)
         mod = model.get_submodule(owner) if owner else model
         prefix = f"{owner}." if owner else ""
         for pat in find_conv_bn(graph, mod):

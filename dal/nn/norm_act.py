@@ -1,0 +1,48 @@
+"""A BatchNorm with its activation inside (timm's ``BatchNormAct2d``): its BN folds into the conv
+before it, its activation stays.
+
+timm builds EfficientNet, MobileNetV3, RegNet and more from ``BatchNormAct2d``: a BatchNorm2d
+subclass whose forward is BatchNorm2d's (copied, including the running-statistics update)
+followed by ``self.drop`` and ``self.act``. ``dal.prepare`` folds ``conv -> BatchNormAct2d``
+like ``conv -> BatchNorm2d``: the QConvBn2d takes :func:`bare_batchnorm` (a plain BatchNorm2d
+holding the same parameter and buffer tensors, nothing copied) and the module itself becomes
+:class:`ActAfterFold`, which keeps ``drop`` and ``act`` under their paths (``bn1.act`` is still
+``bn1.act``: the plan's steps for the activation apply as planned).
+
+Only this class, defined in ``timm.layers``, and only instances whose children are exactly
+``drop`` and ``act``: a subclass, a look-alike from elsewhere, or any other BatchNorm2d subclass
+with a forward of its own is never folded (``own_forward.folds_as_batchnorm``) but listed.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def is_norm_act(m) -> bool:
+    """timm's BatchNormAct2d as the module doc describes it."""
+    cls = type(m)
+    return (cls.__name__ == "BatchNormAct2d" and cls.__module__.startswith("timm.layers")
+            and isinstance(m, nn.BatchNorm2d) and set(m._modules) == {"drop", "act"})
+
+
+def bare_batchnorm(m: nn.BatchNorm2d) -> nn.BatchNorm2d:
+    """A plain BatchNorm2d with ``m``'s configuration and its own parameter / buffer tensors."""
+    bn = nn.BatchNorm2d(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats, device="meta")
+    for name, p in m._parameters.items():
+        bn._parameters[name] = p
+    for name, b in m._buffers.items():
+        bn._buffers[name] = b
+    return bn.train(m.training)
+
+
+class ActAfterFold(nn.Module):
+    """What remains of a norm-act module once its BN is folded: ``act(drop(x))``."""
+
+    def __init__(self, norm_act: nn.Module):
+        super().__init__()
+        self.drop, self.act = norm_act.drop, norm_act.act
+        self.train(norm_act.training)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.drop(x))
