@@ -35,7 +35,7 @@ def needs_tracing(mod: nn.Module) -> bool:
     """Containers and user modules have forwards worth reading; torch.nn leaves and plain
     ModuleList / ModuleDict (no forward of their own) do not."""
     from .base import QATModule
-    from .registry import QAT_MODULES
+    from .registry import QAT_MODULES, registry_type
 
     if isinstance(mod, (QATModule, fx.GraphModule)):
         return False
@@ -43,7 +43,7 @@ def needs_tracing(mod: nn.Module) -> bool:
         return False  # a plain container has no forward; a subclass with one (torchvision's
         # IntermediateLayerGetter, a ModuleDict: conv1 -> bn1 -> relu of every detector's
         # backbone) is read like any module, so its Conv + BN fold
-    if type(mod) in QAT_MODULES:
+    if registry_type(type(mod)) in QAT_MODULES:
         return False  # a registered type is swapped whole by its QAT class
     if isinstance(mod, nn.Sequential):
         return True

@@ -36,9 +36,26 @@ def register_qat_module(float_type: type, op_class: str = "custom") -> Callable[
     return wrap
 
 
+#: (defining package, class name) -> the torch.nn class a library subclass computes exactly. timm's
+#: Linear overrides forward only for TorchScript (outside scripting it is F.linear(x, W, b)); it is
+#: the classifier of timm's MobileNetV3, GhostNet, EfficientNet-Lite and more.
+EQUIVALENT_TYPES: dict[tuple[str, str], type] = {("timm.layers", "Linear"): nn.Linear}
+
+
+def registry_type(cls: type) -> type:
+    """The type the registry knows ``cls`` by: itself (exact match), or the torch.nn class of
+    ``EQUIVALENT_TYPES`` for a known library subclass with the same computation."""
+    if cls in QAT_MODULES:
+        return cls
+    for (package, name), base in EQUIVALENT_TYPES.items():
+        if cls.__name__ == name and cls.__module__.startswith(package) and issubclass(cls, base):
+            return base
+    return cls
+
+
 def qat_class_for(mod: nn.Module):
-    """The registered QAT class for ``type(mod)`` (exact type match), or None."""
-    return QAT_MODULES.get(type(mod))
+    """The registered QAT class for ``type(mod)`` (exact type match, or ``registry_type``), or None."""
+    return QAT_MODULES.get(registry_type(type(mod)))
 
 
 def is_qat_module(mod: nn.Module) -> bool:
@@ -53,7 +70,7 @@ def op_class_of(mod: nn.Module) -> str:
     if hasattr(mod, "op_class"):
         return mod.op_class
     float_cls = mod.__dict__.get("_float_cls", type(mod))
-    return OP_CLASSES.get(float_cls, "custom")
+    return OP_CLASSES.get(registry_type(float_cls), "custom")
 
 
 def float_type_name(mod: nn.Module) -> str:

@@ -7,7 +7,7 @@ from torch import nn
 from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
 from ..nn.norm import FP16_NORMS, QBatchNorm2d
 from ..nn.norm_act import ActAfterFold, bare_batchnorm, is_norm_act
-from ..nn.registry import QAT_MODULES
+from ..nn.registry import QAT_MODULES, registry_type
 from ..nn.tree import set_submodule
 from .call_sites import install
 from .fp16_island import Fp16Function, island_module
@@ -44,7 +44,7 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
             if cls is None and step.action == "fp16":  # a float op on an fp16 engine (check.py)
                 set_submodule(model, step.path, island_module(mod, step.path, step.op_class))
                 continue
-            cls = cls or QAT_MODULES[type(mod)]
+            cls = cls or QAT_MODULES[registry_type(type(mod))]
             set_submodule(model, step.path, cls.from_float(mod, step.spec, step.path))
     return model
 

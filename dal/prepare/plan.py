@@ -28,7 +28,7 @@ from torch import nn
 
 from ..nn.base import QATModule
 from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
-from ..nn.registry import OP_CLASSES, QAT_MODULES, op_class_of
+from ..nn.registry import OP_CLASSES, QAT_MODULES, op_class_of, registry_type
 from ..quantizer import FakeQuantizer
 from .float_ops import FloatOp, classify_module, classify_node
 from .functional_ops import functional_kind, is_tensor_node
@@ -208,11 +208,11 @@ def _module_step(path: str, mod: nn.Module, resolve) -> Optional[Step]:
     if needs_tracing(mod):
         # A container's forward is captured; a user module that also owns parameters uses them
         # in that forward itself, which no QAT class quantizes.
-        if type(mod) in QAT_MODULES or next(mod.parameters(recurse=False), None) is None:
+        if registry_type(type(mod)) in QAT_MODULES or next(mod.parameters(recurse=False), None) is None:
             return None
-    cls = QAT_MODULES.get(type(mod))
+    cls = QAT_MODULES.get(registry_type(type(mod)))
     if cls is not None:
-        op_class = OP_CLASSES[type(mod)]
+        op_class = OP_CLASSES[registry_type(type(mod))]
         spec = resolve(path, type_name, op_class)
         if spec is None:
             return Step(path, type_name, op_class, "float", None, "no recipe rule quantizes it")

@@ -5,7 +5,10 @@ timm builds its networks from parts torchvision does not use: a zero-initialised
 residual block (gamma = 0, which made QConvBn2d's training step 0 / 0 = NaN), LayerNorm2d + GELU
 (ConvNeXt), RepVGG's parallel branches, and ``BatchNormAct2d`` (a BatchNorm2d subclass with its
 activation inside, which prepare used to fold whole, dropping the activation, and then failed on
-with an AttributeError; now its BN folds and the activation stays: dal.nn.norm_act). Each model must train finite and verify:
+with an AttributeError; now its BN folds and the activation stays: dal.nn.norm_act), and timm's
+own ``Linear`` (MobileNetV3's classifier: listed as an unknown float module, so the exported
+head was a float Gemm that the integer model and dal.npu summed in different orders; now the
+QLinear of nn.Linear, whose computation it is: dal.nn.registry.EQUIVALENT_TYPES). Each model must train finite and verify:
 dal.convert == dal.npu on every element, <= 1 LSB layer by layer against onnxruntime.
 """
 import pytest
@@ -16,7 +19,7 @@ from dal.prepare import set_quantizer_state
 
 timm = pytest.importorskip("timm")  # a dev dependency (pyproject): present wherever make test runs
 
-MODELS = ["resnet18", "efficientnet_b0", "regnetx_002", "convnext_atto", "repvgg_a0"]
+MODELS = ["resnet18", "efficientnet_b0", "mobilenetv3_small_100", "regnetx_002", "convnext_atto", "repvgg_a0"]
 
 
 def _float_model(name: str) -> torch.nn.Module:
