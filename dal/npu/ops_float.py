@@ -254,6 +254,29 @@ def _concat(ctx, ins, a):
     return [np.concatenate(ins, axis=a.get("axis", 0))]
 
 
+@op("Split")
+def _split(ctx, ins, a):
+    """ONNX Split along ``axis``: the sizes from the second input (opset >= 13) or the ``split``
+    attribute (< 13); without them ``num_outputs`` (opset 18) or the node's output count parts,
+    each ``ceil(n / parts)`` long and the last one what remains. Data movement: exact."""
+    x = ins[0]
+    axis = int(a.get("axis", 0))
+    if not -x.ndim <= axis < x.ndim:
+        raise NPUError(f"node {ctx.node.name!r}: Split axis {axis} of a rank-{x.ndim} tensor")
+    axis %= x.ndim
+    n, k = x.shape[axis], len(ctx.node.output)
+    sizes = ins[1] if len(ins) > 1 and ins[1] is not None and np.asarray(ins[1]).size else a.get("split")
+    if sizes is None:
+        parts = int(a.get("num_outputs", k))
+        step = -(-n // max(parts, 1))
+        sizes = [step] * (parts - 1) + [n - step * (parts - 1)]
+    sizes = [int(v) for v in np.asarray(sizes).reshape(-1)]
+    if len(sizes) != k or min(sizes, default=0) < 0 or sum(sizes) != n:
+        raise NPUError(f"node {ctx.node.name!r}: Split of {n} along axis {axis} into {sizes} for {k} outputs")
+    bounds = np.cumsum([0] + sizes)
+    return [np.take(x, np.arange(b, e), axis=axis) for b, e in zip(bounds[:-1], bounds[1:])]
+
+
 @op("Gather")
 def _gather(ctx, ins, a):
     x, idx = ins

@@ -69,3 +69,46 @@ def test_quantized_swin_export_runs_on_the_npu_reference(tmp_path):
     # Measured here: 313 identical, 767 within 1 LSB, max 4 LSB; the first divergence (dal.verify) is one
     # code of 24576 at features.2.reduction.input_quant, growing block by block from there.
     assert steps.max() <= 4 and (steps <= 1).mean() >= 0.7
+
+
+def _split_model(x: np.ndarray, k: int, opset: int, split=None, attrs=None):
+    """One Split of input ``x`` into ``k`` outputs; ``split`` as the second input (opset >= 13)
+    or the attribute (opset 11)."""
+    inputs = ["x"] + (["s"] if split is not None and opset >= 13 else [])
+    inits = [numpy_helper.from_array(np.asarray(split, np.int64), "s")] if len(inputs) == 2 else []
+    attrs = dict(attrs or {})
+    if split is not None and opset < 13:
+        attrs["split"] = list(split)
+    node = helper.make_node("Split", inputs, [f"y{i}" for i in range(k)], **attrs)
+    elem = helper.np_dtype_to_tensor_dtype(x.dtype)
+    graph = helper.make_graph([node], "split", [helper.make_tensor_value_info("x", elem, x.shape)],
+                              [helper.make_tensor_value_info(f"y{i}", elem, None) for i in range(k)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+SPLITS = [  # (k, opset, split sizes, attributes): timm's MixNet / CSPNet / attention qkv exports
+    (3, 13, [1, 3, 2], {"axis": 1}),
+    (2, 11, [4, 2], {"axis": 1}),
+    (3, 13, None, {"axis": -1}),            # equal parts
+    (3, 18, None, {"axis": 1, "num_outputs": 3}),  # 6 = 2 + 2 + 2
+    (3, 18, None, {"axis": 2, "num_outputs": 3}),  # 5 = 2 + 2 + 1 (the last part smaller)
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+@pytest.mark.parametrize("k,opset,split,attrs", SPLITS)
+def test_split_matches_onnxruntime(k, opset, split, attrs, dtype):
+    x = (np.arange(2 * 6 * 5 * 6) % 97 - 40).reshape(2, 6, 5, 6).astype(dtype)
+    model = _split_model(x, k, opset, split, attrs)
+    want = run_ort(model, {"x": x})
+    got = dal.npu.run(model, {"x": x})
+    assert len(got) == len(want) == k
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+
+
+def test_split_sizes_that_do_not_add_up_are_refused_by_node():
+    x = np.zeros((1, 6), np.float32)
+    model = _split_model(x, 2, 13, [2, 3], {"axis": 1})
+    with pytest.raises(dal.npu.NPUError, match="Split of 6 along axis 1 into \\[2, 3\\]"):
+        dal.npu.run(model, {"x": x})

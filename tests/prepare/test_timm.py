@@ -8,7 +8,8 @@ activation inside, which prepare used to fold whole, dropping the activation, an
 with an AttributeError; now its BN folds and the activation stays: dal.nn.norm_act), and timm's
 own ``Linear`` (MobileNetV3's classifier: listed as an unknown float module, so the exported
 head was a float Gemm that the integer model and dal.npu summed in different orders; now the
-QLinear of nn.Linear, whose computation it is: dal.nn.registry.EQUIVALENT_TYPES). Each model must train finite and verify:
+QLinear of nn.Linear, whose computation it is: dal.nn.registry.EQUIVALENT_TYPES); MixNet's
+mixed kernels and the ViT's qkv export a Split, which dal.npu now runs. Each model must train finite and verify:
 dal.convert == dal.npu on every element, <= 1 LSB layer by layer against onnxruntime.
 """
 import pytest
@@ -19,14 +20,16 @@ from dal.prepare import set_quantizer_state
 
 timm = pytest.importorskip("timm")  # a dev dependency (pyproject): present wherever make test runs
 
-MODELS = ["resnet18", "efficientnet_b0", "mobilenetv3_small_100", "regnetx_002", "convnext_atto", "repvgg_a0"]
+MODELS = ["resnet18", "efficientnet_b0", "mobilenetv3_small_100", "regnetx_002", "convnext_atto", "repvgg_a0",
+          "mixnet_s", "vit_tiny_patch16_224"]
 
 
 def _float_model(name: str) -> torch.nn.Module:
     """``name`` from seed 0 with its BatchNorm statistics set from one random batch (cumulative),
     so that eval-mode activations are not the ~0 of random-init statistics."""
     torch.manual_seed(0)
-    m = timm.create_model(name, pretrained=False, num_classes=10)
+    size = {"img_size": 64} if name.startswith("vit") else {}  # a ViT's position table is per image size
+    m = timm.create_model(name, pretrained=False, num_classes=10, **size)
     norms = [b for b in m.modules() if isinstance(b, torch.nn.modules.batchnorm._BatchNorm)]
     for b in norms:
         b.reset_running_stats()
