@@ -27,8 +27,28 @@ class _OwnForwardTracer(fx.Tracer):
 
 
 def trace_own_forward(mod: nn.Module) -> fx.Graph:
-    """The fx graph of ``mod.forward`` with submodule calls as ``call_module`` leaves."""
+    """The fx graph of ``mod.forward`` with submodule calls as ``call_module`` leaves. Raises
+    ValueError for a forward that tests an argument against None: fx passes a Proxy, so the
+    graph keeps the branch of "given" and breaks when the default is used (timm's DLA block:
+    ``if shortcut is None: shortcut = x`` became ``out + None``); the caller leaves such a
+    forward to the call-site capture."""
+    checked = _none_checked_arguments(type(mod).forward)
+    if checked:
+        raise ValueError(f"forward tests {', '.join(checked)} against None (torch.fx would keep one branch)")
     return _OwnForwardTracer().trace(mod)
+
+
+def _none_checked_arguments(forward) -> list[str]:
+    """The arguments of ``forward`` with a default of None that its source compares with None."""
+    import inspect
+    import re
+
+    try:
+        params = inspect.signature(forward).parameters.values()
+        source = inspect.getsource(forward)
+    except (TypeError, ValueError, OSError):
+        return []
+    return [p.name for p in params if p.default is None and re.search(rf"\b{p.name}\s+is\s+(not\s+)?None\b", source)]
 
 
 def needs_tracing(mod: nn.Module) -> bool:

@@ -207,3 +207,30 @@ def test_an_island_function_called_with_its_tensor_as_keyword():
     x = _x((2, 3, 8, 8))
     with dal.quantizer_states(q, "off"):
         assert torch.equal(q(x), ref(x))
+
+
+class _OptionalShortcut(nn.Module):
+    """timm's DLA block: ``forward(x, shortcut=None)`` with ``if shortcut is None: shortcut = x``."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x, shortcut=None):
+        if shortcut is None:
+            shortcut = x
+        return self.conv(x) + shortcut
+
+
+def test_a_forward_that_tests_an_argument_against_none_is_not_fx_traced():
+    """torch.fx would trace the branch of "shortcut given" and the prepared block would then add
+    None when called with the default; the forward is left to the call-site capture instead,
+    which still quantizes its ``+`` (listed by call site)."""
+    net = nn.Sequential(_OptionalShortcut(), _OptionalShortcut()).eval()
+    x = torch.randn(1, 4, 6, 6)
+    q = dal.prepare_qat(net, recipe="int8_balanced", hardware="a2000", example_inputs=(x,), inplace=False)
+    dal.prepare.set_quantizer_state(q, "off")
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), net(x))
+    rows = {r.name: r for r in dal.prepared(q).report.rows}
+    assert any(r.op_class == "add" and r.status == "quantized" for r in rows.values()), rows
