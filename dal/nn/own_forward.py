@@ -84,7 +84,6 @@ class ConvBnPattern:
     bn: str
     relu_node: Optional[fx.Node]
     nodes: tuple = field(default=())
-    act_inside: bool = False  # the BN is timm's BatchNormAct2d: its activation stays (norm_act.py)
 
 
 def _is_relu(node: fx.Node, modules: dict) -> bool:
@@ -119,5 +118,5 @@ def find_conv_bn(graph: fx.Graph, mod: nn.Module) -> list[ConvBnPattern]:
             nxt = next(iter(user.users))
             if _is_relu(nxt, modules) and nxt.args[0] is user:
                 relu = nxt
-        found.append(ConvBnPattern(n.target, user.target, relu, (n, user), act_inside))
+        found.append(ConvBnPattern(n.target, user.target, relu, (n, user)))
     return found

@@ -176,7 +176,7 @@ def _sizes_scales(ctx, ins, x) -> tuple[list[int], list[float]]:
     sizes = ins[3] if len(ins) > 3 and ins[3] is not None and ins[3].size else None
     if sizes is not None:
         sizes = [int(v) for v in sizes]
-        return sizes, [s / d for s, d in zip(sizes, x.shape)]
+        return sizes, [s / d if d else 0.0 for s, d in zip(sizes, x.shape)]  # d = 0: refused by the caller
     if scales is not None:
         scales = [float(v) for v in scales]
         return [int(np.floor(d * s)) for d, s in zip(x.shape, scales)], scales
@@ -202,6 +202,8 @@ def _resize(ctx, ins, a):
     sizes, scales = _sizes_scales(ctx, ins, x)
     if len(sizes) != x.ndim or min(sizes) < 0 or np.prod(sizes) > 1 << 31:
         raise NPUError(f"node {ctx.node.name!r}: bad Resize output size {sizes}")
+    if any(d == 0 and n > 0 for d, n in zip(x.shape, sizes)):
+        raise NPUError(f"node {ctx.node.name!r}: Resize of an empty axis: input {list(x.shape)} to {sizes}")
     A, exclude = float(a.get("cubic_coeff_a", -0.75)), bool(a.get("exclude_outside", 0))
     out = as_compute_type(x).astype(np.float64)
     for ax, (n_out, sc) in enumerate(zip(sizes, scales)):

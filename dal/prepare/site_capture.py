@@ -44,8 +44,9 @@ def capture_sites(model: nn.Module, cap: Capture, resolve, example_inputs) -> tu
     count = {p: 0 for p in owners}
     for s in sites:
         count[s.owner] += 1
-    notes = [f"{p or '<root>'} ({cap.untraced[p][0]}): forward does not trace with torch.fx; {count[p]} call "
-             "site(s) of its own code captured by a TorchFunctionMode (dal.prepare.call_sites)" for p in owners]
+    notes = [f"{p or '<root>'} ({cap.untraced[p][0]}): forward does not trace with torch.fx ({cap.untraced[p][1]}); "
+             f"{count[p]} call site(s) of its own code captured by a TorchFunctionMode (dal.prepare.call_sites)"
+             for p in owners]
     notes += [f"{p or '<root>'} ({cap.untraced[p][0]}): host side of the detector boundary (pre/post-processing "
               "stays float on the host CPU, dal.prepare.boundary)" for p in host]
     return site_steps(sites, resolve), notes

@@ -101,3 +101,12 @@ def test_torch_exported_resize_matches_onnxruntime_and_torch(align_corners, how,
     torch64 = F.interpolate(x.double(), mode=mode, align_corners=align_corners, **how).numpy()
     np.testing.assert_allclose(mine, torch64.astype(np.float32), rtol=0, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_of_an_empty_axis_is_refused_by_node(mode):
+    sizes = np.array([1, 1, 2, 4], dtype=np.int64)
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode=mode, name="up")
+    model = _graph(node, [("x", [1, 1, 0, 4])], {"sizes": sizes}, [1, 1, 2, 4], opset=13)
+    with pytest.raises(dal.npu.NPUError, match="node 'up': Resize of an empty axis"):
+        _npu(model, {"x": np.zeros((1, 1, 0, 4), np.float32)})

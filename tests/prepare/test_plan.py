@@ -234,3 +234,5 @@ def test_a_forward_that_tests_an_argument_against_none_is_not_fx_traced():
         torch.testing.assert_close(q(x), net(x))
     rows = {r.name: r for r in dal.prepared(q).report.rows}
     assert any(r.op_class == "add" and r.status == "quantized" for r in rows.values()), rows
+    notes = dal.prepared(q).report.notes
+    assert sum("forward tests shortcut against None" in n for n in notes) == 2, notes
