@@ -13,9 +13,9 @@ reference implements instead (written once in export/SPEC.md), and which these f
 * Resize linear and cubic (``F.interpolate`` bilinear, bicubic): separable in float64, rounded
   once to float32;
 * functional ``F.gelu``, ``F.softmax`` / ``torch.softmax`` / ``Tensor.softmax`` and
-  ``F.layer_norm`` (not only their modules, which forms.py swaps): as their exported nodes, at the
-  export's opset (lut.py ``gelu_onnx``, attention.py ``softmax_f32``, layernorm.py
-  ``layer_norm_onnx``);
+  ``F.layer_norm`` (not only their modules, which forms.py swaps) and
+  ``F.scaled_dot_product_attention``: as their exported nodes, at the export's opset (lut.py
+  ``gelu_onnx``, attention.py ``softmax_f32``, layernorm.py ``layer_norm_onnx``, sdpa.py ``sdpa_onnx``);
 * everything else (Relu, Clip, Add, Mul, MaxPool, Flatten, Reshape, Concat, ...) is exact or
   one IEEE float32 operation, in torch as in numpy.
 
@@ -199,6 +199,7 @@ def _opset_impl(opset: int) -> dict:
     from .attention import softmax_f32
     from .layernorm import layer_norm_onnx
     from .lut import gelu_onnx
+    from .sdpa import SDPA_OPSET, sdpa_onnx
 
     def gelu(x, approximate="none"):
         ok = x.dtype == torch.float32 and approximate in ("none", "tanh")
@@ -212,8 +213,11 @@ def _opset_impl(opset: int) -> dict:
             return None
         n = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
         return layer_norm_onnx(x, weight, bias, n, eps, opset)
-    return {F.gelu: gelu, F.softmax: softmax, torch.softmax: softmax, torch.Tensor.softmax: softmax,
-            F.layer_norm: layer_norm}
+    forms = {F.gelu: gelu, F.softmax: softmax, torch.softmax: softmax, torch.Tensor.softmax: softmax,
+             F.layer_norm: layer_norm}
+    if opset >= SDPA_OPSET:
+        forms[F.scaled_dot_product_attention] = sdpa_onnx
+    return forms
 
 
 #: element-picking functions a fixed-point fan-out's per-reader values follow (NPUFloatOps)

@@ -4,7 +4,8 @@
 :class:`~dal.convert.attention.SoftmaxForm`, ``Fp16LayerNorm`` and float ``nn.LayerNorm`` ->
 :class:`~dal.convert.layernorm.LayerNormForm`, ``QLutActivation`` ->
 :class:`~dal.convert.lut.LutForm`, a float ``nn.GELU`` (or its FP16 island, ``Fp16GELU``) ->
-:class:`~dal.convert.lut.GeluForm`.
+:class:`~dal.convert.lut.GeluForm`, a float ``nn.Linear`` / ``nn.ConvNd`` (a skipped layer) ->
+:class:`~dal.convert.float_layers.FloatLayerForm`.
 Each keeps the QAT module (its quantizers still run, so the integer model's code taps see them)
 and computes what the exported nodes compute. A module
 with no form here stays as it is and is listed with the reason (:func:`swap_forms`).
@@ -20,6 +21,7 @@ from ..replace.layernorm import Fp16LayerNorm
 from ..replace.lut import QLutActivation
 from ..replace.softmax import NpuSoftmax
 from .attention import MatMulForm, SoftmaxForm, half_operands
+from .float_layers import FloatLayerForm, is_float_layer
 from .layernorm import LayerNormForm
 from .lut import GeluForm, LutForm, lut_form_why_not
 
@@ -48,6 +50,8 @@ def _form(mod: nn.Module, path: str, opset: int):
     if isinstance(mod, QLutActivation):
         why = lut_form_why_not(mod)
         return (None, why) if why else (LutForm(mod, path, opset), "")
+    if is_float_layer(mod):
+        return FloatLayerForm(mod, path), ""
     return None, ""
 
 
@@ -59,7 +63,7 @@ def swap_forms(net: nn.Module, opset: int, swap) -> dict[str, str]:
     listing = {}
     for path, mod in list(net.named_modules()):
         if not path or not (isinstance(mod, (QMatMul, NpuSoftmax, Fp16LayerNorm, QLutActivation))
-                            or type(mod) is nn.LayerNorm or _is_gelu(mod)):
+                            or type(mod) is nn.LayerNorm or _is_gelu(mod) or is_float_layer(mod)):
             continue
         form, why = _form(mod, path, traced)
         if form is None:
