@@ -12,6 +12,10 @@ reference implements instead (written once in export/SPEC.md), and which these f
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
 * Resize linear and cubic (``F.interpolate`` bilinear, bicubic): separable in float64, rounded
   once to float32;
+* BatchNormalization (a BN left in float, e.g. DenseNet's pre-activation BN after a Concat):
+  ``(x - mean) / sqrt(var + float32(eps)) * scale + B`` in float64, rounded once (torch's float32
+  kernel rounds its per-channel terms to float32 in its own order: an ulp off on 5090 of 18432
+  elements of one of timm densenet121's BNs, which flipped a code of the next quantizer);
 * functional ``F.gelu``, ``F.softmax`` / ``torch.softmax`` / ``Tensor.softmax`` and
   ``F.layer_norm`` (not only their modules, which forms.py swaps): as their exported nodes, at the
   export's opset (lut.py ``gelu_onnx``, attention.py ``softmax_f32``, layernorm.py
@@ -72,6 +76,25 @@ def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_i
     ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=torch.float64, device=x.device)
     cnt = F.avg_pool2d(ones, kernel_size, stride, padding, False, False, 1).float()
     return s / cnt
+
+
+def batch_norm_f64(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+                   eps=1e-5):
+    """ONNX BatchNormalization in inference form (export/SPEC.md §5a), per channel (axis 1):
+    ``T((x - mean) / sqrt(var + float32(eps)) * scale + B)``, every operation in float64 from the
+    float32 / float16 operands, rounded once to ``T`` (x's type). ``eps`` is taken as the float32
+    the file's ``epsilon`` attribute holds; no weight / bias: scale 1, B 0, as the export writes.
+    Training mode or missing running statistics: None (torch's own op)."""
+    if training or running_mean is None or running_var is None or x.dtype not in (torch.float32, torch.float16):
+        return None
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+
+    def per_channel(v, default):
+        v = torch.full((x.shape[1],), default, dtype=torch.float64, device=x.device) if v is None else v.double()
+        return v.reshape(shape)
+    eps64 = float(torch.tensor(eps, dtype=torch.float32))
+    y = (x.double() - per_channel(running_mean, 0.0)) / torch.sqrt(per_channel(running_var, 0.0) + eps64)
+    return (y * per_channel(weight, 1.0) + per_channel(bias, 0.0)).to(x.dtype)
 
 
 def sigmoid_f64(x):
@@ -191,6 +214,7 @@ _IMPL = {
     F.avg_pool2d: _avg_pool2d, torch.sigmoid: sigmoid_f64, torch.Tensor.sigmoid: sigmoid_f64,
     F.silu: _silu, F.hardsigmoid: _hardsigmoid, F.hardswish: _hardswish,
     torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64, F.interpolate: _interpolate,
+    F.batch_norm: batch_norm_f64,
 }
 
 
