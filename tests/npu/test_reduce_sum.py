@@ -63,10 +63,14 @@ def test_reduce_sum_matches_onnxruntime(x, axes, opset, attrs):
 
 
 def _nearest(exact: Fraction, dtype) -> np.ndarray:
-    """The ``dtype`` value nearest to ``exact`` (its float64 and that's neighbours, compared exactly)."""
+    """``exact`` rounded to ``dtype``, to nearest, ties to even (a sum of two floats can be a tie):
+    float(exact) and its neighbours, compared exactly."""
     f = np.asarray(float(exact)).astype(dtype)
-    cands = [np.nextafter(f, dtype(-np.inf)), f, np.nextafter(f, dtype(np.inf))]
-    return min(cands, key=lambda c: abs(Fraction(float(c)) - exact))
+    cands = [np.asarray(c, dtype) for c in (np.nextafter(f, dtype(-np.inf)), f, np.nextafter(f, dtype(np.inf)))]
+    dist = [abs(Fraction(float(c)) - exact) for c in cands]
+    best = [c for c, d in zip(cands, dist) if d == min(dist)]
+    uint = np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16
+    return next((c for c in best if int(c.view(uint)) % 2 == 0), best[0])[()]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
