@@ -6,12 +6,18 @@ order, its transcendental functions are vectorised approximations. The contract 
 reference implements instead (written once in export/SPEC.md), and which these follow:
 
 * GlobalAveragePool / ReduceMean / AveragePool: the sum in float64 rounded once to float32,
-  then one float32 division by the element count;
+  then one float32 division by the element count (ceil_mode included);
+* ReduceSum (``torch.sum`` / ``Tensor.sum``: ResNeSt's split attention): the sum in float64,
+  rounded once to the input's type (torch's float32 sum rounds every partial sum);
 * Sigmoid (and SiLU, exported as ``x * Sigmoid(x)``): ``1 / (1 + exp(-x))`` in float64, rounded
   once to float32 (the Mul in float32); Tanh: float64, rounded once;
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
 * Resize linear and cubic (``F.interpolate`` bilinear, bicubic): separable in float64, rounded
   once to float32;
+* BatchNormalization (a BN left in float, e.g. DenseNet's pre-activation BN after a Concat):
+  ``(x - mean) / sqrt(var + float32(eps)) * scale + B`` in float64, rounded once (torch's float32
+  kernel rounds its per-channel terms to float32 in its own order: an ulp off on 5090 of 18432
+  elements of one of timm densenet121's BNs, which flipped a code of the next quantizer);
 * functional ``F.gelu``, ``F.softmax`` / ``torch.softmax`` / ``Tensor.softmax`` and
   ``F.layer_norm`` (not only their modules, which forms.py swaps) and
   ``F.scaled_dot_product_attention``: as their exported nodes, at the export's opset (lut.py
@@ -42,6 +48,15 @@ def mean_f64(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
     return s / torch.tensor(float(n), dtype=torch.float32, device=x.device)
 
 
+def sum_f64(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None):
+    """ONNX ReduceSum of a float32 / float16 tensor (export/SPEC.md §5a): ``T(sum float64(x))``
+    over ``dim`` (all dims when None), one rounding. Other types or a ``dtype``: None (torch's op)."""
+    if x.dtype not in (torch.float32, torch.float16) or dtype is not None:
+        return None
+    s = x.double().sum() if dim is None else x.double().sum(dim=dim, keepdim=keepdim)
+    return s.to(x.dtype)
+
+
 def _spatial(output_size) -> bool:
     if isinstance(output_size, int):
         return output_size == 1
@@ -63,15 +78,47 @@ def _mean(x, dim=None, keepdim=False, *, dtype=None):
 
 def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
-    if x.dtype != torch.float32 or ceil_mode or divisor_override is not None:
+    """ONNX AveragePool (export/SPEC.md §5a): float64 window sums rounded once to float32, one
+    float32 division by the count: the window's input elements (count_include_pad False), else
+    its elements inside the padded input (``k*k`` unless ceil_mode lets the last window run past
+    the padding: the overhang is not counted, as torch and onnxruntime divide)."""
+    if x.dtype != torch.float32 or divisor_override is not None:
         return None
-    s = F.avg_pool2d(x.double(), kernel_size, stride, padding, False, True, 1).float()
-    if count_include_pad or not padding:
-        k = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+    k = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+    st = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else stride
+    st = (st, st) if isinstance(st, int) else tuple(st)
+    p = (padding, padding) if isinstance(padding, int) else tuple(padding)
+    s = F.avg_pool2d(x.double(), k, st, p, ceil_mode, True, 1)
+    over = ceil_mode and any((s.shape[2 + i] - 1) * st[i] + k[i] > x.shape[2 + i] + 2 * p[i] for i in range(2))
+    s = s.float()
+    if count_include_pad and not over:
         return s / torch.tensor(float(k[0] * k[1]), dtype=torch.float32, device=x.device)
     ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=torch.float64, device=x.device)
-    cnt = F.avg_pool2d(ones, kernel_size, stride, padding, False, False, 1).float()
-    return s / cnt
+    if count_include_pad:  # the padded input's ones (explicit pads: crop to the pooled size)
+        ones = F.pad(ones, (p[1], p[1], p[0], p[0]), value=1.0)
+        cnt = F.avg_pool2d(ones, k, st, 0, True, True, 1)[:, :, :s.shape[2], :s.shape[3]]
+    else:
+        cnt = F.avg_pool2d(ones, k, st, p, ceil_mode, False, 1)
+    return s / cnt.float()
+
+
+def batch_norm_f64(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+                   eps=1e-5):
+    """ONNX BatchNormalization in inference form (export/SPEC.md §5a), per channel (axis 1):
+    ``T((x - mean) / sqrt(var + float32(eps)) * scale + B)``, every operation in float64 from the
+    float32 / float16 operands, rounded once to ``T`` (x's type). ``eps`` is taken as the float32
+    the file's ``epsilon`` attribute holds; no weight / bias: scale 1, B 0, as the export writes.
+    Training mode or missing running statistics: None (torch's own op)."""
+    if training or running_mean is None or running_var is None or x.dtype not in (torch.float32, torch.float16):
+        return None
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+
+    def per_channel(v, default):
+        v = torch.full((x.shape[1],), default, dtype=torch.float64, device=x.device) if v is None else v.double()
+        return v.reshape(shape)
+    eps64 = float(torch.tensor(eps, dtype=torch.float32))
+    y = (x.double() - per_channel(running_mean, 0.0)) / torch.sqrt(per_channel(running_var, 0.0) + eps64)
+    return (y * per_channel(weight, 1.0) + per_channel(bias, 0.0)).to(x.dtype)
 
 
 def sigmoid_f64(x):
@@ -191,6 +238,7 @@ _IMPL = {
     F.avg_pool2d: _avg_pool2d, torch.sigmoid: sigmoid_f64, torch.Tensor.sigmoid: sigmoid_f64,
     F.silu: _silu, F.hardsigmoid: _hardsigmoid, F.hardswish: _hardswish,
     torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64, F.interpolate: _interpolate,
+    F.batch_norm: batch_norm_f64, torch.sum: sum_f64, torch.Tensor.sum: sum_f64,
 }
 
 

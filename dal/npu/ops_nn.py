@@ -160,24 +160,48 @@ def _maxpool(ctx, ins, a):
     return [y.numpy().astype(x.dtype)]
 
 
+def pool_out_size(n: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> int:
+    """ONNX's pooled length: ``floor((n + pb + pe - k) / s) + 1``; ceil_mode rounds up instead,
+    and then drops a last window that would start in the end padding (or beyond)."""
+    span = n + pb + pe - k
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= n + pb:
+        out -= 1
+    return out
+
+
 @op("AveragePool")
 def _avgpool(ctx, ins, a):
+    """Window sums in float64 rounded once to the type, then one division by the window's count
+    in the type (export/SPEC.md §5a): with count_include_pad=0 the input elements in the window;
+    with 1 its elements inside the padded input, ``kernel_shape`` but where ceil_mode lets the
+    last window run past the end padding (that overhang is not counted: onnxruntime's and
+    torch's divisor; onnx.reference's differs on some shapes)."""
     import torch
     x = ins[0]
     if not is_float(x):
         raise UnsupportedNode(ctx.node, [x.dtype], "AveragePool needs a float input")
     ks, st, dil, pads, ceil = pool_attrs(ctx, x, a)
-    if dil != [1, 1] or ceil:
-        raise UnsupportedNode(ctx.node, [x.dtype], "AveragePool with dilations or ceil_mode")
+    if dil != [1, 1]:
+        raise UnsupportedNode(ctx.node, [x.dtype], "AveragePool with dilations")
+    out = [pool_out_size(x.shape[2 + i], ks[i], st[i], pads[i], pads[2 + i], ceil) for i in range(2)]
+    if min(out) < 1:
+        raise NPUError(f"node {ctx.node.name!r}: AveragePool kernel {ks} larger than the padded input {list(x.shape)}")
+    include_pad = bool(a.get("count_include_pad", 0))
+    over = any((out[i] - 1) * st[i] + ks[i] > x.shape[2 + i] + pads[i] + pads[2 + i] for i in range(2))
     xc = as_compute_type(x)
-    xt = torch.nn.functional.pad(torch.from_numpy(xc.astype(np.float64)), (pads[1], pads[3], pads[0], pads[2]))
-    s = torch.nn.functional.avg_pool2d(xt, ks, st, 0, divisor_override=1).numpy().astype(xc.dtype)
-    if a.get("count_include_pad", 0):
+    lrtb = (pads[1], pads[3], pads[0], pads[2])
+
+    def window_sums(t, pad_value=0.0):  # explicit pads, ceil_mode only for the overhang, cropped to ONNX's size
+        t = torch.nn.functional.avg_pool2d(torch.nn.functional.pad(t, lrtb, value=pad_value), ks, st, 0,
+                                           ceil_mode=over, divisor_override=1)
+        return t[:, :, :out[0], :out[1]].numpy()
+    s = window_sums(torch.from_numpy(xc.astype(np.float64))).astype(xc.dtype)
+    if include_pad and not over:
         cnt = np.float32(ks[0] * ks[1])
-    else:
-        ones = torch.nn.functional.pad(torch.ones((1, 1) + x.shape[2:], dtype=torch.float64),
-                                       (pads[1], pads[3], pads[0], pads[2]))
-        cnt = torch.nn.functional.avg_pool2d(ones, ks, st, 0, divisor_override=1).numpy().astype(s.dtype)
+    else:  # count the ones: the input's (pads 0), or the padded input's (pads 1)
+        ones = torch.ones((1, 1) + x.shape[2:], dtype=torch.float64)
+        cnt = window_sums(ones, 1.0 if include_pad else 0.0).astype(s.dtype)
     return [(s / cnt).astype(x.dtype)]
 
 

@@ -1,12 +1,19 @@
-"""ReduceMin / ReduceMax (what DynamicQuantizeLinear's expanded form needs), node by node.
+"""ReduceMin / ReduceMax (what DynamicQuantizeLinear's expanded form needs) and ReduceSum
+(ResNeSt's split attention sums its radix branches, ``x.sum(dim=1)``), node by node.
 
-    y = min (max) of x over ``axes`` (all axes when none are given, unless
+    y = min (max, sum) of x over ``axes`` (all axes when none are given, unless
         noop_with_empty_axes=1, which returns x), keepdims as the attribute says
 
-Exact for every type: a minimum is one of its inputs, so there is no rounding to specify.
-NaN propagates (numpy's minimum/maximum). Over an empty set the result is the type's identity
-element: +inf / -inf for floats, the largest / smallest integer, as ONNX's reference gives.
-Axes come from the attribute before opset 18 and from the second input from opset 18 on.
+Min / max are exact for every type: a minimum is one of its inputs, so there is no rounding to
+specify. NaN propagates (numpy's minimum/maximum). Over an empty set the result is the type's
+identity element: +inf / -inf for floats, the largest / smallest integer, as ONNX's reference
+gives. Axes come from the attribute before opset 18 and from the second input from opset 18 on
+(ReduceSum: from opset 13 on).
+
+ReduceSum of a float tensor follows export/SPEC.md §5a's reductions: the sum in float64 from the
+float32 / float16 values, rounded ONCE to the input type, ``T(sum float64(x))`` (0 over an empty
+set). Of an integer tensor: the exact sum, refused naming the node when it does not fit the type
+(ONNX leaves integer overflow to the implementation; a silently wrapped sum is a wrong model).
 """
 from __future__ import annotations
 
@@ -16,8 +23,10 @@ from .errors import NPUError, UnsupportedNode
 from .ops_float import op
 
 
-def _axes(ctx, ins, a, ndim):
-    if ctx.opset < 18:
+def _axes(ctx, ins, a, ndim, input_from: int = 18):
+    """The reduced axes (normalised, None: all), from the attribute below opset ``input_from``
+    and from the second input from it on."""
+    if ctx.opset < input_from:
         axes = a.get("axes")
     else:
         axes = np.asarray(ins[1]).reshape(-1).tolist() if len(ins) > 1 and ins[1] is not None else None
@@ -65,3 +74,25 @@ def _reduce(ufunc, largest_identity: bool):
 
 op("ReduceMin")(_reduce(np.minimum, True))
 op("ReduceMax")(_reduce(np.maximum, False))
+
+
+@op("ReduceSum")
+def _reduce_sum(ctx, ins, a):
+    """``T(sum float64(x))`` over the axes for a float x (one rounding); the exact integer sum
+    for an integer x, refused naming the node when it leaves x's type (module doc)."""
+    x = np.asarray(ins[0])
+    if x.dtype.kind not in "fiu":
+        raise UnsupportedNode(ctx.node, [str(x.dtype)], "ReduceSum of this type (float or integer only)")
+    axes = _axes(ctx, ins, a, x.ndim, input_from=13)
+    keep = bool(a.get("keepdims", 1))
+    if axes is None and a.get("noop_with_empty_axes", 0) and ctx.opset >= 13:
+        return [x]
+    if x.dtype.kind == "f":
+        return [np.asarray(x.astype(np.float64).sum(axis=axes, keepdims=keep)).astype(x.dtype)]
+    # 64-bit codes as Python ints: their exact sum may not fit any numpy integer
+    s = np.asarray(x.astype(object if x.dtype.itemsize == 8 else np.int64).sum(axis=axes, keepdims=keep))
+    info = np.iinfo(x.dtype)
+    if s.size and (s.min() < info.min or s.max() > info.max):
+        raise NPUError(f"node {ctx.node.name!r} (ReduceSum): the sum leaves {x.dtype} "
+                       f"([{s.min()}, {s.max()}] outside [{info.min}, {info.max}])")
+    return [s.astype(x.dtype)]
