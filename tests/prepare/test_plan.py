@@ -236,3 +236,41 @@ def test_a_forward_that_tests_an_argument_against_none_is_not_fx_traced():
     assert any(r.op_class == "add" and r.status == "quantized" for r in rows.values()), rows
     notes = dal.prepared(q).report.notes
     assert sum("forward tests shortcut against None" in n for n in notes) == 2, notes
+
+
+def _warm_bn(net: nn.Module) -> nn.Module:
+    """Running statistics away from (0, 1), so that a BN applied twice or not at all shows."""
+    torch.manual_seed(0)
+    for b in net.modules():
+        if isinstance(b, nn.BatchNorm2d):
+            b.running_mean.uniform_(-1, 1)
+            b.running_var.uniform_(0.5, 2)
+    return net.eval()
+
+
+class _DirectForward(nn.Module):
+    """timm's HRNet head: ``down.forward(y)`` on a Sequential(conv, bn, relu), not ``down(y)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.down = nn.Sequential(nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+
+    def forward(self, x):
+        return self.down.forward(self.conv(x))
+
+
+def test_a_submodule_forward_called_directly_is_one_leaf_call():
+    """fx sees only ``__call__``: it traced through ``down.forward`` and put the Sequential's conv,
+    bn and relu in the parent's graph too, so the fusion was planned twice and the second one
+    failed ("Sequential has no attribute `1`", hrnet_w18_small). The direct call is now a leaf
+    call of ``down``: one fusion, in the Sequential, and the function of the float model."""
+    net = _warm_bn(_DirectForward())
+    x = torch.randn(2, 3, 8, 8)
+    q = dal.prepare_qat(net, recipe="int8_balanced", hardware="a2000", example_inputs=(x,), inplace=False)
+    fused = [r for r in dal.prepared(q).report.rows if r.type_name == "QConvBnReLU2d"]
+    assert [r.name for r in fused] == ["down.0"], dal.prepared(q).report.rows
+    assert "forward" not in net.down.__dict__  # the tracing patch is undone
+    dal.prepare.set_quantizer_state(q, "off")
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), net(x), rtol=1e-4, atol=1e-4)
