@@ -274,3 +274,37 @@ def test_a_submodule_forward_called_directly_is_one_leaf_call():
     dal.prepare.set_quantizer_state(q, "off")
     with torch.no_grad():
         torch.testing.assert_close(q(x), net(x), rtol=1e-4, atol=1e-4)
+
+
+class _Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+class _ReachesIn(nn.Module):
+    """The parent calls the block's conv itself as well as the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = _Inner()
+
+    def forward(self, x):
+        return self.inner.conv(x) + self.inner(x)
+
+
+def test_a_conv_that_another_forward_also_calls_is_not_folded():
+    """Folding ``inner.bn`` into ``inner.conv`` (planned from the block's graph) silently added the
+    BN to the parent's own call of the conv (every output differed). A conv or BN called from more
+    than one captured forward is left unfolded: the BN is a quantized affine of its own."""
+    net = _warm_bn(_ReachesIn())
+    x = torch.randn(2, 4, 8, 8)
+    q = dal.prepare_qat(net, recipe="int8_balanced", hardware="a2000", example_inputs=(x,), inplace=False)
+    rows = {r.name: r for r in dal.prepared(q).report.rows}
+    assert rows["inner.conv"].type_name == "QConv2d" and rows["inner.bn"].type_name == "QBatchNorm2d", rows
+    dal.prepare.set_quantizer_state(q, "off")
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), net(x), rtol=1e-4, atol=1e-4)
