@@ -308,3 +308,40 @@ def test_a_conv_that_another_forward_also_calls_is_not_folded():
     dal.prepare.set_quantizer_state(q, "off")
     with torch.no_grad():
         torch.testing.assert_close(q(x), net(x), rtol=1e-4, atol=1e-4)
+
+
+class _ListBlock(nn.Module):
+    """timm's SelecSLS block: takes a tensor or a list, ``if not isinstance(x, list): x = [x]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        if not isinstance(x, list):
+            x = [x]
+        y = self.conv(x[0])
+        return [y, y + x[-1]]
+
+
+class _ListChain(nn.Sequential):
+    def forward(self, x):
+        for block in self:
+            x = block(x)
+        return x[1]
+
+
+def test_a_forward_that_tests_its_argument_type_is_not_fx_traced():
+    """fx passes a Proxy, which is not a list: the traced block wrapped its input in a list, and
+    the second block (given a real list) fed the list to its conv (TypeError, selecsls42b). Such a
+    forward goes to the call-site capture, which runs it as written and still quantizes its ``+``."""
+    net = _ListChain(_ListBlock(), _ListBlock()).eval()
+    x = torch.randn(2, 4, 8, 8)
+    q = dal.prepare_qat(net, recipe="int8_balanced", hardware="a2000", example_inputs=(x,), inplace=False)
+    rows = dal.prepared(q).report.rows
+    assert sum(r.op_class == "add" and r.status == "quantized" for r in rows) == 2, rows
+    notes = dal.prepared(q).report.notes
+    assert sum("forward tests the type of x" in n for n in notes) == 2, notes
+    dal.prepare.set_quantizer_state(q, "off")
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), net(x))
