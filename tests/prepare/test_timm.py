@@ -10,7 +10,10 @@ own ``Linear`` (MobileNetV3's classifier: listed as an unknown float module, so 
 head was a float Gemm that the integer model and dal.npu summed in different orders; now the
 QLinear of nn.Linear, whose computation it is: dal.nn.registry.EQUIVALENT_TYPES); MixNet's
 mixed kernels and the ViT's qkv export a Split, which dal.npu now runs; DLA's block tests its
-``shortcut=None`` argument, which torch.fx cannot trace faithfully (own_forward.trace_own_forward). Each model must train finite and verify:
+``shortcut=None`` argument, which torch.fx cannot trace faithfully (own_forward.trace_own_forward);
+HRNet's head calls ``down.forward(y)`` on a Conv-BN-ReLU Sequential (fx traced through it, and
+the fusion was planned twice), SelecSLS's block tests ``isinstance(x, list)`` (fx passes a
+Proxy: the traced block fed its list input to a conv). Each model must train finite and verify:
 dal.convert == dal.npu on every element, <= 1 LSB layer by layer against onnxruntime.
 """
 import pytest
@@ -22,7 +25,7 @@ from dal.prepare import set_quantizer_state
 timm = pytest.importorskip("timm")  # a dev dependency (pyproject): present wherever make test runs
 
 MODELS = ["resnet18", "efficientnet_b0", "mobilenetv3_small_100", "regnetx_002", "convnext_atto", "repvgg_a0",
-          "mixnet_s", "vit_tiny_patch16_224", "dla34"]
+          "mixnet_s", "vit_tiny_patch16_224", "dla34", "hrnet_w18_small", "selecsls42b"]
 
 
 def _float_model(name: str) -> torch.nn.Module:
