@@ -27,15 +27,61 @@ class _OwnForwardTracer(fx.Tracer):
 
 
 def trace_own_forward(mod: nn.Module) -> fx.Graph:
-    """The fx graph of ``mod.forward`` with submodule calls as ``call_module`` leaves. Raises
-    ValueError for a forward that tests an argument against None: fx passes a Proxy, so the
-    graph keeps the branch of "given" and breaks when the default is used (timm's DLA block:
-    ``if shortcut is None: shortcut = x`` became ``out + None``); the caller leaves such a
-    forward to the call-site capture."""
+    """The fx graph of ``mod.forward`` with submodule calls as ``call_module`` leaves, including
+    a submodule's ``forward`` called directly (``down.forward(y)``, timm's HRNet head): fx only
+    sees ``__call__``, so that forward's own calls (a Sequential's conv, bn, relu) would land in
+    this graph as well as in the submodule's, and the Conv+BN fusion was then planned in both.
+
+    Raises ValueError for a forward that tests an argument against None, or tests an argument's
+    type: fx passes a Proxy, so the graph keeps one branch. timm's DLA block
+    (``if shortcut is None: shortcut = x``) became ``out + None``; timm's SelecSLS block
+    (``if not isinstance(x, list): x = [x]``) wrapped its list input in a list and fed the list
+    to a conv. The caller leaves such a forward to the call-site capture, which runs it as written."""
     checked = _none_checked_arguments(type(mod).forward)
     if checked:
         raise ValueError(f"forward tests {', '.join(checked)} against None (torch.fx would keep one branch)")
-    return _OwnForwardTracer().trace(mod)
+    typed = _type_tested_arguments(type(mod).forward)
+    if typed:
+        raise ValueError(f"forward tests the type of {', '.join(typed)} (torch.fx passes a Proxy and would keep "
+                         "one branch)")
+    tracer = _OwnForwardTracer()
+    subs = [m for m in mod.modules() if m is not mod]
+    saved = [(m, m.__dict__.get("forward", _UNSET)) for m in subs]
+    for m in subs:
+        # An instance attribute shadows the class's forward for ``m.forward(...)`` only; the
+        # tracer's patched ``__call__`` does not read it (every submodule is a leaf).
+        m.__dict__["forward"] = _leaf_call(tracer, m, m.forward)
+    try:
+        return tracer.trace(mod)
+    finally:
+        for m, prev in saved:
+            if prev is _UNSET:
+                del m.__dict__["forward"]
+            else:
+                m.__dict__["forward"] = prev
+
+
+_UNSET = object()
+
+
+def _leaf_call(tracer: fx.Tracer, sub: nn.Module, forward):
+    def call(*args, **kwargs):
+        return tracer.call_module(sub, forward, args, kwargs)
+    return call
+
+
+def _type_tested_arguments(forward) -> list[str]:
+    """The arguments of ``forward`` whose type its source tests (``isinstance(x, ...)``,
+    ``type(x)``, ``torch.is_tensor(x)``)."""
+    import inspect
+    import re
+
+    try:
+        names = [n for n in inspect.signature(forward).parameters if n != "self"]
+        source = inspect.getsource(forward)
+    except (TypeError, ValueError, OSError):
+        return []
+    return [n for n in names if re.search(rf"\b(isinstance|type|is_tensor)\(\s*{n}\b\s*[,)]", source)]
 
 
 def _none_checked_arguments(forward) -> list[str]:

@@ -107,6 +107,7 @@ def build_plan(model: nn.Module, cap: Capture, resolve, extra: tuple = ()) -> li
     of forwards fx cannot trace, :func:`site_steps`), ordered after their owner."""
     steps: list[Step] = list(extra)
     fused: set[str] = set()  # BN paths folded into a conv, and convs that fuse
+    calls = _calls_across_graphs(model, cap)
     for owner, graph in cap.graphs.items():
         if owner in fused:
             continue  # a BatchNormAct2d folded by its parent: its own forward is replaced (norm_act.py)
@@ -115,8 +116,8 @@ def build_plan(model: nn.Module, cap: Capture, resolve, extra: tuple = ()) -> li
         for pat in find_conv_bn(graph, mod):
             conv = prefix + pat.conv
             spec = resolve(conv, "Conv2d", "conv")
-            if spec is None:
-                continue
+            if spec is None or max(calls[id(mod.get_submodule(p))] for p in (pat.conv, pat.bn)) > 1:
+                continue  # a conv or BN another forward also calls: folding here would change that call
             fused |= {conv, prefix + pat.bn}
             if pat.relu_node is not None and pat.relu_node.op == "call_module":
                 fused.add(prefix + pat.relu_node.target)  # erased from the graph with the fusion
@@ -133,6 +134,19 @@ def build_plan(model: nn.Module, cap: Capture, resolve, extra: tuple = ()) -> li
     order = {p: i for i, (p, _) in enumerate(model.named_modules())}
     # Modules in module order; a functional op right after the module its forward called before it.
     return sorted(steps, key=lambda s: (order[s.path], 0) if s.path in order else (order.get(s.after, -1), 1))
+
+
+def _calls_across_graphs(model: nn.Module, cap: Capture) -> dict[int, int]:
+    """How many ``call_module`` nodes of all captured graphs call each module (by identity): a
+    module some parent's forward reaches into (``self.block.conv(x)``) is called from two graphs."""
+    calls: dict[int, int] = {}
+    for owner, graph in cap.graphs.items():
+        mod = model.get_submodule(owner) if owner else model
+        for n in graph.nodes:
+            if n.op == "call_module":
+                key = id(mod.get_submodule(n.target))
+                calls[key] = calls.get(key, 0) + 1
+    return calls
 
 
 def site_steps(sites, resolve) -> list[Step]:

@@ -236,3 +236,112 @@ def test_a_forward_that_tests_an_argument_against_none_is_not_fx_traced():
     assert any(r.op_class == "add" and r.status == "quantized" for r in rows.values()), rows
     notes = dal.prepared(q).report.notes
     assert sum("forward tests shortcut against None" in n for n in notes) == 2, notes
+
+
+def _warm_bn(net: nn.Module) -> nn.Module:
+    """Running statistics away from (0, 1), so that a BN applied twice or not at all shows."""
+    torch.manual_seed(0)
+    for b in net.modules():
+        if isinstance(b, nn.BatchNorm2d):
+            b.running_mean.uniform_(-1, 1)
+            b.running_var.uniform_(0.5, 2)
+    return net.eval()
+
+
+class _DirectForward(nn.Module):
+    """timm's HRNet head: ``down.forward(y)`` on a Sequential(conv, bn, relu), not ``down(y)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.down = nn.Sequential(nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+
+    def forward(self, x):
+        return self.down.forward(self.conv(x))
+
+
+def test_a_submodule_forward_called_directly_is_one_leaf_call():
+    """fx sees only ``__call__``: it traced through ``down.forward`` and put the Sequential's conv,
+    bn and relu in the parent's graph too, so the fusion was planned twice and the second one
+    failed ("Sequential has no attribute `1`", hrnet_w18_small). The direct call is now a leaf
+    call of ``down``: one fusion, in the Sequential, and the function of the float model."""
+    net = _warm_bn(_DirectForward())
+    x = torch.randn(2, 3, 8, 8)
+    q = dal.prepare_qat(net, recipe="int8_balanced", hardware="a2000", example_inputs=(x,), inplace=False)
+    fused = [r for r in dal.prepared(q).report.rows if r.type_name == "QConvBnReLU2d"]
+    assert [r.name for r in fused] == ["down.0"], dal.prepared(q).report.rows
+    assert "forward" not in net.down.__dict__  # the tracing patch is undone
+    dal.prepare.set_quantizer_state(q, "off")
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), net(x), rtol=1e-4, atol=1e-4)
+
+
+class _Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+class _ReachesIn(nn.Module):
+    """The parent calls the block's conv itself as well as the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = _Inner()
+
+    def forward(self, x):
+        return self.inner.conv(x) + self.inner(x)
+
+
+def test_a_conv_that_another_forward_also_calls_is_not_folded():
+    """Folding ``inner.bn`` into ``inner.conv`` (planned from the block's graph) silently added the
+    BN to the parent's own call of the conv (every output differed). A conv or BN called from more
+    than one captured forward is left unfolded: the BN is a quantized affine of its own."""
+    net = _warm_bn(_ReachesIn())
+    x = torch.randn(2, 4, 8, 8)
+    q = dal.prepare_qat(net, recipe="int8_balanced", hardware="a2000", example_inputs=(x,), inplace=False)
+    rows = {r.name: r for r in dal.prepared(q).report.rows}
+    assert rows["inner.conv"].type_name == "QConv2d" and rows["inner.bn"].type_name == "QBatchNorm2d", rows
+    dal.prepare.set_quantizer_state(q, "off")
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), net(x), rtol=1e-4, atol=1e-4)
+
+
+class _ListBlock(nn.Module):
+    """timm's SelecSLS block: takes a tensor or a list, ``if not isinstance(x, list): x = [x]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        if not isinstance(x, list):
+            x = [x]
+        y = self.conv(x[0])
+        return [y, y + x[-1]]
+
+
+class _ListChain(nn.Sequential):
+    def forward(self, x):
+        for block in self:
+            x = block(x)
+        return x[1]
+
+
+def test_a_forward_that_tests_its_argument_type_is_not_fx_traced():
+    """fx passes a Proxy, which is not a list: the traced block wrapped its input in a list, and
+    the second block (given a real list) fed the list to its conv (TypeError, selecsls42b). Such a
+    forward goes to the call-site capture, which runs it as written and still quantizes its ``+``."""
+    net = _ListChain(_ListBlock(), _ListBlock()).eval()
+    x = torch.randn(2, 4, 8, 8)
+    q = dal.prepare_qat(net, recipe="int8_balanced", hardware="a2000", example_inputs=(x,), inplace=False)
+    rows = dal.prepared(q).report.rows
+    assert sum(r.op_class == "add" and r.status == "quantized" for r in rows) == 2, rows
+    notes = dal.prepared(q).report.notes
+    assert sum("forward tests the type of x" in n for n in notes) == 2, notes
+    dal.prepare.set_quantizer_state(q, "off")
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), net(x))

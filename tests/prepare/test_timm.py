@@ -15,8 +15,10 @@ DenseNet's pre-activation BatchNormAct2d reads a Concat, nothing to fold into, a
 BN, which dal.convert ran in torch's float32 kernel (an ulp off dal.npu's one rounding on ~1/4 of
 elements, 30135 codes differed end to end; now float64 rounded once, dal.convert.float_ops);
 ResNeSt's split attention exports a float ReduceSum and its avg_down a ceil-mode AveragePool,
-which dal.npu now runs and dal.convert computes by the same rule (float64 sums, rounded once).
-Each model must train finite and verify:
+which dal.npu now runs and dal.convert computes by the same rule (float64 sums, rounded once);
+HRNet's head calls ``down.forward(y)`` on a Conv-BN-ReLU Sequential (fx traced through it, and
+the fusion was planned twice), SelecSLS's block tests ``isinstance(x, list)`` (fx passes a
+Proxy: the traced block fed its list input to a conv). Each model must train finite and verify:
 dal.convert == dal.npu on every element, <= 1 LSB layer by layer against onnxruntime.
 """
 import pytest
@@ -28,8 +30,8 @@ from dal.prepare import set_quantizer_state
 timm = pytest.importorskip("timm")  # a dev dependency (pyproject): present wherever make test runs
 
 MODELS = ["resnet18", "efficientnet_b0", "mobilenetv3_small_100", "regnetx_002", "convnext_atto", "repvgg_a0",
-          "mixnet_s", "vit_tiny_patch16_224", "dla34", "densenet121",
-          "resnest14d"]
+          "mixnet_s", "vit_tiny_patch16_224", "dla34", "densenet121", "resnest14d", "hrnet_w18_small",
+          "selecsls42b"]
 
 
 def _float_model(name: str) -> torch.nn.Module:
