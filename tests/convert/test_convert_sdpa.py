@@ -5,16 +5,11 @@ attention with this function; torch's fused kernel made its integer model and da
 disagree on some codes of the next quantizer)."""
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-import dal
-from convert_common import assert_bit_exact, build, random_batches
 from dal.convert.sdpa import attention_scale_root, sdpa_onnx
 
 torch.set_num_threads(1)
@@ -52,28 +47,3 @@ def test_calls_outside_the_covered_form_run_torch():
     assert sdpa_onnx(q, q, q, is_causal=True) is None
     assert sdpa_onnx(q, q, q, scale=0.5) is None
     assert sdpa_onnx(q, q, q, torch.ones(5, 5, dtype=torch.bool)) is None
-
-
-class _Attention(nn.Module):
-    """timm's Attention with fused_attn: qkv Linear, SDPA over heads, proj Linear."""
-
-    def __init__(self, dim=64, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-
-    def forward(self, x):
-        b, n, c = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        y = F.scaled_dot_product_attention(q, k, v)
-        return self.proj(y.transpose(1, 2).reshape(b, n, c))
-
-
-def test_attention_model_bit_exact_with_the_npu():
-    x = torch.randn(2, 50, 64)
-    qat, proto, sess = build(_Attention(), x, "a2000")
-    assert any(n.op_type == "Softmax" for n in proto.graph.node)  # the exporter's decomposition
-    im = dal.convert(copy.deepcopy(qat), (x,))
-    assert_bit_exact(im, proto, sess, random_batches((8, 50, 64), n=4), "attention with SDPA")
