@@ -25,6 +25,8 @@ dal.npu.compare) cannot also be a bug of the judge. What they read is the ONNX f
 """
 from __future__ import annotations
 
+import fractions
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,3 +237,14 @@ def _cpu_vendor() -> str:
 #: on): trained nets, sensitivity rankings and one near-tie differ. The tests marked with it run
 #: and report xfail / xpass there; the figures measured are in each reason (2026-12-02, AMD EPYC).
 ON_AMD_HOST = _cpu_vendor() == "AuthenticAMD"
+
+
+def nearest_float(exact: fractions.Fraction, dtype) -> np.ndarray:
+    """``exact`` rounded to ``dtype``, to nearest, ties to even (a sum of two floats can be a tie):
+    float(exact) and its neighbours, compared exactly."""
+    f = np.asarray(float(exact)).astype(dtype)
+    cands = [np.asarray(c, dtype) for c in (np.nextafter(f, dtype(-np.inf)), f, np.nextafter(f, dtype(np.inf)))]
+    dist = [abs(fractions.Fraction(float(c)) - exact) for c in cands]
+    best = [c for c, d in zip(cands, dist) if d == min(dist)]
+    uint = np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16
+    return next((c for c in best if int(c.view(uint)) % 2 == 0), best[0])[()]

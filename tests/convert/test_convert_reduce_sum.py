@@ -15,6 +15,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from oracles import nearest_float
 import torch.nn.functional as F
 from torch import nn
 
@@ -22,17 +23,6 @@ from convert_common import assert_bit_exact, build, random_batches
 from dal.convert.float_ops import NPUFloatOps
 
 torch.set_num_threads(1)
-
-
-def _nearest(exact: Fraction, dtype) -> np.ndarray:
-    """``exact`` rounded to ``dtype``, to nearest, ties to even (a sum of two floats can be a tie):
-    float(exact) and its neighbours, compared exactly."""
-    f = np.asarray(float(exact)).astype(dtype)
-    cands = [np.asarray(c, dtype) for c in (np.nextafter(f, dtype(-np.inf)), f, np.nextafter(f, dtype(np.inf)))]
-    dist = [abs(Fraction(float(c)) - exact) for c in cands]
-    best = [c for c, d in zip(cands, dist) if d == min(dist)]
-    uint = np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16
-    return next((c for c in best if int(c.view(uint)) % 2 == 0), best[0])[()]
 
 
 def _wide(shape, seed=0):
@@ -48,12 +38,12 @@ def test_sum_is_the_exact_sum_rounded_once(dtype):
         got = [x.sum(dim=1), torch.sum(x, (1,)), x.sum(1, keepdim=True).squeeze(1)]
     npd = np.float32 if dtype == torch.float32 else np.float16
     xs = x.numpy()
-    want = np.array([[_nearest(sum(Fraction(float(v)) for v in xs[i, :, j]), npd) for j in range(5)] for i in range(3)])
+    want = np.array([[nearest_float(sum(Fraction(float(v)) for v in xs[i, :, j]), npd) for j in range(5)] for i in range(3)])
     for g in got:
         assert g.dtype == dtype and np.array_equal(g.numpy(), want)
     with NPUFloatOps():
         total = x.sum()
-    assert total.item() == float(_nearest(sum(Fraction(float(v)) for v in xs.reshape(-1)), npd))
+    assert total.item() == float(nearest_float(sum(Fraction(float(v)) for v in xs.reshape(-1)), npd))
 
 
 def _pool_oracle(x: np.ndarray, k, s, p, include_pad: bool) -> np.ndarray:
@@ -78,7 +68,7 @@ def _pool_oracle(x: np.ndarray, k, s, p, include_pad: bool) -> np.ndarray:
             for b in range(x.shape[0]):
                 for c in range(x.shape[1]):
                     exact = sum(Fraction(float(x[b, c, r, q])) for r in rows for q in cols)
-                    out[b, c, i, j] = _nearest(exact, np.float32) / np.float32(nr * nc)
+                    out[b, c, i, j] = nearest_float(exact, np.float32) / np.float32(nr * nc)
     return out
 
 

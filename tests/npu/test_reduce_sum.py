@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import dal.npu
 from dal.npu import NPUError, UnsupportedNode
-from oracles import run_ort
+from oracles import nearest_float, run_ort
 
 _TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16, np.int32: TensorProto.INT32,
           np.int64: TensorProto.INT64}
@@ -62,17 +62,6 @@ def test_reduce_sum_matches_onnxruntime(x, axes, opset, attrs):
     assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
 
 
-def _nearest(exact: Fraction, dtype) -> np.ndarray:
-    """``exact`` rounded to ``dtype``, to nearest, ties to even (a sum of two floats can be a tie):
-    float(exact) and its neighbours, compared exactly."""
-    f = np.asarray(float(exact)).astype(dtype)
-    cands = [np.asarray(c, dtype) for c in (np.nextafter(f, dtype(-np.inf)), f, np.nextafter(f, dtype(np.inf)))]
-    dist = [abs(Fraction(float(c)) - exact) for c in cands]
-    best = [c for c, d in zip(cands, dist) if d == min(dist)]
-    uint = np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint16
-    return next((c for c in best if int(c.view(uint)) % 2 == 0), best[0])[()]
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_a_float_sum_is_the_correctly_rounded_one(dtype):
     """64 summands of mixed sign over 12 binades per output (float32 rounding inside the sum
@@ -83,7 +72,7 @@ def test_a_float_sum_is_the_correctly_rounded_one(dtype):
     x = (rng.standard_normal((3, 64, 5)) * np.exp2(rng.integers(-6, 6, (3, 64, 5)))).astype(dtype)
     model = _reduce_sum(x, [1], keepdims=0)
     got = dal.npu.run(model, {"x": x})[0]
-    want = np.array([[_nearest(sum(Fraction(float(v)) for v in x[i, :, j]), dtype) for j in range(5)]
+    want = np.array([[nearest_float(sum(Fraction(float(v)) for v in x[i, :, j]), dtype) for j in range(5)]
                      for i in range(3)])
     assert got.dtype == dtype and np.array_equal(got, want)
     ort = run_ort(model, {"x": x})[0].astype(np.float64)
