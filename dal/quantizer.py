@@ -16,8 +16,8 @@ observer; ``end_observation`` is the calibration transition (compute, then set);
 ``set_qparams`` / ``clear_qparams`` / ``snapshot`` / ``restore`` serve the searches that try
 scales and put them back; :func:`quantizer_states` switches a whole model for a ``with`` block.
 
-The state is a buffer (``state_code``), so ``state_dict`` round-trips it with scale and zero
-point; the forward reads a Python mirror of it, chosen once per state change (``use_kernel``).
+The state is a buffer (``state_code``): ``state_dict`` round-trips it with scale and zero point; the
+forward reads a Python mirror of it, chosen once per state change (``use_kernel``).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from .formats.fold import FoldedFakeQuantizeFunction, fold_eligible, fold_granul
 from .formats.track import ShareStats, fixed_kernel_params, fold_track_forward, kernel_fake_quantize, track_qparams
 from .formats.qparams import MIN_SCALE, check_pow2_rounding, power_of_two_scale
 from .observers import MinMaxObserver, make_observer
+from .quantizer_bound import BoundCall
 
 
 class QState(str, enum.Enum):
@@ -87,10 +88,7 @@ class FakeQuantizer(nn.Module):
             gradients once calibration has initialised them.
         name: module path, used in error messages (set by ``prepare_qat``).
 
-    Example:
-        >>> fq = FakeQuantizer("int8", observer="minmax")
-        >>> _ = fq(torch.randn(8, 16)); _ = fq.end_observation("frozen")
-        >>> y = fq(torch.randn(8, 16))
+    Example: ``fq = FakeQuantizer("int8"); fq(x_calib); fq.end_observation("frozen"); y = fq(x)``.
     """
 
     def __init__(self, fmt="int8", granularity: Granularity = PER_TENSOR, symmetric: bool = True,
@@ -129,9 +127,8 @@ class FakeQuantizer(nn.Module):
     state = property(lambda self: self._state, doc="The state, a QState (set it with set_state).")
 
     def set_state(self, state) -> "FakeQuantizer":
-        """Set the state, and only that: scale and zero point are untouched. Switching a scaled
-        format to ``quantize`` or ``frozen`` needs them set (``compute_qparams``,
-        ``end_observation`` or ``dal.calibrate``); without them it raises, naming the quantizer."""
+        """Set the state, and only that: scale and zero point are untouched. A scaled format needs them set for
+        ``quantize`` / ``frozen`` (``compute_qparams``, ``end_observation``, ``dal.calibrate``), else it raises."""
         state = QState.of(state)
         if state.quantizes and self.fmt.is_scaled and not self.initialized:
             raise RuntimeError(f"quantizer {self.name or '<unnamed>'} ({self.fmt.name}) has no scale yet: calibrate it "
@@ -140,9 +137,8 @@ class FakeQuantizer(nn.Module):
         return self
 
     def end_observation(self, state="quantize") -> "FakeQuantizer":
-        """The calibration transition: leave ``observe`` for ``state``, first taking (scale,
-        zero_point) from the observer when it has seen data — except for a learnable scale that
-        is already initialised, which keeps what it learned. Outside ``observe``: ``set_state``."""
+        """The calibration transition: leave ``observe`` for ``state``, first taking (scale, zero_point) from the
+        observer if it saw data (an initialised learnable scale keeps what it learned). Else ``set_state``."""
         if self._state is QState.OBSERVE and self.fmt.is_scaled and self.observer is not None \
                 and self.observer.has_data and not (self.learnable and self.initialized):
             self.compute_qparams()
@@ -156,13 +152,13 @@ class FakeQuantizer(nn.Module):
 
     def _mirror(self, state: QState) -> None:
         """The forward's view of the state, decided once here instead of on every call."""
-        self._state = state
+        self._state, self._bound = state, None  # the bound call (quantizer_bound.py) is redone per state
         self._fake_quant = state.quantizes and self.fmt.is_scaled
         self._cast = state.quantizes and not self.fmt.is_scaled
-        # QAT with a cheap observer (min-max) updates the scale each step; which observer can
-        # change (calibration methods swap them), so that is read per call (_tracking).
+        # QAT with a cheap observer (min-max) updates the scale each step; the observer can change
+        # (calibration swaps them): read per call (_tracking). Then the C++ kernel path: straight-through
+        # estimator, integer and FP8 formats, unless use_kernel(False).
         self._tracks_range = state is QState.QUANTIZE and self.fmt.is_scaled and not self.learnable
-        # The C++ kernel path: straight-through estimator, integer and FP8 formats, unless use_kernel(False).
         self._kernel = self._fake_quant and not self.learnable and kernel_format(self.fmt) \
             and self.__dict__.get("_use_kernel", True)
 
@@ -273,12 +269,11 @@ class FakeQuantizer(nn.Module):
 
     @torch.no_grad()
     def project_learned_qparams_(self) -> bool:
-        """Put a learnable scale / zero point an optimizer step pushed out of range back in it:
-        ``scale >= MIN_SCALE`` (a scale <= 0 divides by zero or flips signs) and, for an affine
-        format, ``qmin <= zero_point <= qmax`` (the ONNX zero point is of the format's own type).
-        In place, and only when something is out of range: the forward calls it every time, so
-        a quantizer called twice in one forward does not bump the Parameters' version counter
-        between the calls (autograd saved them). Returns whether anything changed."""
+        """Put a learnable scale / zero point an optimizer step pushed out of range back in it: ``scale >=
+        MIN_SCALE`` (a scale <= 0 divides by zero or flips signs) and, affine, ``qmin <= zero_point <= qmax``
+        (ONNX's zero point has the format's type). In place, only when out of range: the forward calls it
+        every time, and a second call in one forward must not bump the counters autograd saved. Returns
+        whether it changed anything."""
         if not (self.learnable and self.initialized and self.fmt.is_scaled):
             return False
         changed = False
@@ -327,11 +322,17 @@ class FakeQuantizer(nn.Module):
 
     def _kernel_forward(self, x: torch.Tensor) -> Optional[torch.Tensor]:
         """This call by the C++ kernel, the observer's QAT step included (``dal.formats.track``), or
-        None: the torch path decides (it also raises for a quantizer without a scale)."""
-        tracking, stats = self._tracking(), self.__dict__.get("_share_stats")  # None: pickled before ShareStats
-        step = self._track_step() if tracking else None
-        return None if tracking and step is None else kernel_fake_quantize(
-            x, self.granularity, self.fmt, self.qmin, self.qmax, self.scale, self.zero_point, step, stats)
+        None: the torch path decides (it also raises for a quantizer without a scale). A per-tensor
+        QAT call, once it has taken that route, is bound to it (``dal.quantizer_bound``: same bits)."""
+        bound, stats = self.__dict__.get("_bound"), self.__dict__.get("_share_stats")  # None: pickled before
+        y = bound.call(x, stats) if bound and self.training and bound.holds(self) else None
+        if y is None:
+            step = self._track_step() if self._tracking() else False  # None: tracking, not by the kernel
+            y = None if step is None else kernel_fake_quantize(
+                x, self.granularity, self.fmt, self.qmin, self.qmax, self.scale, self.zero_point, step or None, stats)
+            if y is not None and step and bound is not False:  # False: binding failed, not retried
+                self._bound = BoundCall.of(self, step) or False
+        return y
 
     def _kernel_params(self, x: torch.Tensor, f: Optional[torch.Tensor]) -> Optional[tuple]:
         """This call's ``(s, lo, hi, mode)`` for the C++ kernel, after the observer's QAT step (of
@@ -347,8 +348,7 @@ class FakeQuantizer(nn.Module):
     def _tracking(self) -> bool:  # the QAT step updates the scale (a cheap observer, training)
         return self._tracks_range and self.training and self.observer.updates_during_training
 
-    def _track_step(self) -> Optional[tuple]:
-        """The observer's ``track_step()`` when it is this quantizer's C++ QAT step (not for 2^k scales)."""
+    def _track_step(self) -> Optional[tuple]:  # the observer's track_step() if it is ours (not for 2^k scales)
         o, mine = self.observer, (self.fmt, self.symmetric, self.narrow_range)
         same = isinstance(o, MinMaxObserver) and (o.fmt, o.symmetric, o.narrow_range) == mine
         return o.track_step() if same and self.power_of_two is None else None

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from dal.formats import native, per_channel
+from dal.formats.track_call import TrackCall
 from dal.nn import QConvBn2d, SimpleLayerSpec, SimpleTensorSpec
 from dal.quantizer import FakeQuantizer
 
@@ -105,6 +106,8 @@ def taken(monkeypatch):
     # activations: the observer's step (its last argument) and the fake quantization in one call
     monkeypatch.setattr(module, "kernel_fake_quantize",
                         counting(module.kernel_fake_quantize, lambda args: args[-1] is not None))
+    # the same call once bound (dal.quantizer_bound): always the observer's step
+    monkeypatch.setattr(TrackCall, "__call__", counting(TrackCall.__call__))
     return count
 
 

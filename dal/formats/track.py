@@ -58,7 +58,7 @@ def track_qparams(lo: torch.Tensor, hi: torch.Tensor, min_val: torch.Tensor, max
         return None
     s, k_lo, k_hi = torch.empty(n), torch.empty(n), torch.empty(n)
     ok = lib.dal_track_qparams(lo.data_ptr(), hi.data_ptr(), n, min_val.data_ptr(), max_val.data_ptr(),
-                               batches_seen.data_ptr(), *_step_args(ema, fmt, symmetric, qmin, qmax),
+                               batches_seen.data_ptr(), *step_args(ema, fmt, symmetric, qmin, qmax),
                                scale.data_ptr(), zero_point.data_ptr(), s.data_ptr(), k_lo.data_ptr(),
                                k_hi.data_ptr())
     if not ok:
@@ -75,7 +75,9 @@ def _buffers_ok(min_val, max_val, batches_seen, scale, zero_point) -> bool:
 
 
 @functools.lru_cache(maxsize=256)  # a handful of (format, range) combinations per model: per call a lookup
-def _step_args(ema, fmt: QFormat, symmetric: bool, qmin, qmax) -> tuple:
+def step_args(ema, fmt: QFormat, symmetric: bool, qmin, qmax) -> tuple:
+    """The C++ observer step's constant arguments ``(ema?, c, symmetric, qmin, qmax, zp_mid, denom,
+    fp8)``, as ``dal_track_qparams`` in ``csrc/fake_quant.cpp`` reads them."""
     if fmt.is_float8:
         zp_mid, denom = 0, fmt.max_value
     else:  # as choose_qparams: symmetric unsigned formats centre on the mid code
@@ -102,7 +104,7 @@ def fold_track_forward(weight: torch.Tensor, f: torch.Tensor, min_val, max_val, 
     mode = kernel_mode(fmt)
     ok = lib.dal_fold_track_forward(weight.data_ptr(), out.data_ptr(), mask.data_ptr() if need_mask else None, rows,
                                     row_len, f.data_ptr(), min_val.data_ptr(), max_val.data_ptr(),
-                                    batches_seen.data_ptr(), *_step_args(ema, fmt, symmetric, qmin, qmax),
+                                    batches_seen.data_ptr(), *step_args(ema, fmt, symmetric, qmin, qmax),
                                     scale.data_ptr(), zero_point.data_ptr(), s.data_ptr(), k_lo.data_ptr(),
                                     k_hi.data_ptr(), mode, bool(divide), torch.get_num_threads())
     if not ok:
@@ -188,7 +190,7 @@ def _track_fq(x, min_val, max_val, batches_seen, ema, fmt, symmetric, qmin, qmax
     mask = torch.empty((n + 7) // 8, dtype=torch.uint8) if need_mask else None
     ok = lib.dal_track_fq_forward(x.data_ptr(), out.data_ptr(), mask.data_ptr() if need_mask else None, n,
                                   min_val.data_ptr(), max_val.data_ptr(), batches_seen.data_ptr(),
-                                  *_step_args(ema, fmt, symmetric, qmin, qmax), scale.data_ptr(),
+                                  *step_args(ema, fmt, symmetric, qmin, qmax), scale.data_ptr(),
                                   zero_point.data_ptr(), kernel_mode(fmt), torch.get_num_threads())
     if not ok:
         return None
