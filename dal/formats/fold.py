@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 
 from . import native
+from .first_order import first_order
 from .fused import kernel_params, plain_tensor
 from .granularity import Granularity
 from .qformat import QFormat
@@ -132,7 +133,7 @@ class FoldedFakeQuantizeFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order
     def backward(ctx, grad_out):
         need_w, need_f = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if not (need_w or need_f):

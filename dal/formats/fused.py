@@ -28,6 +28,7 @@ import math
 import torch
 
 from . import native
+from .first_order import first_order
 from .granularity import Granularity
 from .qformat import QFormat
 
@@ -123,7 +124,7 @@ class FusedFakeQuantizeFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order
     def backward(ctx, grad_out):
         grad_x = None
         if ctx.needs_input_grad[0]:
@@ -151,7 +152,7 @@ class KernelOutputFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order
     def backward(ctx, grad_out):
         (mask,) = ctx.saved_tensors
         g = grad_out.to(torch.float32).contiguous()

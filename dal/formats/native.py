@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "fake_quant.cpp")
-_ABI_VERSION = 5
+_ABI_VERSION = 6
 _status = "not built yet (the fused kernel is built on the first eligible fake_quantize call)"
 
 
@@ -210,6 +210,10 @@ def library():
     lib.dal_mask_all_set.restype = i32
     lib.dal_fp_cast_round_trip.argtypes = [p, p, i64, i32, i32]
     lib.dal_fp_cast_round_trip.restype = None
+    lib.dal_fold_factor.argtypes = [p, p, f32, i64, i32, p, p, p]
+    lib.dal_fold_factor.restype = None
+    lib.dal_fold_factor_backward.argtypes = [p, p, p, i64, p]
+    lib.dal_fold_factor_backward.restype = None
     _status = "built and loaded"
     return lib
 

@@ -47,7 +47,10 @@ saved for a backward; dal's modules only read a quantizer's output (conv, linear
 Recording an entry (two byte snapshots of the state, three weak references) costs about as much
 as the kernel call on a small tensor, and most quantizers' inputs feed no second quantizer. So a
 caller may pass its ``ShareStats``: once its first ``PROBE_CALLS`` entries have all gone untaken
-it stops recording (its calls still take another's entry). Only the speed depends on it: a call
+it stops recording (its calls still take another's entry). Four: a pair is two quantizers that
+have seen the same tensors since calibration, so the second takes the first's entry from the
+first QAT step on; with sixteen, a detector paid the recording on every call of its first
+sixteen steps (~1000 byte snapshots a step in SSDlite). Only the speed depends on it: a call
 that finds no entry computes, and the bits are the same either way.
 
 :func:`sharing` switches the memo off for a block (the reference path of the tests).
@@ -85,7 +88,7 @@ def sharing_enabled() -> bool:
 
 
 #: a caller whose first this many recorded entries no later call took stops recording (module doc)
-PROBE_CALLS = 16
+PROBE_CALLS = 4
 
 
 class ShareStats:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import native
+from ..formats.first_order import first_order
 from ..formats.fused import plain_tensor
 
 
@@ -46,7 +47,7 @@ class ChannelDivideFunction(torch.autograd.Function):
         return y / fb
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @first_order
     def backward(ctx, grad_out):
         y, f = ctx.saved_tensors
         need_y, need_f = ctx.needs_input_grad

@@ -2,7 +2,8 @@
 
 Training (BN not frozen), as production QAT does it (Krishnamoorthi 2018; torch.ao):
 
-    f     = gamma / sqrt(running_var + eps)                 per output channel
+    f     = gamma / sqrt(running_var + eps)                 per output channel, each op
+                                                            correctly rounded (dal.formats.fold_factor)
     y     = conv(x, fq_w(W * f)) / f (+ conv bias)          quantized *folded* weights
     y     = BN(y)                                           batch statistics; running stats update
 
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..formats.fold_factor import fold_factor
 from .adopt import adopt, release
 from .base import QATModule
 from .channel_divide import channel_divide
@@ -69,9 +71,11 @@ class QConvBn2d(QATModule, nn.Conv2d):
         return self
 
     def _fold_factor(self) -> torch.Tensor:
-        std = torch.sqrt(self.bn.running_var + self.bn.eps)
-        gamma = self.bn.weight if self.bn.affine else torch.ones_like(std)
-        return gamma / std
+        """``gamma / sqrt(running_var + eps)`` per output channel, each operation correctly rounded
+        (``dal.formats.fold_factor``: float32 ``torch.sqrt`` is not on the CPU, so the exported
+        weights would depend on the machine)."""
+        bn = self.bn
+        return fold_factor(bn.weight if bn.affine else None, bn.running_var, bn.eps)
 
     def _training_fold_factor(self) -> torch.Tensor:
         """``_fold_factor()`` with 1 where it is 0. A channel with gamma = 0 (timm's and
@@ -80,8 +84,8 @@ class QConvBn2d(QATModule, nn.Conv2d):
         is beta whatever the conv computes, so the conv may take f = 1 there: ``fq_w(W) / 1``,
         finite, and gamma's gradient from BN is the float model's. Eval and export keep f = 0
         (the folded weight is 0 and the bias beta, which is exact). Other channels: the same bits."""
-        f = self._fold_factor()
-        return torch.where(f != 0, f, 1.0)
+        bn = self.bn
+        return fold_factor(bn.weight if bn.affine else None, bn.running_var, bn.eps, ones_for_zero=True)
 
     def folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W * f, beta + (b - mean) * f) in float: what the exporter and hardware see before quantization."""

@@ -18,7 +18,8 @@
 // dal_track_fq_forward, dal_fq_forward_fixed: dal.formats.track), and the backward of the 1/f
 // on QConvBn2d's conv output (dal_channel_divide_backward, dal.nn.channel_divide), and the int32
 // bias with its scale s_in * s_w (dal_bias_fq_forward, dal.formats.bias).
-// And the FP16 / BF16 cast round trip of an FP16 island (dal_fp_cast_round_trip, dal.formats.fp_cast).
+// And the FP16 / BF16 cast round trip of an FP16 island (dal_fp_cast_round_trip, dal.formats.fp_cast), and
+// QConvBn2d's training fold factor gamma / sqrt(var + eps) (dal_fold_factor, dal.formats.fold_factor).
 //
 // Plain C ABI (called through ctypes): no torch headers, so it builds in about a second.
 #include <cmath>
@@ -695,6 +696,27 @@ void dal_channel_divide_backward(const float* g, const float* y, const float* f,
     }
 }
 
+// ---- f = gamma / sqrt(running_var + eps) of QConvBn2d (dal.formats.fold_factor) -------------
+// Each float32 operation correctly rounded (IEEE add, sqrt, division; torch's own CPU sqrt is not
+// always): std = sqrt(var + (float)eps), raw = gamma / std (gamma null: 1 / std); with ones_for_zero,
+// f = raw where raw != 0, else 1 (training: a zero-gamma channel, dal.nn.conv_bn); keep[c] records
+// raw != 0 for the backward. Scalar code: a few hundred channels, no vector win.
+void dal_fold_factor(const float* gamma, const float* var, float eps, int64_t n, int ones_for_zero, float* f,
+                     float* std_out, uint8_t* keep) {
+    for (int64_t c = 0; c < n; ++c) {
+        const float sd = std::sqrt(var[c] + eps);
+        const float raw = (gamma ? gamma[c] : 1.0f) / sd;
+        std_out[c] = sd;
+        keep[c] = !ones_for_zero || raw != 0.0f;
+        f[c] = keep[c] ? raw : 1.0f;
+    }
+}
+
+// d gamma of the above, autograd's chain: where's backward (+0 where raw was replaced), then / std.
+void dal_fold_factor_backward(const float* g, const float* std_in, const uint8_t* keep, int64_t n, float* grad) {
+    for (int64_t c = 0; c < n; ++c) grad[c] = (keep[c] ? g[c] : 0.0f) / std_in[c];
+}
+
 }  // extern "C"
 
 // ---- the FP16 / BF16 cast round trip of an FP16 island (dal.formats.fp_cast) ---------------
@@ -765,6 +787,6 @@ void dal_fp_cast_round_trip(const float* x, float* out, int64_t n, int dtype, in
     }
 }
 
-int dal_fq_abi_version() { return 5; }
+int dal_fq_abi_version() { return 6; }
 
 }  // extern "C"
