@@ -23,6 +23,7 @@ from .errors import ConvertError
 from .float_ops import NPUFloatOps
 from .forms import swap_forms
 from .layers import IntegerLayer, fan_value
+from .opset import called_functions, export_opset
 from .probe import plan_groups, record
 
 
@@ -111,10 +112,13 @@ class IntegerModel(nn.Module):
     """The converted model; ``forward`` takes and returns what the QAT model's does."""
 
     def __init__(self, net: nn.Module, layers: dict, requantizer: Requantizer, forms: Optional[dict] = None,
-                 opset: Optional[int] = None):
+                 opset: Optional[int] = None, explicit_opset: bool = False):
         super().__init__()
         self.net = net
-        self.opset = opset  # the export's: functional GELU / LayerNorm are spelled by it (float_ops.py)
+        # the export's: functional GELU / LayerNorm / SDPA are spelled by it (float_ops.py); the
+        # formats' default until the probe forward sees the functions that raise it (opset.py)
+        self.opset = opset
+        self._explicit_opset = explicit_opset
         self.requantizer = requantizer
         self._layers = layers  # path -> IntegerLayer (also inside net)
         self.forms = dict(forms or {})  # path of a replaced operator -> its form (forms.py)
@@ -134,6 +138,8 @@ class IntegerModel(nn.Module):
         finally:
             for lay in layers:
                 lay.probing = False
+        if self.opset is not None:
+            self.opset = export_opset(self.opset, self._explicit_opset, called_functions(events))
         plans = plan_groups(events, outputs)
         for lay in layers:
             lay.plans = plans.get(id(lay), [])
@@ -246,7 +252,9 @@ def convert(model: nn.Module, example_inputs: Optional[tuple] = None, opset: Opt
     ``model`` is not changed. Structure (which layers are integer groups) is read by one probe
     forward (probe.py) on the first call, or here on ``example_inputs``. ``opset``: the one the
     file is exported at, when not the exporter's default (LayerNorm and GELU are spelled
-    differently from opset 17 and 20 on).
+    differently from opset 17 and 20 on); left None, it is that default as the exporter reaches
+    it, the formats' lowest raised by the probe forward to 14 when the model calls
+    ``F.scaled_dot_product_attention`` (opset.py); an explicit one below that is refused.
 
     A Linear on rank > 2 inputs with an int32 bias (MatMul + Add in the file) is an integer
     group like a Gemm. Not covered yet (see export/SPEC.md §5a; ``summary()`` lists what runs as
@@ -261,6 +269,7 @@ def convert(model: nn.Module, example_inputs: Optional[tuple] = None, opset: Opt
     >>> int_model(x).equal(torch.from_numpy(dal.npu.run(path, {"input": x.numpy()})[0]))  # doctest: +SKIP
     True
     """
+    explicit = opset is not None
     opset = _check_calibrated(model, opset)
     rq = requantizer_of(model)
     net = copy.deepcopy(model).eval()
@@ -273,7 +282,7 @@ def convert(model: nn.Module, example_inputs: Optional[tuple] = None, opset: Opt
         parent = net.get_submodule(parent_path) if parent_path else net
         layers[path] = IntegerLayer(mod, path, rq)
         _swap(parent, name, layers[path])
-    im = IntegerModel(net, layers, rq, swap_forms(net, opset, _swap), opset)
+    im = IntegerModel(net, layers, rq, swap_forms(net, opset, _swap), opset, explicit)
     if example_inputs is not None:
         args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
         with torch.no_grad():
