@@ -58,7 +58,8 @@ class BoundCall:
         mn, mx, bs, s, zp = self.call.tensors
         fmt = self.fmt
         return (ob.get("min_val") is mn and ob.get("max_val") is mx and ob.get("batches_seen") is bs
-                and qb.get("scale") is s and qb.get("zero_point") is zp and qd["fmt"] is fmt and od["fmt"] is fmt
+                and qb.get("scale") is s and qb.get("zero_point") is zp and qd["fmt"] is fmt
+                and (od["fmt"] is fmt or od["fmt"] == fmt)  # a deep-copied observer has an equal copy
                 and qd["symmetric"] == self.symmetric == od["symmetric"]
                 and qd["narrow_range"] == self.narrow_range == od["narrow_range"]
                 and qd["granularity"] is self.granularity and od.get("averaging_constant") == self.ema

@@ -167,3 +167,15 @@ def test_per_channel_and_non_tensor_inputs_are_never_bound():
     x = torch.randn(32, 4, generator=gen).t()  # not contiguous: the bound call declines, the chain decides
     _same(fast(x), slow(x), "non-contiguous input")
     _steps(fast, slow, gen, "after the declined call")
+
+
+def test_a_deep_copied_observer_binds_again(bound_calls):
+    # its format is an equal copy, not the quantizer's object: the binding compares formats by value
+    fast, slow = _pair()
+    gen = torch.Generator().manual_seed(5)
+    _steps(fast, slow, gen, "before")
+    for q in (fast, slow):
+        q.observer = copy.deepcopy(q.observer)
+    assert fast.observer.fmt is not fast.fmt
+    _steps(fast, slow, gen, "copied observer")
+    assert isinstance(fast.__dict__.get("_bound"), BoundCall) and fast._bound.observer is fast.observer
