@@ -18,6 +18,10 @@ reference implements instead (written once in export/SPEC.md), and which these f
   ``(x - mean) / sqrt(var + float32(eps)) * scale + B`` in float64, rounded once (torch's float32
   kernel rounds its per-channel terms to float32 in its own order: an ulp off on 5090 of 18432
   elements of one of timm densenet121's BNs, which flipped a code of the next quantizer);
+* GroupNorm / InstanceNorm (``F.group_norm``, ``F.instance_norm``: an FP16 island's
+  ``Fp16GroupNorm`` calls them): ``InstanceNormalization`` in float64 rounded once, GroupNorm's
+  Mul and Add in float32 (instancenorm.py; torch's float32 kernel is an ulp off on about half of
+  its outputs); an instance norm on running statistics as BatchNormalization above;
 * functional ``F.gelu``, ``F.softmax`` / ``torch.softmax`` / ``Tensor.softmax`` and
   ``F.layer_norm`` (not only their modules, which forms.py swaps) and
   ``F.scaled_dot_product_attention``: as their exported nodes, at the export's opset (lut.py
@@ -36,6 +40,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..export.plan import TRACE_MAX_OPSET
+from .instancenorm import group_norm_onnx, instance_norm_onnx
 
 
 def mean_f64(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
@@ -119,6 +124,16 @@ def batch_norm_f64(x, running_mean, running_var, weight=None, bias=None, trainin
     eps64 = float(torch.tensor(eps, dtype=torch.float32))
     y = (x.double() - per_channel(running_mean, 0.0)) / torch.sqrt(per_channel(running_var, 0.0) + eps64)
     return (y * per_channel(weight, 1.0) + per_channel(bias, 0.0)).to(x.dtype)
+
+
+def _instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                   momentum=0.1, eps=1e-5, cudnn_enabled=False):
+    """``F.instance_norm``: InstanceNormalization (instancenorm.py) with input statistics; on
+    running statistics torch exports the per-channel BatchNormalization (inference form) of the
+    ``(1, N*C, ...)`` view, which is ``batch_norm_f64`` channel by channel."""
+    if not use_input_stats and running_mean is not None and running_var is not None:
+        return batch_norm_f64(x, running_mean, running_var, weight, bias, False, momentum, eps)
+    return instance_norm_onnx(x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
 
 
 def sigmoid_f64(x):
@@ -238,7 +253,8 @@ _IMPL = {
     F.avg_pool2d: _avg_pool2d, torch.sigmoid: sigmoid_f64, torch.Tensor.sigmoid: sigmoid_f64,
     F.silu: _silu, F.hardsigmoid: _hardsigmoid, F.hardswish: _hardswish,
     torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64, F.interpolate: _interpolate,
-    F.batch_norm: batch_norm_f64, torch.sum: sum_f64, torch.Tensor.sum: sum_f64,
+    F.batch_norm: batch_norm_f64, F.group_norm: group_norm_onnx, F.instance_norm: _instance_norm,
+    torch.sum: sum_f64, torch.Tensor.sum: sum_f64,
 }
 
 
