@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..export.plan import TRACE_MAX_OPSET
-from .instancenorm import group_norm_onnx, instance_norm_onnx
+from .instancenorm import group_norm_onnx, instance_norm_onnx, to_dtype_once
 
 
 def mean_f64(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
@@ -123,7 +123,7 @@ def batch_norm_f64(x, running_mean, running_var, weight=None, bias=None, trainin
         return v.reshape(shape)
     eps64 = float(torch.tensor(eps, dtype=torch.float32))
     y = (x.double() - per_channel(running_mean, 0.0)) / torch.sqrt(per_channel(running_var, 0.0) + eps64)
-    return (y * per_channel(weight, 1.0) + per_channel(bias, 0.0)).to(x.dtype)
+    return to_dtype_once(y * per_channel(weight, 1.0) + per_channel(bias, 0.0), x.dtype)
 
 
 def _instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,

@@ -45,8 +45,9 @@ def _eps64(eps: float) -> float:
     return float(torch.tensor(eps, dtype=torch.float32))
 
 
-def _to(y64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # torch's float64 -> float16 conversion rounds twice (through float32); numpy's rounds once
+def to_dtype_once(y64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``y64`` rounded once to ``dtype``: torch's float64 -> float16 / bfloat16 conversion
+    rounds twice (through float32), numpy's (dal.npu) once (``fp16_region.round_once``)."""
     return round_once(y64, dtype) if dtype in (torch.float16, torch.bfloat16) else y64.to(dtype)
 
 
@@ -75,7 +76,7 @@ def instance_norm_f64(x: torch.Tensor, scale: Optional[torch.Tensor], bias: Opti
         y = y * scale.double().reshape(shape)
     if bias is not None:
         y = y + bias.double().reshape(shape)
-    return _to(y, x.dtype)
+    return to_dtype_once(y, x.dtype)
 
 
 def group_norm_onnx(x: torch.Tensor, num_groups: int, weight=None, bias=None, eps: float = 1e-5):

@@ -96,3 +96,15 @@ def test_a_float_batchnorm_rounds_once_in_both_engines(tmp_path):
         assert np.array_equal(npu.view(np.int32), want.view(np.int32)), \
             f"{name}: dal.npu is off the correctly rounded BN on {(npu != want).sum()} of {npu.size}"
     assert_bit_exact(im, proto, sess, random_batches((3, 3, 8, 8), n=3), "pre-activation dense block")
+
+
+def test_a_float16_batchnorm_rounds_once():
+    # x * w + b = 1 + 2^-11 + 2^-30 exactly: float16's nearest is 1 + 2^-10; through float32 first
+    # (torch's float64 -> float16) it becomes the tie 1 + 2^-11 and then 1.0. dal.npu rounds once.
+    from dal.convert.float_ops import batch_norm_f64
+    x = torch.ones(1, 1, 1, 1, dtype=torch.float16)
+    eps = 2.0 ** -10
+    mean, var = torch.zeros(1), torch.full((1,), 1 - eps)  # var + eps = 1 exactly
+    w, b = torch.full((1,), 1 + 2.0 ** -11), torch.full((1,), 2.0 ** -30)
+    y = batch_norm_f64(x, mean, var, w, b, eps=eps)
+    assert y.dtype == torch.float16 and float(y) == float(np.float16(1 + 2.0 ** -10))
