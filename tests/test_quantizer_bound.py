@@ -18,16 +18,9 @@ from dal.formats.track_call import TrackCall
 from dal.observers import MovingAverageMinMaxObserver
 from dal.quantizer import FakeQuantizer
 from dal.quantizer_bound import BoundCall
+from test_quantizer_fast_path import _same, step_both
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no fused kernel: {native.status()}")
-
-
-def _same(a: torch.Tensor, b: torch.Tensor, what: str):
-    assert a.shape == b.shape and a.dtype == b.dtype, what
-    if a.is_floating_point():
-        bits = torch.int32 if a.dtype == torch.float32 else torch.int64
-        a, b = a.contiguous().view(bits), b.contiguous().view(bits)
-    assert torch.equal(a, b), f"{what} differs"
 
 
 def _pair(observer="moving_average", **kw):
@@ -40,18 +33,7 @@ def _pair(observer="moving_average", **kw):
 
 def _steps(fast, slow, gen, tag, n=3):
     for i in range(n):
-        x = torch.randn(4, 32, generator=gen) * (1 + i)
-        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-        ya, yb = fast(xa), slow(xb)
-        _same(ya.detach(), yb.detach(), f"{tag} step {i} output")
-        g = torch.randn(ya.shape, generator=gen)
-        ya.backward(g)
-        yb.backward(g)
-        _same(xa.grad, xb.grad, f"{tag} step {i} grad")
-        sa, sb = fast.state_dict(), slow.state_dict()
-        assert sa.keys() == sb.keys()
-        for k in sa:
-            _same(sa[k], sb[k], f"{tag} step {i}: {k}")
+        step_both(fast, slow, torch.randn(4, 32, generator=gen) * (1 + i), gen, f"{tag} step {i}")
 
 
 @pytest.fixture

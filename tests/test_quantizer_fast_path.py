@@ -49,6 +49,19 @@ def _same_state(fast: nn.Module, slow: nn.Module, tag: str):
         _same(sa[k], sb[k], f"{tag}: {k}")
 
 
+def step_both(fast: nn.Module, slow: nn.Module, x: torch.Tensor, gen: torch.Generator, tag: str) -> None:
+    """One forward and backward of ``x`` through both, with the same random gradient: outputs,
+    input gradients and every buffer equal bit for bit."""
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = fast(xa), slow(xb)
+    _same(ya.detach(), yb.detach(), f"{tag} output")
+    g = torch.randn(ya.shape, generator=gen)
+    ya.backward(g)
+    yb.backward(g)
+    _same(xa.grad, xb.grad, f"{tag} grad")
+    _same_state(fast, slow, tag)
+
+
 def _graph_has(t: torch.Tensor, name: str) -> bool:
     seen, todo = set(), [t.grad_fn]
     while todo:
@@ -125,14 +138,7 @@ def test_fast_path_matches_the_torch_path_in_every_state(fmt, axis, symmetric, n
         fast.set_state(state)
         slow.set_state(state)
         for i, x in enumerate(_batches(gen)):
-            xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-            ya, yb = fast(xa), slow(xb)
-            _same(ya.detach(), yb.detach(), f"{state} batch {i} output")
-            g = torch.randn(ya.shape, generator=gen)
-            ya.backward(g)
-            yb.backward(g)
-            _same(xa.grad, xb.grad, f"{state} batch {i} grad")
-            _same_state(fast, slow, f"{state} batch {i}")
+            step_both(fast, slow, x, gen, f"{state} batch {i}")
     assert taken["track"] >= 3
 
 
