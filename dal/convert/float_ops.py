@@ -5,8 +5,9 @@ torch's float32 kernels do not promise one rounding: its pooling sums in float32
 order, its transcendental functions are vectorised approximations. The contract the NPU
 reference implements instead (written once in export/SPEC.md), and which these follow:
 
-* GlobalAveragePool / ReduceMean / AveragePool: the sum in float64 rounded once to float32,
-  then one float32 division by the element count (ceil_mode included);
+* GlobalAveragePool / ReduceMean / AveragePool (float32 or float16): the sum in float64 divided
+  by the element count in float64 (AveragePool: ceil_mode included), rounded once to the input's
+  type;
 * ReduceSum (``torch.sum`` / ``Tensor.sum``: ResNeSt's split attention): the sum in float64,
   rounded once to the input's type (torch's float32 sum rounds every partial sum);
 * Sigmoid (and SiLU, exported as ``x * Sigmoid(x)``): ``1 / (1 + exp(-x))`` in float64, rounded
@@ -36,16 +37,23 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..export.plan import TRACE_MAX_OPSET
+from .fp16_region import round_once
+
+
+def to_type(y64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``y64`` rounded once to ``dtype``: float32 directly; float16 by ``round_once``
+    (torch's float64 -> float16 cast goes through float32 and rounds twice)."""
+    return y64.to(dtype) if dtype in (torch.float32, torch.float64) else round_once(y64, dtype)
 
 
 def mean_f64(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
-    """float32(sum_float64(x over dims)) / float32(count)  (ReduceMean, GlobalAveragePool)."""
-    dims = tuple(d % x.ndim for d in dims)
+    """``T(sum_float64(x over dims) / float64(count))``, T = x's type, one rounding
+    (export/SPEC.md §5a: ReduceMean, GlobalAveragePool)."""
+    dims = tuple(sorted({d % x.ndim for d in dims}))
     n = 1
     for d in dims:
         n *= x.shape[d]
-    s = x.double().sum(dim=dims, keepdim=keepdim).float()
-    return s / torch.tensor(float(n), dtype=torch.float32, device=x.device)
+    return to_type(x.double().sum(dim=dims, keepdim=keepdim) / float(n), x.dtype)
 
 
 def sum_f64(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None):
@@ -54,7 +62,7 @@ def sum_f64(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None):
     if x.dtype not in (torch.float32, torch.float16) or dtype is not None:
         return None
     s = x.double().sum() if dim is None else x.double().sum(dim=dim, keepdim=keepdim)
-    return s.to(x.dtype)
+    return to_type(s, x.dtype)
 
 
 def _spatial(output_size) -> bool:
@@ -64,25 +72,27 @@ def _spatial(output_size) -> bool:
 
 
 def _adaptive_avg(x, output_size):
-    if x.dtype == torch.float32 and _spatial(output_size):
+    if x.dtype in (torch.float32, torch.float16) and _spatial(output_size):
         return mean_f64(x, range(2, x.ndim), True)
     return None
 
 
 def _mean(x, dim=None, keepdim=False, *, dtype=None):
-    if x.dtype != torch.float32 or dtype is not None or dim is None:
+    if x.dtype not in (torch.float32, torch.float16) or dtype is not None or dim is None:
         return None
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    if not dims:  # torch: dim=() reduces every dim; leave it to torch's op
+        return None
     return mean_f64(x, dims, keepdim)
 
 
 def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
-    """ONNX AveragePool (export/SPEC.md §5a): float64 window sums rounded once to float32, one
-    float32 division by the count: the window's input elements (count_include_pad False), else
+    """ONNX AveragePool (export/SPEC.md §5a): float64 window sums divided in float64 by the count,
+    rounded once to x's type (float32 / float16); the count: the window's input elements (count_include_pad False), else
     its elements inside the padded input (``k*k`` unless ceil_mode lets the last window run past
     the padding: the overhang is not counted, as torch and onnxruntime divide)."""
-    if x.dtype != torch.float32 or divisor_override is not None:
+    if x.dtype not in (torch.float32, torch.float16) or divisor_override is not None:
         return None
     k = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
     st = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else stride
@@ -90,16 +100,15 @@ def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_i
     p = (padding, padding) if isinstance(padding, int) else tuple(padding)
     s = F.avg_pool2d(x.double(), k, st, p, ceil_mode, True, 1)
     over = ceil_mode and any((s.shape[2 + i] - 1) * st[i] + k[i] > x.shape[2 + i] + 2 * p[i] for i in range(2))
-    s = s.float()
     if count_include_pad and not over:
-        return s / torch.tensor(float(k[0] * k[1]), dtype=torch.float32, device=x.device)
+        return to_type(s / float(k[0] * k[1]), x.dtype)
     ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=torch.float64, device=x.device)
     if count_include_pad:  # the padded input's ones (explicit pads: crop to the pooled size)
         ones = F.pad(ones, (p[1], p[1], p[0], p[0]), value=1.0)
         cnt = F.avg_pool2d(ones, k, st, 0, True, True, 1)[:, :, :s.shape[2], :s.shape[3]]
     else:
         cnt = F.avg_pool2d(ones, k, st, p, ceil_mode, False, 1)
-    return s / cnt.float()
+    return to_type(s / cnt, x.dtype)
 
 
 def batch_norm_f64(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
@@ -118,7 +127,7 @@ def batch_norm_f64(x, running_mean, running_var, weight=None, bias=None, trainin
         return v.reshape(shape)
     eps64 = float(torch.tensor(eps, dtype=torch.float32))
     y = (x.double() - per_channel(running_mean, 0.0)) / torch.sqrt(per_channel(running_var, 0.0) + eps64)
-    return (y * per_channel(weight, 1.0) + per_channel(bias, 0.0)).to(x.dtype)
+    return to_type(y * per_channel(weight, 1.0) + per_channel(bias, 0.0), x.dtype)
 
 
 def sigmoid_f64(x):
