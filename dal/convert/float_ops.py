@@ -15,7 +15,8 @@ reference implements instead (written once in export/SPEC.md), and which these f
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
 * Resize linear and cubic (``F.interpolate`` bilinear, bicubic): separable in float64, rounded
   once to float32;
-* BatchNormalization (a BN left in float, e.g. DenseNet's pre-activation BN after a Concat):
+* BatchNormalization (a BN a recipe's skip rule leaves in float; unfolded, it is otherwise a
+  QBatchNorm2d, an integer layer):
   ``(x - mean) / sqrt(var + float32(eps)) * scale + B`` in float64, rounded once (torch's float32
   kernel rounds its per-channel terms to float32 in its own order: an ulp off on 5090 of 18432
   elements of one of timm densenet121's BNs, which flipped a code of the next quantizer);
