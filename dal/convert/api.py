@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_flatten
 from ..formats import quantize
 from ..nn.base import QATModule, QWeightedModule
 from ..nn.conv_bn import QConvBn2d
+from ..nn.norm import QBatchNorm2d
 from ..quantizer import FakeQuantizer
 from .accumulate import OVERFLOWS
 from .errors import ConvertError
@@ -84,7 +85,9 @@ def _check_calibrated(model: nn.Module, opset: Optional[int]) -> int:
 
 
 def _weighted(m: nn.Module) -> bool:
-    return isinstance(m, (QWeightedModule, QConvBn2d))
+    """A layer with an integer group: Conv / Linear, Conv+BN, and a BatchNorm no conv absorbs
+    (QBatchNorm2d: a depthwise 1x1 conv, with running statistics)."""
+    return isinstance(m, (QWeightedModule, QConvBn2d)) or (isinstance(m, QBatchNorm2d) and m.running_mean is not None)
 
 
 def _refuse_nan(args: tuple, kwargs: dict) -> None:

@@ -5,8 +5,9 @@ torch's float32 kernels do not promise one rounding: its pooling sums in float32
 order, its transcendental functions are vectorised approximations. The contract the NPU
 reference implements instead (written once in export/SPEC.md), and which these follow:
 
-* GlobalAveragePool / ReduceMean / AveragePool: the sum in float64 rounded once to float32,
-  then one float32 division by the element count (ceil_mode included);
+* GlobalAveragePool / ReduceMean / AveragePool (float32 or float16): the sum in float64 divided
+  by the element count in float64 (AveragePool: ceil_mode included), rounded once to the input's
+  type;
 * ReduceSum (``torch.sum`` / ``Tensor.sum``: ResNeSt's split attention): the sum in float64,
   rounded once to the input's type (torch's float32 sum rounds every partial sum);
 * Sigmoid (and SiLU, exported as ``x * Sigmoid(x)``): ``1 / (1 + exp(-x))`` in float64, rounded
@@ -14,7 +15,8 @@ reference implements instead (written once in export/SPEC.md), and which these f
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
 * Resize linear and cubic (``F.interpolate`` bilinear, bicubic): separable in float64, rounded
   once to float32;
-* BatchNormalization (a BN left in float, e.g. DenseNet's pre-activation BN after a Concat):
+* BatchNormalization (a BN a recipe's skip rule leaves in float; unfolded, it is otherwise a
+  QBatchNorm2d, an integer layer):
   ``(x - mean) / sqrt(var + float32(eps)) * scale + B`` in float64, rounded once (torch's float32
   kernel rounds its per-channel terms to float32 in its own order: an ulp off on 5090 of 18432
   elements of one of timm densenet121's BNs, which flipped a code of the next quantizer);
@@ -44,13 +46,13 @@ from .instancenorm import group_norm_onnx, instance_norm_onnx, to_dtype_once
 
 
 def mean_f64(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
-    """float32(sum_float64(x over dims)) / float32(count)  (ReduceMean, GlobalAveragePool)."""
-    dims = tuple(d % x.ndim for d in dims)
+    """``T(sum_float64(x over dims) / float64(count))``, T = x's type, one rounding
+    (export/SPEC.md §5a: ReduceMean, GlobalAveragePool)."""
+    dims = tuple(sorted({d % x.ndim for d in dims}))
     n = 1
     for d in dims:
         n *= x.shape[d]
-    s = x.double().sum(dim=dims, keepdim=keepdim).float()
-    return s / torch.tensor(float(n), dtype=torch.float32, device=x.device)
+    return to_dtype_once(x.double().sum(dim=dims, keepdim=keepdim) / float(n), x.dtype)
 
 
 def sum_f64(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None):
@@ -59,7 +61,7 @@ def sum_f64(x: torch.Tensor, dim=None, keepdim: bool = False, *, dtype=None):
     if x.dtype not in (torch.float32, torch.float16) or dtype is not None:
         return None
     s = x.double().sum() if dim is None else x.double().sum(dim=dim, keepdim=keepdim)
-    return s.to(x.dtype)
+    return to_dtype_once(s, x.dtype)
 
 
 def _spatial(output_size) -> bool:
@@ -69,25 +71,27 @@ def _spatial(output_size) -> bool:
 
 
 def _adaptive_avg(x, output_size):
-    if x.dtype == torch.float32 and _spatial(output_size):
+    if x.dtype in (torch.float32, torch.float16) and _spatial(output_size):
         return mean_f64(x, range(2, x.ndim), True)
     return None
 
 
 def _mean(x, dim=None, keepdim=False, *, dtype=None):
-    if x.dtype != torch.float32 or dtype is not None or dim is None:
+    if x.dtype not in (torch.float32, torch.float16) or dtype is not None or dim is None:
         return None
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    if not dims:  # torch: dim=() reduces every dim; leave it to torch's op
+        return None
     return mean_f64(x, dims, keepdim)
 
 
 def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
-    """ONNX AveragePool (export/SPEC.md §5a): float64 window sums rounded once to float32, one
-    float32 division by the count: the window's input elements (count_include_pad False), else
+    """ONNX AveragePool (export/SPEC.md §5a): float64 window sums divided in float64 by the count,
+    rounded once to x's type (float32 / float16); the count: the window's input elements (count_include_pad False), else
     its elements inside the padded input (``k*k`` unless ceil_mode lets the last window run past
     the padding: the overhang is not counted, as torch and onnxruntime divide)."""
-    if x.dtype != torch.float32 or divisor_override is not None:
+    if x.dtype not in (torch.float32, torch.float16) or divisor_override is not None:
         return None
     k = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
     st = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else stride
@@ -95,16 +99,15 @@ def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_i
     p = (padding, padding) if isinstance(padding, int) else tuple(padding)
     s = F.avg_pool2d(x.double(), k, st, p, ceil_mode, True, 1)
     over = ceil_mode and any((s.shape[2 + i] - 1) * st[i] + k[i] > x.shape[2 + i] + 2 * p[i] for i in range(2))
-    s = s.float()
     if count_include_pad and not over:
-        return s / torch.tensor(float(k[0] * k[1]), dtype=torch.float32, device=x.device)
+        return to_dtype_once(s / float(k[0] * k[1]), x.dtype)
     ones = torch.ones((1, 1) + tuple(x.shape[2:]), dtype=torch.float64, device=x.device)
     if count_include_pad:  # the padded input's ones (explicit pads: crop to the pooled size)
         ones = F.pad(ones, (p[1], p[1], p[0], p[0]), value=1.0)
         cnt = F.avg_pool2d(ones, k, st, 0, True, True, 1)[:, :, :s.shape[2], :s.shape[3]]
     else:
         cnt = F.avg_pool2d(ones, k, st, p, ceil_mode, False, 1)
-    return s / cnt.float()
+    return to_dtype_once(s / cnt, x.dtype)
 
 
 def batch_norm_f64(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,

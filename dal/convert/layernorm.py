@@ -7,8 +7,8 @@ Input, weight and bias are rounded to float16 (Cast round trips; Fp16LayerNorm o
 
 * traced opset >= 17, ``LayerNormalization``: in float64, ``d = x - mean(x)``,
   ``y = float32(d / sqrt(mean(d^2) + eps))`` (one rounding), then ``y * w + b`` in float32;
-* below 17, torch's decomposition, each node one float32 op: ``mean = float32(sum_float64(x)) /
-  n`` (ReduceMean), ``d = x - mean``, ``var = ReduceMean(d * d)`` (Pow 2 is the correctly
+* below 17, torch's decomposition, each node one float32 op: ``mean = float32(sum_float64(x) /
+  n)`` (ReduceMean: the division in float64, one rounding), ``d = x - mean``, ``var = ReduceMean(d * d)`` (Pow 2 is the correctly
   rounded square), ``y = d / sqrt(var + float32(eps))`` (Sqrt correctly rounded), ``y * w + b``;
 
 then the output is rounded to float16 (Fp16LayerNorm). The float16-valued input makes the first sum exact in
@@ -25,8 +25,8 @@ LAYERNORM_OPSET = 17
 
 
 def _mean_f32(x: torch.Tensor, dims: tuple, n: int) -> torch.Tensor:
-    s = x.double().sum(dim=dims, keepdim=True).float()
-    return s / torch.tensor(float(n), dtype=torch.float32, device=x.device)
+    """ONNX ReduceMean of float32 ``x`` (export/SPEC.md §5a): ``float32(sum_float64(x) / n)``."""
+    return (x.double().sum(dim=dims, keepdim=True) / float(n)).float()
 
 
 def layer_norm_onnx(x, w, b, ndims: int, eps: float, opset: int) -> torch.Tensor:

@@ -34,6 +34,7 @@ from torch import nn
 
 from ..formats import INT32, PER_TENSOR, per_channel, quantize
 from ..nn.base import apply_activation
+from ..nn.norm import QBatchNorm2d
 from .accumulate import chunk_bounds, conv_exact, limit, linear_exact, refuse_int32_overflow
 from .errors import ConvertError
 from .fp16_region import half_dtype, half_forward
@@ -84,7 +85,8 @@ class IntegerLayer(nn.Module):
     def __init__(self, qat: nn.Module, path: str, requantizer):
         super().__init__()
         self.qat, self.path, self.rq = qat, path, requantizer
-        self.kind = "conv" if isinstance(qat, nn.Conv2d) else "linear" if isinstance(qat, nn.Linear) else "other"
+        # QBatchNorm2d: the depthwise 1x1 conv it is exported as (its stride, groups, ... say so)
+        self.kind = "conv" if isinstance(qat, (nn.Conv2d, QBatchNorm2d)) else "linear" if isinstance(qat, nn.Linear) else "other"
         self.plans: list[GroupPlan] = []
         self.calls = 0
         self.taps = None

@@ -32,6 +32,20 @@ class QBatchNorm2d(QATModule, nn.BatchNorm2d):
     running statistics in eval); same Parameter and buffer objects as the BatchNorm2d."""
 
     op_class = "conv"
+    # the depthwise 1x1 convolution it is exported as, in a Conv2d's terms (dal.convert reads these)
+    stride, padding, dilation, padding_mode = (1, 1), (0, 0), (1, 1), "zeros"
+
+    @property
+    def groups(self) -> int:
+        return self.num_features
+
+    def folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exported depthwise conv's float weight ``a[:, None, None, None]`` and bias ``b``, from
+        the running statistics (inference form; ValueError without them)."""
+        if self.running_mean is None:
+            raise ValueError(f"{self.qat_name}: no running statistics, so no fixed per-channel affine")
+        a, b = self.per_channel_affine(self.running_mean, self.running_var)
+        return a.reshape(-1, 1, 1, 1), b
 
     def _stats(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not (self.training or self.running_mean is None):

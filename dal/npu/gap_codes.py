@@ -1,7 +1,7 @@
 """``DQ -> GlobalAveragePool -> Q`` on 8-bit codes (scalar parameters) as one step.
 
-The node-by-node value is ``Q(float32(sum_hw float64(DQ(x))) / float32(H * W))`` (ops_nn's
-GlobalAveragePool: a float64 sum rounded once to float32, export/SPEC.md §5a). Each ``DQ(c)``
+The node-by-node value is ``Q(float32(sum_hw float64(DQ(x)) / float64(H * W)))`` (ops_nn's
+GlobalAveragePool: a float64 sum divided in float64, rounded once to float32, export/SPEC.md §5a). Each ``DQ(c)``
 is a finite float32, an integer multiple of its own ulp, and every ulp is a power of two no
 smaller than ``quantum`` = the smallest ulp among the 256 table values; so every addend is an
 integer multiple of ``quantum`` below ``max|DQ| / quantum`` units, and while
@@ -64,7 +64,7 @@ class GapCodes:
             from .build import kernels as lib
             self.kernel = (lib().gap_codes_mean, lib().quantize_codes, torch.from_numpy, torch.from_numpy(self.table))
         mean, quantize, from_numpy, table = self.kernel
-        try:  # float32 addends summed in float64 (exact, any order: module doc), rounded once
+        try:  # float32 addends summed in float64 (exact, any order: module doc), divided, rounded once
             y = mean(from_numpy(np.ascontiguousarray(x)), table, int(nin), threads)
             # QuantizeLinear as quant_step.QuantStep runs it (csrc/quantize.cpp, quant.py's bits)
             qy = quantize(y, self.scale, self.zp, self.out_code, False, 1, self.isa).numpy().view(self.yz.dtype)

@@ -6,11 +6,12 @@ output type (float32, or float16 inside an FP16 region):
   * elementwise arithmetic (Add, Sub, Mul, Div, Max, Min, Relu, Clip, ...): one IEEE operation
     in the tensor type (float16 is computed in float32 and rounded once: float32 has at least
     2 * 11 + 2 bits, so that is the correctly rounded float16 result, as numpy's float16 loops);
-  * reductions (Conv, Gemm, MatMul, AveragePool sums, ReduceMean) are accumulated in float64
-    and rounded ONCE to the tensor type: the correctly rounded result up to float64 rounding,
-    independent of summation order. A float32 bias (Conv B, Gemm C) is then added in float32,
+  * reductions (Conv, Gemm, MatMul, ReduceSum, and the means: ReduceMean, GlobalAveragePool,
+    AveragePool) are accumulated in float64 (a mean divided by its count in float64) and rounded
+    ONCE to the tensor type: the correctly rounded result up to float64 rounding, independent of
+    summation order. A float32 bias (Conv B, Gemm C) is then added in float32,
     as onnxruntime does; a float16 one is part of the float64 sum, rounded once with it
-    (ops_dense.py, export/SPEC.md §6). Division by the pool size is in the tensor type;
+    (ops_dense.py, export/SPEC.md §6);
   * Sigmoid, Tanh, Erf, Gelu, Elu, Softplus, Mish: computed in float64 from the input and
     rounded once; Exp, Log, Sqrt and Softmax use numpy's float32 routines (they may differ
     from onnxruntime by an ulp).
@@ -183,18 +184,6 @@ def _layernorm(ctx, ins, a):
     if bias is not None:
         y = y + as_compute_type(bias)
     return [y.astype(x.dtype)]
-
-
-@op("ReduceMean")
-def _reduce_mean(ctx, ins, a):
-    x = ins[0]
-    axes = a.get("axes") if ctx.opset < 18 else (ins[1].tolist() if len(ins) > 1 and ins[1] is not None else None)
-    keep = bool(a.get("keepdims", 1))
-    axes = tuple(axes) if axes else tuple(range(x.ndim))
-    xc = as_compute_type(x)
-    s = xc.astype(np.float64).sum(axis=axes, keepdims=keep).astype(xc.dtype)
-    n = int(np.prod([x.shape[i] for i in axes]))
-    return [(s / s.dtype.type(n)).astype(x.dtype)]
 
 
 # ----- data movement --------------------------------------------------------------------------

@@ -172,8 +172,8 @@ def pool_out_size(n: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> int:
 
 @op("AveragePool")
 def _avgpool(ctx, ins, a):
-    """Window sums in float64 rounded once to the type, then one division by the window's count
-    in the type (export/SPEC.md §5a): with count_include_pad=0 the input elements in the window;
+    """Window sums in float64 divided by the window's count in float64, rounded once to the type
+    (export/SPEC.md §5a): with count_include_pad=0 the input elements in the window;
     with 1 its elements inside the padded input, ``kernel_shape`` but where ceil_mode lets the
     last window run past the end padding (that overhang is not counted: onnxruntime's and
     torch's divisor; onnx.reference's differs on some shapes)."""
@@ -189,29 +189,29 @@ def _avgpool(ctx, ins, a):
         raise NPUError(f"node {ctx.node.name!r}: AveragePool kernel {ks} larger than the padded input {list(x.shape)}")
     include_pad = bool(a.get("count_include_pad", 0))
     over = any((out[i] - 1) * st[i] + ks[i] > x.shape[2 + i] + pads[i] + pads[2 + i] for i in range(2))
-    xc = as_compute_type(x)
     lrtb = (pads[1], pads[3], pads[0], pads[2])
 
     def window_sums(t, pad_value=0.0):  # explicit pads, ceil_mode only for the overhang, cropped to ONNX's size
         t = torch.nn.functional.avg_pool2d(torch.nn.functional.pad(t, lrtb, value=pad_value), ks, st, 0,
                                            ceil_mode=over, divisor_override=1)
         return t[:, :, :out[0], :out[1]].numpy()
-    s = window_sums(torch.from_numpy(xc.astype(np.float64))).astype(xc.dtype)
+    s = window_sums(torch.from_numpy(x.astype(np.float64)))
     if include_pad and not over:
-        cnt = np.float32(ks[0] * ks[1])
+        cnt = np.float64(ks[0] * ks[1])
     else:  # count the ones: the input's (pads 0), or the padded input's (pads 1)
         ones = torch.ones((1, 1) + x.shape[2:], dtype=torch.float64)
-        cnt = window_sums(ones, 1.0 if include_pad else 0.0).astype(s.dtype)
+        cnt = window_sums(ones, 1.0 if include_pad else 0.0)
     return [(s / cnt).astype(x.dtype)]
 
 
 @op("GlobalAveragePool")
 def _gap(ctx, ins, a):
+    """``T(sum float64(x over H, W, ...) / (H * W * ...))``, one rounding (export/SPEC.md §5a)."""
+    from .ops_reduce import mean_once
     x = ins[0]
-    axes = tuple(range(2, x.ndim))
-    xc = as_compute_type(x)
-    s = xc.astype(np.float64).sum(axis=axes, keepdims=True).astype(xc.dtype)
-    return [(s / s.dtype.type(int(np.prod(x.shape[2:])))).astype(x.dtype)]
+    if not is_float(x):
+        raise UnsupportedNode(ctx.node, [x.dtype], "GlobalAveragePool needs a float input")
+    return [mean_once(x, tuple(range(2, x.ndim)), True)]
 
 
 @op("GlobalMaxPool")

@@ -1,7 +1,8 @@
-"""ReduceMin / ReduceMax (what DynamicQuantizeLinear's expanded form needs) and ReduceSum
-(ResNeSt's split attention sums its radix branches, ``x.sum(dim=1)``), node by node.
+"""ReduceMin / ReduceMax (what DynamicQuantizeLinear's expanded form needs), ReduceSum
+(ResNeSt's split attention sums its radix branches, ``x.sum(dim=1)``) and ReduceMean (timm's
+``x.mean((2, 3))`` pooling, LayerNorm below opset 17), node by node.
 
-    y = min (max, sum) of x over ``axes`` (all axes when none are given, unless
+    y = min (max, sum, mean) of x over ``axes`` (all axes when none are given, unless
         noop_with_empty_axes=1, which returns x), keepdims as the attribute says
 
 Min / max are exact for every type: a minimum is one of its inputs, so there is no rounding to
@@ -14,6 +15,11 @@ ReduceSum of a float tensor follows export/SPEC.md §5a's reductions: the sum in
 float32 / float16 values, rounded ONCE to the input type, ``T(sum float64(x))`` (0 over an empty
 set). Of an integer tensor: the exact sum, refused naming the node when it does not fit the type
 (ONNX leaves integer overflow to the implementation; a silently wrapped sum is a wrong model).
+
+ReduceMean (float tensors only) is one rounding too: ``T(sum float64(x) / float64(n))``, n the
+count of reduced elements (``mean_once``, which GlobalAveragePool shares). Not ``T(T(sum) / n)``:
+the second rounding moves the mean by an ulp of T near a tie, and a float16 sum overflows
+(65504) long before the mean does.
 """
 from __future__ import annotations
 
@@ -96,3 +102,23 @@ def _reduce_sum(ctx, ins, a):
         raise NPUError(f"node {ctx.node.name!r} (ReduceSum): the sum leaves {x.dtype} "
                        f"([{s.min()}, {s.max()}] outside [{info.min}, {info.max}])")
     return [s.astype(x.dtype)]
+
+
+def mean_once(x: np.ndarray, axes, keepdims: bool) -> np.ndarray:
+    """``T(sum_float64(x over axes) / float64(count))`` for a float x of type T, rounded ONCE to T
+    (export/SPEC.md §5a; ReduceMean, GlobalAveragePool). ``axes`` None: all of them."""
+    axes = tuple(range(x.ndim)) if axes is None else tuple(axes)
+    n = int(np.prod([x.shape[i] for i in axes]))
+    return np.asarray(x.astype(np.float64).sum(axis=axes, keepdims=keepdims) / np.float64(n)).astype(x.dtype)
+
+
+@op("ReduceMean")
+def _reduce_mean(ctx, ins, a):
+    """``T(sum float64(x) / count)`` over the axes, one rounding (module doc)."""
+    x = np.asarray(ins[0])
+    if x.dtype.kind != "f":
+        raise UnsupportedNode(ctx.node, [str(x.dtype)], "ReduceMean of a non-float tensor")
+    axes = _axes(ctx, ins, a, x.ndim)
+    if axes is None and a.get("noop_with_empty_axes", 0) and ctx.opset >= 18:
+        return [x]
+    return [mean_once(x, axes, bool(a.get("keepdims", 1)))]

@@ -63,9 +63,9 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     forward). A torchvision detector needs no example inputs: its NPU part (backbone + heads,
     ``boundary``) is captured on a zero batch at its input size, pre/post-processing stays float
     on the host, and ``detector(images, targets)`` arguments are checked (one-line errors).
-    Normalisations no conv absorbs: a BatchNorm2d becomes a quantized per-channel affine
-    (``dal.nn.QBatchNorm2d``), a GroupNorm / InstanceNorm2d an FP16 module on hardware with an
-    FP16 vector engine (refused by path on int8-only hardware).
+    Normalisations no conv absorbs: a BatchNorm2d (timm's BatchNormAct2d: its BN, act kept) becomes
+    a quantized per-channel affine (``dal.nn.QBatchNorm2d``), a GroupNorm / InstanceNorm2d an FP16
+    module on hardware with an FP16 vector engine (refused by path on int8-only hardware).
 
     Returns the prepared model; ``dal.prepared(model)`` gives its recipe, hardware model and
     :class:`PrepareReport` (every module and functional op: quantized, fp16, passthrough, or

@@ -6,7 +6,7 @@ from torch import nn
 
 from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
 from ..nn.norm import FP16_NORMS, QBatchNorm2d
-from ..nn.norm_act import ActAfterFold, bare_batchnorm, is_norm_act
+from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_act
 from ..nn.registry import QAT_MODULES, registry_type
 from ..nn.tree import set_submodule
 from .call_sites import install
@@ -40,6 +40,9 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
     for step in plan:
         if step.action in ("quantize", "fp16") and step.site is None and not step.node:
             mod = model.get_submodule(step.path)
+            if step.action == "quantize" and is_norm_act(mod):  # no conv to fold into (plan.py)
+                set_submodule(model, step.path, NormActAffine.from_norm_act(mod, step.spec, step.path))
+                continue
             cls = _NORMS.get((step.action, type(mod)))
             if cls is None and step.action == "fp16":  # a float op on an fp16 engine (check.py)
                 set_submodule(model, step.path, island_module(mod, step.path, step.op_class))

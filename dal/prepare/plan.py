@@ -27,6 +27,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..nn.base import QATModule
+from ..nn.norm_act import is_norm_act
 from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
 from ..nn.registry import OP_CLASSES, QAT_MODULES, op_class_of, registry_type
 from ..quantizer import FakeQuantizer
@@ -112,6 +113,8 @@ def build_plan(model: nn.Module, cap: Capture, resolve, extra: tuple = ()) -> li
         if owner in fused:
             continue  # a BatchNormAct2d folded by its parent: its own forward is replaced (norm_act.py)
         mod = model.get_submodule(owner) if owner else model
+        if owner and _affine_norm_act(owner, mod, resolve):
+            continue  # quantized whole by its module step (its batch_norm call is the QBatchNorm2d)
         prefix = f"{owner}." if owner else ""
         for pat in find_conv_bn(graph, mod):
             conv = prefix + pat.conv
@@ -208,6 +211,12 @@ def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, 
     return steps
 
 
+def _affine_norm_act(path: str, mod: nn.Module, resolve) -> bool:
+    """timm's BatchNormAct2d left unfolded that a recipe rule quantizes (as a conv, like a plain
+    unfolded BatchNorm2d): it becomes dal.nn.norm_act.NormActAffine."""
+    return is_norm_act(mod) and resolve(path, type(mod).__name__, "conv") is not None
+
+
 def _module_step(path: str, mod: nn.Module, resolve) -> Optional[Step]:
     type_name = type(mod).__name__
     if isinstance(mod, QATModule):
@@ -219,6 +228,11 @@ def _module_step(path: str, mod: nn.Module, resolve) -> Optional[Step]:
                     "ready-made: " + " ".join(f"{role}={fmt}" for role, fmt in formats.items()))
     if isinstance(mod, FakeQuantizer) or isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
         return None
+    if _affine_norm_act(path, mod, resolve):
+        return Step(path, type_name, "conv", "quantize", resolve(path, type_name, "conv"),
+                    "not folded (no Conv2d before it in a forward torch.fx traces): its BN a quantized "
+                    f"per-channel affine (depthwise 1x1 conv) at {path}.bn, drop and act kept at their paths",
+                    built="QBatchNorm2d")
     if needs_tracing(mod):
         # A container's forward is captured; a user module that also owns parameters uses them
         # in that forward itself, which no QAT class quantizes.

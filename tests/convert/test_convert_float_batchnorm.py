@@ -61,8 +61,9 @@ def batchnorm_exact(x: np.ndarray, bn: nn.BatchNorm2d) -> np.ndarray:
 
 
 def _float_bn_recipe(tmp_path) -> str:
-    """int8_balanced with norm1 and norm2 kept in float (``skip``): as a2000 prepare leaves timm's
-    unfolded BatchNormAct2d (no QAT module for it), whatever its reason, a float BN island."""
+    """int8_balanced with norm1 and norm2 kept in float (``skip``): a float BN island, whatever
+    its reason (a2000 prepare left timm's unfolded BatchNormAct2d so before it became a
+    QBatchNorm2d, dal.nn.norm_act.NormActAffine)."""
     import yaml
     recipe = yaml.safe_load(open("recipes/int8_balanced.yaml"))
     recipe["name"] = "int8_float_bn"

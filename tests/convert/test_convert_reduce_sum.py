@@ -1,8 +1,8 @@
 """Float ReduceSum and ceil-mode average pooling (timm's ResNeSt: its split attention sums the
 radix branches, ``x.sum(dim=1)``, and its ``avg_down`` shortcut pools with
 ``AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)``) in dal.convert, by export/SPEC.md
-§5a: each sum in float64 rounded once to float32, then (pooling) one float32 division by the
-window's count. Judged by exact rational oracles written here and, on a small model with both,
+§5a: each sum in float64 rounded once to float32 (pooling: the window's sum divided by its
+count, then rounded once). Judged by exact rational oracles written here and, on a small model with both,
 by dal.npu on every element.
 
 Before, dal.convert ran torch's float32 ``sum`` (every partial sum rounded) and its float32
@@ -49,8 +49,8 @@ def test_sum_is_the_exact_sum_rounded_once(dtype):
 def _pool_oracle(x: np.ndarray, k, s, p, include_pad: bool) -> np.ndarray:
     """ONNX AveragePool, ceil_mode=1, symmetric pads ``p``, from the spec: output size
     ``ceil((n + 2p - k) / s) + 1`` less a last window starting in the end padding; each window's
-    exact sum rounded once to float32, divided in float32 by its count (input elements, or with
-    ``include_pad`` its elements inside the padded input)."""
+    exact sum divided by its count (input elements, or with ``include_pad`` its elements inside
+    the padded input), rounded once to float32."""
     n, m = x.shape[2:]
     sizes = []
     for d, kk, ss, pp in ((n, k[0], s[0], p[0]), (m, k[1], s[1], p[1])):
@@ -68,7 +68,7 @@ def _pool_oracle(x: np.ndarray, k, s, p, include_pad: bool) -> np.ndarray:
             for b in range(x.shape[0]):
                 for c in range(x.shape[1]):
                     exact = sum(Fraction(float(x[b, c, r, q])) for r in rows for q in cols)
-                    out[b, c, i, j] = nearest_float(exact, np.float32) / np.float32(nr * nc)
+                    out[b, c, i, j] = nearest_float(exact / (nr * nc), np.float32)
     return out
 
 

@@ -147,11 +147,12 @@ void lut2(const TA* __restrict a, const TB* __restrict b, int64_t n, const uint8
 }
 // gap_codes_mean's loops: pixel-major codes sum 64-channel blocks over the pixels (a task per
 // image and block, each sum added in pixel order); NCHW codes one channel's pixels a task.
-// out = float32(sum) / float32(HW), a float32 division (the node's GlobalAveragePool).
+// out = float32(sum / double(HW)): the division in float64, one rounding (the node's
+// GlobalAveragePool, export/SPEC.md §5a).
 template <typename T>
 void gap_mean(const T* x, int64_t N, int64_t C, int64_t HW, bool nhwc, const float* tb, float* out,
               int64_t nthreads) {
-  const float count = static_cast<float>(HW);
+  const double count = static_cast<double>(HW);
   if (nhwc) {
     const int64_t nblk = (C + 63) / 64;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
@@ -161,7 +162,7 @@ void gap_mean(const T* x, int64_t N, int64_t C, int64_t HW, bool nhwc, const flo
       const T* xn = x + n * HW * C + c0;
       for (int64_t p = 0; p < HW; ++p)
         for (int64_t c = 0; c < cn; ++c) acc[c] += double(tb[uint8_t(xn[p * C + c])]);
-      for (int64_t c = 0; c < cn; ++c) out[n * C + c0 + c] = static_cast<float>(acc[c]) / count;
+      for (int64_t c = 0; c < cn; ++c) out[n * C + c0 + c] = static_cast<float>(acc[c] / count);
     }
     return;
   }
@@ -170,7 +171,7 @@ void gap_mean(const T* x, int64_t N, int64_t C, int64_t HW, bool nhwc, const flo
     double acc = 0.0;
     const T* xc = x + nc * HW;
     for (int64_t p = 0; p < HW; ++p) acc += double(tb[uint8_t(xc[p])]);
-    out[nc] = static_cast<float>(acc) / count;
+    out[nc] = static_cast<float>(acc / count);
   }
 }
 }  // namespace

@@ -65,8 +65,8 @@ torch::Tensor quantize_codes(const torch::Tensor& X, double scale, int64_t zp, i
 torch::Tensor lut2_codes(const torch::Tensor& A, const torch::Tensor& B, const torch::Tensor& lut,
                          int64_t base_a, int64_t base_b, int64_t nb, int64_t nthreads);
 
-// Per (image, channel) float32(float64 sum of table[code byte] over the pixels) / float32(H*W)
-// (float32 division; table float32 [256]) of 8-bit codes [N, C, H, W] (nhwc 0) or pixel-major
+// Per (image, channel) float32(float64 sum of table[code byte] over the pixels / float64(H*W))
+// (float64 division, one rounding; table float32 [256]) of 8-bit codes [N, C, H, W] (nhwc 0) or pixel-major
 // [N, H, W, C] (nhwc 1) -> float32 [N, C, 1, 1]. Each sum is added in pixel order by one
 // thread (gap_codes.py: exact, hence the same in any order).
 torch::Tensor gap_codes_mean(const torch::Tensor& X, const torch::Tensor& table, int64_t nhwc,
