@@ -57,6 +57,17 @@ def run_ort(model, feeds: dict) -> list[np.ndarray]:
     return ort_session(model).run(None, feeds)
 
 
+def npu_equals_ort(model, feeds: dict) -> np.ndarray:
+    """dal.npu's first output of ``model``, asserted equal to onnxruntime's (optimizations off)
+    in dtype, shape and every element."""
+    import dal.npu
+
+    want = run_ort(model, feeds)[0]
+    got = dal.npu.run(model, feeds)[0]
+    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    return got
+
+
 def run_reference(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     """Every graph output of ``model`` by onnx.reference."""
     from onnx.reference import ReferenceEvaluator

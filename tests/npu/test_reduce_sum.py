@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import dal.npu
 from dal.npu import NPUError, UnsupportedNode
-from oracles import nearest_float, run_ort
+from oracles import nearest_float, npu_equals_ort, run_ort
 
 _TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16, np.int32: TensorProto.INT32,
           np.int64: TensorProto.INT64}
@@ -57,9 +57,7 @@ CASES = [  # (input, axes, opset, attributes)
 @pytest.mark.parametrize("x,axes,opset,attrs", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_reduce_sum_matches_onnxruntime(x, axes, opset, attrs):
     model = _reduce_sum(x, axes, opset, **attrs)
-    want = run_ort(model, {"x": x})[0]
-    got = dal.npu.run(model, {"x": x})[0]
-    assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
+    npu_equals_ort(model, {"x": x})
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

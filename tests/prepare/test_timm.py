@@ -54,18 +54,24 @@ def _float_model(name: str) -> torch.nn.Module:
     return m.eval()
 
 
+def _calibrate_and_step(q, size: int) -> None:
+    """Calibrate ``q`` on two random batches of 4 x 3 x size x size, then one SGD step of a
+    10-class cross entropy in train mode: the loss and every parameter stay finite."""
+    dal.calibrate(q, [torch.randn(4, 3, size, size) for _ in range(2)], progress=False)
+    q.train()
+    opt = torch.optim.SGD(q.parameters(), lr=1e-3)
+    loss = torch.nn.functional.cross_entropy(q(torch.randn(4, 3, size, size)), torch.randint(0, 10, (4,)))
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss) and all(torch.isfinite(p).all() for p in q.parameters()), "not finite after one step"
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_timm_model_trains_exports_and_verifies(name, tmp_path):
     m = _float_model(name)
     x = torch.randn(2, 3, 64, 64)
     q = dal.prepare_qat(m, recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
-    dal.calibrate(q, [torch.randn(4, 3, 64, 64) for _ in range(2)], progress=False)
-    q.train()
-    opt = torch.optim.SGD(q.parameters(), lr=1e-3)
-    loss = torch.nn.functional.cross_entropy(q(torch.randn(4, 3, 64, 64)), torch.randint(0, 10, (4,)))
-    loss.backward()
-    opt.step()
-    assert all(torch.isfinite(p).all() for p in q.parameters()), "a parameter is not finite after one step"
+    _calibrate_and_step(q, 64)
     set_quantizer_state(q, "frozen")
     q.eval()
     path = tmp_path / f"{name}.onnx"
@@ -164,13 +170,7 @@ def test_a_batchnorm_act_with_no_conv_before_it_is_a_quantized_affine(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(q(x), want, rtol=1e-5, atol=1e-5)
     set_quantizer_state(q, "observe")
-    dal.calibrate(q, [torch.randn(4, 3, 16, 16) for _ in range(2)], progress=False)
-    q.train()
-    opt = torch.optim.SGD(q.parameters(), lr=1e-3)
-    loss = torch.nn.functional.cross_entropy(q(torch.randn(4, 3, 16, 16)), torch.randint(0, 10, (4,)))
-    loss.backward()
-    opt.step()
-    assert torch.isfinite(loss) and all(torch.isfinite(p).all() for p in q.parameters())
+    _calibrate_and_step(q, 16)
     set_quantizer_state(q, "frozen")
     q.eval()
     path = tmp_path / "norm_acts.onnx"
