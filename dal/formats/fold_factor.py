@@ -82,9 +82,11 @@ def fold_factor(gamma: Optional[torch.Tensor], running_var: torch.Tensor, eps: f
                 ones_for_zero: bool = False) -> torch.Tensor:
     """``raw = gamma / sqrt(running_var + eps)`` per channel (``gamma`` None: a BN without affine
     parameters, ``1 / std``), each operation correctly rounded; with ``ones_for_zero``, 1 where
-    ``raw`` is 0 (QConvBn2d training). Differentiable in ``gamma``. The C++ kernel on CPU float32
-    plain tensors, else the torch ops of :func:`fold_factor_torch` (the same values)."""
+    ``raw`` is 0 (QConvBn2d training). Differentiable in ``gamma``, and in ``running_var`` when it
+    requires grad (batch statistics: the torch route). The C++ kernel on CPU float32 plain tensors
+    and a constant variance, else the torch ops of :func:`fold_factor_torch` (the same values)."""
     n = running_var.numel()
-    if n and _plain(running_var, n) and _plain(gamma, n) and native.library() is not None:
+    if n and not running_var.requires_grad and _plain(running_var, n) and _plain(gamma, n) \
+            and native.library() is not None:
         return FoldFactorFunction.apply(gamma, running_var, float(eps), bool(ones_for_zero))
     return fold_factor_torch(gamma, running_var, eps, ones_for_zero)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..formats.fold_factor import fold_factor
 from ..quantizer import FakeQuantizer
 from .base import QATModule
 from .weight_memo import quantized_once
@@ -62,10 +63,10 @@ class QBatchNorm2d(QATModule, nn.BatchNorm2d):
         return mean, var
 
     def per_channel_affine(self, mean: torch.Tensor, var: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(a, b)`` of ``y = a*x + b`` for the given statistics."""
-        gamma = self.weight if self.weight is not None else torch.ones_like(var)
+        """``(a, b)`` of ``y = a*x + b`` for the given statistics; ``a = gamma / sqrt(var + eps)`` with
+        each operation correctly rounded, as QConvBn2d's fold factor (``dal.formats.fold_factor``)."""
         beta = self.bias if self.bias is not None else torch.zeros_like(mean)
-        a = gamma / torch.sqrt(var + self.eps)
+        a = fold_factor(self.weight, var, self.eps)
         return a, beta - mean * a
 
     def forward(self, x):

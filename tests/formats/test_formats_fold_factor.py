@@ -88,3 +88,17 @@ def test_inputs_the_kernel_does_not_take_go_to_torch():
     assert f64.dtype == torch.float64  # the torch route, in the input's dtype
     strided = fold_factor(gamma[::2], var[::2], 1e-5)
     np.testing.assert_array_equal(_bits(strided), _bits(fold_factor(gamma[::2].clone(), var[::2].clone(), 1e-5)))
+
+
+def test_a_variance_with_a_gradient_keeps_it():
+    # batch statistics (QBatchNorm2d in training): the kernel would treat var as a constant buffer,
+    # so the torch route takes it; d f / d var against float64 autograd of the same formula
+    gamma, var = _cases()
+    gamma, var = gamma[8:64].clone().requires_grad_(), (var[8:64] + 0.1).clone().requires_grad_()
+    f = fold_factor(gamma, var, 1e-5)
+    g = torch.randn(f.shape, generator=torch.Generator().manual_seed(2))
+    f.backward(g)
+    v64 = var.detach().double().requires_grad_()
+    (gamma.detach().double() / torch.sqrt(v64 + float(np.float32(1e-5)))).backward(g.double())
+    assert var.grad is not None
+    torch.testing.assert_close(var.grad.double(), v64.grad, rtol=1e-5, atol=1.2e-38)  # float32 subnormals
