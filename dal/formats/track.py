@@ -54,7 +54,8 @@ def track_qparams(lo: torch.Tensor, hi: torch.Tensor, min_val: torch.Tensor, max
     kernel's operand order)."""
     lib = native.library()
     n = scale.numel()
-    if lib is None or not (_f32(lo, n) and _f32(hi, n) and _buffers_ok(min_val, max_val, batches_seen, scale, zero_point)):
+    if lib is None or not (_f32(lo, n) and _f32(hi, n)
+                           and buffers_ok(min_val, max_val, batches_seen, scale, zero_point)):
         return None
     s, k_lo, k_hi = torch.empty(n), torch.empty(n), torch.empty(n)
     ok = lib.dal_track_qparams(lo.data_ptr(), hi.data_ptr(), n, min_val.data_ptr(), max_val.data_ptr(),
@@ -67,7 +68,9 @@ def track_qparams(lo: torch.Tensor, hi: torch.Tensor, min_val: torch.Tensor, max
     return s, k_lo, k_hi, kernel_mode(fmt)
 
 
-def _buffers_ok(min_val, max_val, batches_seen, scale, zero_point) -> bool:
+def buffers_ok(min_val, max_val, batches_seen, scale, zero_point) -> bool:
+    """The observer's and quantizer's buffers as the C++ step writes them: float32 range and scale,
+    int32 zero point, one int64 counter, contiguous (the float ones on the CPU), one value per scale."""
     n = scale.numel()
     return _f32(min_val, n) and _f32(max_val, n) and _f32(scale, n) and zero_point.dtype == torch.int32 \
         and zero_point.numel() == n and zero_point.is_contiguous() and batches_seen.dtype == torch.int64 \
@@ -95,7 +98,7 @@ def fold_track_forward(weight: torch.Tensor, f: torch.Tensor, min_val, max_val, 
     ``(out, mask, kp)`` for ``fold.FoldedFakeQuantizeFunction``, or None with nothing written."""
     lib = native.library()
     rows = weight.shape[0]
-    if lib is None or scale.numel() != rows or not _buffers_ok(min_val, max_val, batches_seen, scale, zero_point):
+    if lib is None or scale.numel() != rows or not buffers_ok(min_val, max_val, batches_seen, scale, zero_point):
         return None
     row_len = weight.numel() // rows
     s, k_lo, k_hi = torch.empty(rows), torch.empty(rows), torch.empty(rows)
@@ -155,7 +158,7 @@ def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin,
         else:
             done = fixed_fake_quantize(x, lay, scale, zero_point, fmt, qmin, qmax, need)
     elif gran.axis is None:
-        if scale.numel() == 1 and zero_point.is_cpu and _buffers_ok(step[0], step[1], step[2], scale, zero_point):
+        if scale.numel() == 1 and zero_point.is_cpu and buffers_ok(step[0], step[1], step[2], scale, zero_point):
             done = share_or_compute(x, (fmt, qmin, qmax, need) + step[3:], (step[0], step[1], scale, zero_point),
                                     step[2], lambda: _track_fq(x, *step, scale, zero_point, need), stats)
         else:
@@ -175,7 +178,7 @@ def track_fake_quantize(x: torch.Tensor, min_val, max_val, batches_seen, ema, fm
     values) and the fused fake quantization of ``x`` with the new parameters, in one C++ call
     (``dal_track_fq_forward``; ``x`` CPU float32 contiguous): ``(out, mask, 1, x.numel())`` for
     ``fused.KernelOutputFunction`` (mask None unless ``need_mask``), or None with nothing written."""
-    if scale.numel() != 1 or not _buffers_ok(min_val, max_val, batches_seen, scale, zero_point):
+    if scale.numel() != 1 or not buffers_ok(min_val, max_val, batches_seen, scale, zero_point):
         return None
     return _track_fq(x, min_val, max_val, batches_seen, ema, fmt, symmetric, qmin, qmax, scale, zero_point, need_mask)
 

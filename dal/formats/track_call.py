@@ -27,9 +27,9 @@ from . import native
 from .fused import KernelOutputFunction, kernel_mode, plain_tensor
 from .qformat import QFormat
 from .share import ShareStats, bump_versions, share_or_compute
-from .track import step_args
+from .track import buffers_ok, step_args
 
-_F32, _I32, _I64 = torch.float32, torch.int32, torch.int64
+_F32 = torch.float32
 
 
 class TrackCall:
@@ -50,11 +50,10 @@ class TrackCall:
         self.keys = {need: (fmt, qmin, qmax, need) + tail for need in (False, True)}
 
     def tensors_ok(self) -> bool:
-        """The bound buffers still one-element CPU tensors of their dtypes (``.data =`` can change that)."""
+        """The bound buffers still one-element CPU tensors as the C++ step writes them (``track.buffers_ok``;
+        ``.data =`` can change a tensor's dtype, device or size under the same object)."""
         mn, mx, bs, s, zp = self.tensors
-        return (mn.dtype is _F32 and mx.dtype is _F32 and s.dtype is _F32 and zp.dtype is _I32 and bs.dtype is _I64
-                and mn.is_cpu and mx.is_cpu and s.is_cpu and zp.is_cpu and bs.is_cpu and mn.numel() == 1
-                and mx.numel() == 1 and s.numel() == 1 and zp.numel() == 1 and bs.numel() == 1)
+        return s.numel() == 1 and zp.is_cpu and bs.is_cpu and buffers_ok(mn, mx, bs, s, zp)
 
     def __call__(self, x: torch.Tensor, stats: Optional[ShareStats]) -> Optional[torch.Tensor]:
         if not (x.is_cpu and x.dtype is _F32 and x.is_contiguous() and x.numel() and plain_tensor(x)
