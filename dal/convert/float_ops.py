@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..export.plan import TRACE_MAX_OPSET
-from .instancenorm import group_norm_onnx, instance_norm_onnx, to_dtype_once
+from .fp16_region import float32_value, to_dtype_once
+from .instancenorm import group_norm_onnx, instance_norm_onnx
 
 
 def mean_f64(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
@@ -88,8 +89,8 @@ def _mean(x, dim=None, keepdim=False, *, dtype=None):
 def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
     """ONNX AveragePool (export/SPEC.md §5a): float64 window sums divided in float64 by the count,
-    rounded once to x's type (float32 / float16); the count: the window's input elements (count_include_pad False), else
-    its elements inside the padded input (``k*k`` unless ceil_mode lets the last window run past
+    rounded once to x's type (float32 / float16); the count: the window's input elements
+    (count_include_pad False), else its elements inside the padded input (``k*k`` unless ceil_mode lets the last window run past
     the padding: the overhang is not counted, as torch and onnxruntime divide)."""
     if x.dtype not in (torch.float32, torch.float16) or divisor_override is not None:
         return None
@@ -124,8 +125,8 @@ def batch_norm_f64(x, running_mean, running_var, weight=None, bias=None, trainin
     def per_channel(v, default):
         v = torch.full((x.shape[1],), default, dtype=torch.float64, device=x.device) if v is None else v.double()
         return v.reshape(shape)
-    eps64 = float(torch.tensor(eps, dtype=torch.float32))
-    y = (x.double() - per_channel(running_mean, 0.0)) / torch.sqrt(per_channel(running_var, 0.0) + eps64)
+    std = torch.sqrt(per_channel(running_var, 0.0) + float32_value(eps))
+    y = (x.double() - per_channel(running_mean, 0.0)) / std
     return to_dtype_once(y * per_channel(weight, 1.0) + per_channel(bias, 0.0), x.dtype)
 
 

@@ -47,6 +47,17 @@ def round_once(y64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(inexact & ~y.isnan(), bits | 1, bits).view(torch.float32).to(dtype)
 
 
+def to_dtype_once(y64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``y64`` rounded once to ``dtype``: float32 directly, float16 / bfloat16 by
+    :func:`round_once` (torch's own float64 -> float16 cast goes through float32, rounding twice)."""
+    return round_once(y64, dtype) if dtype in (torch.float16, torch.bfloat16) else y64.to(dtype)
+
+
+def float32_value(v: float) -> float:
+    """The value a float32 ONNX attribute (``epsilon``) holds, widened exactly to a Python float."""
+    return float(torch.tensor(v, dtype=torch.float32))
+
+
 def half_dtype(qat: nn.Module) -> Optional[torch.dtype]:
     """The torch dtype of the FP16 / BF16 region ``qat`` (a Conv / Linear QAT layer) is exported
     as, or None: its input and weight quantizers are both active and of that one plain float

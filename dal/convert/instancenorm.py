@@ -37,18 +37,7 @@ from typing import Optional
 
 import torch
 
-from .fp16_region import round_once
-
-
-def _eps64(eps: float) -> float:
-    # the attribute is a float32: its value widened to float64
-    return float(torch.tensor(eps, dtype=torch.float32))
-
-
-def to_dtype_once(y64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float64 ``y64`` rounded once to ``dtype``: torch's float64 -> float16 / bfloat16 conversion
-    rounds twice (through float32), numpy's (dal.npu) once (``fp16_region.round_once``)."""
-    return round_once(y64, dtype) if dtype in (torch.float16, torch.bfloat16) else y64.to(dtype)
+from .fp16_region import float32_value, to_dtype_once
 
 
 def instance_norm_f64(x: torch.Tensor, scale: Optional[torch.Tensor], bias: Optional[torch.Tensor],
@@ -70,7 +59,7 @@ def instance_norm_f64(x: torch.Tensor, scale: Optional[torch.Tensor], bias: Opti
     mean = x64.sum(dim=axes, keepdim=True) / n
     d = x64 - mean
     var = (d * d).sum(dim=axes, keepdim=True) / n
-    y = d / torch.sqrt(var + _eps64(eps))
+    y = d / torch.sqrt(var + float32_value(eps))
     shape = (1, -1) + (1,) * (x.ndim - 2)
     if scale is not None:
         y = y * scale.double().reshape(shape)

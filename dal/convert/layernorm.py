@@ -8,8 +8,9 @@ Input, weight and bias are rounded to float16 (Cast round trips; Fp16LayerNorm o
 * traced opset >= 17, ``LayerNormalization``: in float64, ``d = x - mean(x)``,
   ``y = float32(d / sqrt(mean(d^2) + eps))`` (one rounding), then ``y * w + b`` in float32;
 * below 17, torch's decomposition, each node one float32 op: ``mean = float32(sum_float64(x) /
-  n)`` (ReduceMean: the division in float64, one rounding), ``d = x - mean``, ``var = ReduceMean(d * d)`` (Pow 2 is the correctly
-  rounded square), ``y = d / sqrt(var + float32(eps))`` (Sqrt correctly rounded), ``y * w + b``;
+  n)`` (ReduceMean: the division in float64, one rounding), ``d = x - mean``,
+  ``var = ReduceMean(d * d)`` (Pow 2 is the correctly rounded square), ``y = d / sqrt(var +
+  float32(eps))`` (Sqrt correctly rounded), ``y * w + b``;
 
 then the output is rounded to float16 (Fp16LayerNorm). The float16-valued input makes the first sum exact in
 float64 in any order (11-bit mantissas over an exponent span of 40 bits: exact for n < 2^13);
@@ -20,13 +21,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .float_ops import mean_f64
+from .fp16_region import float32_value
+
 #: the first opset with a LayerNormalization operator (torch exports it from there on)
 LAYERNORM_OPSET = 17
-
-
-def _mean_f32(x: torch.Tensor, dims: tuple, n: int) -> torch.Tensor:
-    """ONNX ReduceMean of float32 ``x`` (export/SPEC.md §5a): ``float32(sum_float64(x) / n)``."""
-    return (x.double().sum(dim=dims, keepdim=True) / float(n)).float()
 
 
 def layer_norm_onnx(x, w, b, ndims: int, eps: float, opset: int) -> torch.Tensor:
@@ -41,12 +40,10 @@ def layer_norm_onnx(x, w, b, ndims: int, eps: float, opset: int) -> torch.Tensor
         mean = x64.sum(dim=dims, keepdim=True) / n
         d = x64 - mean
         var = (d * d).sum(dim=dims, keepdim=True) / n
-        # the attribute is a float32: its value widened to float64
-        eps64 = float(torch.tensor(eps, dtype=torch.float32))
-        y = (d / torch.sqrt(var + eps64)).float()
+        y = (d / torch.sqrt(var + float32_value(eps))).float()
     else:
-        d = x - _mean_f32(x, dims, n)
-        var = _mean_f32(d * d, dims, n)
+        d = x - mean_f64(x, dims, True)  # ReduceMean (float_ops.py, SPEC §5a)
+        var = mean_f64(d * d, dims, True)
         v = var + torch.tensor(eps, dtype=torch.float32, device=x.device)
         # Sqrt correctly rounded: in float64, rounded once (float64 holds 2 * 24 + 2 bits). torch's
         # float32 sqrt is not (its vectorised kernel: 29 of 3136 results an ulp off, measured)

@@ -86,7 +86,8 @@ class IntegerLayer(nn.Module):
         super().__init__()
         self.qat, self.path, self.rq = qat, path, requantizer
         # QBatchNorm2d: the depthwise 1x1 conv it is exported as (its stride, groups, ... say so)
-        self.kind = "conv" if isinstance(qat, (nn.Conv2d, QBatchNorm2d)) else "linear" if isinstance(qat, nn.Linear) else "other"
+        self.kind = ("conv" if isinstance(qat, (nn.Conv2d, QBatchNorm2d))
+                     else "linear" if isinstance(qat, nn.Linear) else "other")
         self.plans: list[GroupPlan] = []
         self.calls = 0
         self.taps = None
