@@ -11,6 +11,7 @@ import numpy as np
 from .validate import check_group
 from .errors import NPUError, UnsupportedNode
 from .ops_float import op
+from .ops_reduce import mean_once
 from .tensors import as_compute_type, is_float
 
 
@@ -207,7 +208,6 @@ def _avgpool(ctx, ins, a):
 @op("GlobalAveragePool")
 def _gap(ctx, ins, a):
     """``T(sum float64(x over H, W, ...) / (H * W * ...))``, one rounding (export/SPEC.md §5a)."""
-    from .ops_reduce import mean_once
     x = ins[0]
     if not is_float(x):
         raise UnsupportedNode(ctx.node, [x.dtype], "GlobalAveragePool needs a float input")
