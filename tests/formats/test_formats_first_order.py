@@ -33,4 +33,7 @@ def test_an_ordinary_backward_gives_torchs_once_differentiable_result():
     (g_plain,) = torch.autograd.grad((q(x) * 3).sum(), x)
     (g_graph,) = torch.autograd.grad((q(x) * 3).sum(), x, create_graph=True)  # torch's own wrapper
     assert torch.equal(g_plain, g_graph.detach()) and not g_plain.requires_grad
+    # and both are the straight-through estimator: 3 where round(x / s) + zp is a code, else 0
+    r = torch.round(x.detach() / q.scale) + q.zero_point.float()
+    assert torch.equal(g_plain, 3.0 * ((r >= q.qmin) & (r <= q.qmax)).float())
     assert 0 < int((g_plain == 0).sum()) < g_plain.numel()  # the mask did clip
