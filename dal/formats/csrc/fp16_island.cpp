@@ -22,9 +22,7 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include "parallel.h"
 
 namespace {
 
@@ -106,13 +104,10 @@ int dal_island_available() {
 int dal_island_forward(const float* x, float* y, int64_t n, int op, int nthreads) {
 #ifdef DAL_ISLAND_KERNEL
     const int64_t chunks = (n + kChunk - 1) / kChunk;
-    int ok = 1;
-#pragma omp parallel for schedule(static) num_threads(nthreads) reduction(&& : ok) if (nthreads > 1 && chunks > 4)
-    for (int64_t k = 0; k < chunks; ++k) {
+    return dal_parallel::all_of(chunks, nthreads, chunks > 4, [&](int64_t k) {
         int64_t begin = k * kChunk, len = begin + kChunk < n ? kChunk : n - begin;
-        ok = forward_span(x + begin, y + begin, len, op) && ok;
-    }
-    return ok;
+        return forward_span(x + begin, y + begin, len, op);
+    });
 #else
     (void)x; (void)y; (void)n; (void)op; (void)nthreads;
     return 0;
@@ -123,11 +118,10 @@ int dal_island_forward(const float* x, float* y, int64_t n, int op, int nthreads
 void dal_island_backward(const float* g, const float* x, float* gx, int64_t n, int op, int nthreads) {
 #ifdef DAL_ISLAND_KERNEL
     const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 4)
-    for (int64_t k = 0; k < chunks; ++k) {
+    dal_parallel::for_each(chunks, nthreads, chunks > 4, [&](int64_t k) {
         int64_t begin = k * kChunk, len = begin + kChunk < n ? kChunk : n - begin;
         backward_span(g + begin, x + begin, gx + begin, len, op);
-    }
+    });
 #else
     (void)g; (void)x; (void)gx; (void)n; (void)op; (void)nthreads;
 #endif
