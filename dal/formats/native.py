@@ -24,7 +24,6 @@ import functools
 import hashlib
 import os
 import platform
-import re
 import shutil
 import socket
 import subprocess
@@ -134,7 +133,8 @@ def compile_library(source: str, cache_dir: str | None = None, cxx: str | None =
     if cxx is None:
         raise RuntimeError("no C++ compiler found (looked for $CXX, c++, g++)")
     flags = _compile_flags(cxx) if flags is None else list(flags)
-    text = _source_text(source)
+    with open(source, "rb") as f:
+        text = f.read()
     cache = os.path.abspath(cache_dir or _cache_dir())
     stem = os.path.splitext(os.path.basename(source))[0]
     target = os.path.join(cache, f"dal_{stem}_{cache_key(text, cxx, flags)}.so")
@@ -153,18 +153,6 @@ def compile_library(source: str, cache_dir: str | None = None, cxx: str | None =
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
-
-
-def _source_text(source: str) -> bytes:
-    """The bytes a build depends on: the C++ file, then each header it includes with quotes
-    (``#include "name.h"``, next to it), so that editing a shared header renames the library."""
-    with open(source, "rb") as f:
-        text = f.read()
-    here = os.path.dirname(os.path.abspath(source))
-    for name in re.findall(rb'^\s*#\s*include\s+"([^"]+)"', text, flags=re.M):
-        with open(os.path.join(here, name.decode()), "rb") as f:
-            text += b"\0" + name + b"\0" + f.read()
-    return text
 
 
 def _find_compiler() -> str | None:

@@ -29,7 +29,9 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
-#include "parallel.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace {
 
@@ -387,13 +389,14 @@ void fq_rows(const float* x, float* out, uint8_t* mask, int64_t rows, int64_t ro
     const int64_t chunks = (row_len + kChunk - 1) / kChunk;
     const int64_t mask_row = (row_len + 7) / 8;
     const int64_t items = rows * chunks;
-    dal_parallel::for_each(items, nthreads, items > 1, [&](int64_t it) {
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && items > 1)
+    for (int64_t it = 0; it < items; ++it) {
         int64_t r = it / chunks, k = it % chunks;
         int64_t p = (r / param_div) % param_mod;
         int64_t begin = k * kChunk, end = begin + kChunk < row_len ? begin + kChunk : row_len;
         fq_span(x + r * row_len, out + r * row_len, mask ? mask + r * mask_row : nullptr,
                 begin, end, scale[p], lo[p], hi[p], mode);
-    });
+    }
 }
 
 
@@ -433,11 +436,12 @@ void dal_fq_backward(const float* grad, const uint8_t* mask, float* grad_in, int
     const int64_t chunks = (row_len + kChunk - 1) / kChunk;
     const int64_t mask_row = (row_len + 7) / 8;
     const int64_t items = rows * chunks;
-    dal_parallel::for_each(items, nthreads, items > 1, [&](int64_t it) {
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && items > 1)
+    for (int64_t it = 0; it < items; ++it) {
         int64_t r = it / chunks, k = it % chunks;
         int64_t begin = k * kChunk, end = begin + kChunk < row_len ? begin + kChunk : row_len;
         bwd_span(grad + r * row_len, mask + r * mask_row, grad_in + r * row_len, begin, end);
-    });
+    }
 }
 
 // Per row r of x (rows x row_len floats): min and max of x[r, :] * f[r] (f null: of x[r, :]) into
@@ -447,20 +451,23 @@ void dal_fq_backward(const float* grad, const uint8_t* mask, float* grad_in, int
 // amin / amax of the product (which also decides the sign of a zero extreme).
 int dal_row_minmax(const float* x, int64_t rows, int64_t row_len, const float* f, float* mn, float* mx,
                    int nthreads) {
-    return dal_parallel::all_of(rows, nthreads, rows * row_len > 65536, [&](int64_t r) {
+    int ok = 1;
+#pragma omp parallel for schedule(static) num_threads(nthreads) reduction(&& : ok) if (nthreads > 1 && rows * row_len > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
         float lo, hi;
-        bool nan, ok = true;
+        bool nan;
         minmax_span(x + r * row_len, row_len, &lo, &hi, &nan);
         if (f) {
             float fr = f[r], a = fr * lo, b = fr * hi;
-            ok = fr != 0.0f && std::isfinite(fr);
+            ok = ok && fr != 0.0f && std::isfinite(fr);
             lo = fr > 0.0f ? a : b;
             hi = fr > 0.0f ? b : a;
         }
+        ok = ok && !nan && std::isfinite(lo) && std::isfinite(hi) && lo != 0.0f && hi != 0.0f;
         mn[r] = lo;
         mx[r] = hi;
-        return ok && !nan && std::isfinite(lo) && std::isfinite(hi) && lo != 0.0f && hi != 0.0f;
-    });
+    }
+    return ok;
 }
 
 // The folded weight of QConvBn2d (formulas above fold_span). Row r of w uses f[r] and the
@@ -470,11 +477,12 @@ void dal_fold_forward(const float* w, float* out, uint8_t* mask, int64_t rows, i
                       int64_t param_mod, const float* f, const float* scale, const float* lo, const float* hi,
                       int mode, int divide, int nthreads) {
     const int64_t mask_row = (row_len + 7) / 8;
-    dal_parallel::for_each(rows, nthreads, rows * row_len > 65536, [&](int64_t r) {
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && rows * row_len > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
         int64_t p = (r / param_div) % param_mod;
         fold_span(w + r * row_len, out + r * row_len, mask ? mask + r * mask_row : nullptr, row_len, f[r],
                   scale[p], lo[p], hi[p], mode, divide);
-    });
+    }
 }
 
 // grad_w (rows x row_len, or null) and grad_f (rows, or null) from grad (rows x row_len), the
@@ -482,12 +490,13 @@ void dal_fold_forward(const float* w, float* out, uint8_t* mask, int64_t rows, i
 void dal_fold_backward(const float* grad, const float* w, const float* out, const uint8_t* mask, float* grad_w,
                        float* grad_f, int64_t rows, int64_t row_len, const float* f, int divide, int nthreads) {
     const int64_t mask_row = (row_len + 7) / 8;
-    dal_parallel::for_each(rows, nthreads, rows * row_len > 65536, [&](int64_t r) {
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && rows * row_len > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
         double sum = fold_bwd_span(grad + r * row_len, w + r * row_len, divide ? out + r * row_len : nullptr,
                                    mask + r * mask_row, grad_w ? grad_w + r * row_len : nullptr, row_len, f[r],
                                    divide);
         if (grad_f) grad_f[r] = (float)(divide ? sum / (double)f[r] : sum);
-    });
+    }
 }
 
 // ---- the observer step of a quantizer in QAT (dal.quantizer's fast path) ---------------------
@@ -530,8 +539,10 @@ int dal_fold_track_forward(const float* w, float* out, uint8_t* mask, int64_t ro
     const int64_t mask_row = (row_len + 7) / 8;
     std::vector<float> new_min(rows), new_max(rows), new_scale(rows);
     std::vector<int32_t> new_zp(rows);
-    // a declined row leaves its outputs unwritten; the others still run (all are discarded on a 0)
-    const int ok = dal_parallel::all_of(rows, nthreads, rows * row_len > 65536, [&](int64_t r) {
+    int ok = 1;
+#pragma omp parallel for schedule(static) num_threads(nthreads) reduction(&& : ok) if (nthreads > 1 && rows * row_len > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
+        if (!ok) continue;
         float lo, hi, fr = f[r];
         bool nan;
         minmax_span(w + r * row_len, row_len, &lo, &hi, &nan);
@@ -539,15 +550,16 @@ int dal_fold_track_forward(const float* w, float* out, uint8_t* mask, int64_t ro
         lo = fr > 0.0f ? a : b;
         hi = fr > 0.0f ? b : a;
         if (!(fr != 0.0f && std::isfinite(fr) && !nan && std::isfinite(lo) && std::isfinite(hi) && lo != 0.0f &&
-              hi != 0.0f && track_ok(t, lo, hi, min_val[r], max_val[r])))
-            return false;
+              hi != 0.0f && track_ok(t, lo, hi, min_val[r], max_val[r]))) {
+            ok = 0;
+            continue;
+        }
         new_min[r] = min_val[r];
         new_max[r] = max_val[r];
         track_one(t, lo, hi, &new_min[r], &new_max[r], &new_scale[r], &new_zp[r], s_out + r, k_lo + r, k_hi + r);
         fold_span(w + r * row_len, out + r * row_len, mask ? mask + r * mask_row : nullptr, row_len, fr, s_out[r],
                   k_lo[r], k_hi[r], mode, divide);
-        return true;
-    });
+    }
     if (!ok) return 0;
     for (int64_t r = 0; r < rows; ++r) {
         min_val[r] = new_min[r];
@@ -660,7 +672,8 @@ int dal_track_fq_forward(const float* x, float* out, uint8_t* mask, int64_t n, f
 void dal_channel_divide_backward(const float* g, const float* y, const float* f, float* grad_y, float* t,
                                  int64_t outer, int64_t channels, int64_t inner, int nthreads) {
     const int64_t items = outer * channels;
-    dal_parallel::for_each(items, nthreads, items * inner > 65536, [&](int64_t it) {
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && items * inner > 65536)
+    for (int64_t it = 0; it < items; ++it) {
         const float fr = f[it % channels];
         const int64_t off = it * inner;
         int64_t i = 0;
@@ -680,7 +693,7 @@ void dal_channel_divide_backward(const float* g, const float* y, const float* f,
             if (grad_y) grad_y[off + i] = gv / fr;
             if (t) t[off + i] = (-gv) * ((y[off + i] / fr) / fr);
         }
-    });
+    }
 }
 
 // ---- f = gamma / sqrt(running_var + eps) of QConvBn2d (dal.formats.fold_factor) -------------
@@ -767,10 +780,11 @@ extern "C" {
 // elements over the threads (each element is independent: any split gives the same bits).
 void dal_fp_cast_round_trip(const float* x, float* out, int64_t n, int dtype, int nthreads) {
     const int64_t chunks = (n + kChunk - 1) / kChunk;
-    dal_parallel::for_each(chunks, nthreads, chunks > 4, [&](int64_t k) {
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 4)
+    for (int64_t k = 0; k < chunks; ++k) {
         int64_t begin = k * kChunk, len = begin + kChunk < n ? kChunk : n - begin;
         cast_span(x + begin, out + begin, len, dtype);
-    });
+    }
 }
 
 int dal_fq_abi_version() { return 6; }

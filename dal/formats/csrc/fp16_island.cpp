@@ -22,7 +22,9 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
-#include "parallel.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace {
 
@@ -104,10 +106,13 @@ int dal_island_available() {
 int dal_island_forward(const float* x, float* y, int64_t n, int op, int nthreads) {
 #ifdef DAL_ISLAND_KERNEL
     const int64_t chunks = (n + kChunk - 1) / kChunk;
-    return dal_parallel::all_of(chunks, nthreads, chunks > 4, [&](int64_t k) {
+    int ok = 1;
+#pragma omp parallel for schedule(static) num_threads(nthreads) reduction(&& : ok) if (nthreads > 1 && chunks > 4)
+    for (int64_t k = 0; k < chunks; ++k) {
         int64_t begin = k * kChunk, len = begin + kChunk < n ? kChunk : n - begin;
-        return forward_span(x + begin, y + begin, len, op);
-    });
+        ok = forward_span(x + begin, y + begin, len, op) && ok;
+    }
+    return ok;
 #else
     (void)x; (void)y; (void)n; (void)op; (void)nthreads;
     return 0;
@@ -118,10 +123,11 @@ int dal_island_forward(const float* x, float* y, int64_t n, int op, int nthreads
 void dal_island_backward(const float* g, const float* x, float* gx, int64_t n, int op, int nthreads) {
 #ifdef DAL_ISLAND_KERNEL
     const int64_t chunks = (n + kChunk - 1) / kChunk;
-    dal_parallel::for_each(chunks, nthreads, chunks > 4, [&](int64_t k) {
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 4)
+    for (int64_t k = 0; k < chunks; ++k) {
         int64_t begin = k * kChunk, len = begin + kChunk < n ? kChunk : n - begin;
         backward_span(g + begin, x + begin, gx + begin, len, op);
-    });
+    }
 #else
     (void)g; (void)x; (void)gx; (void)n; (void)op; (void)nthreads;
 #endif
