@@ -42,7 +42,8 @@ TARGET = 1.25
 def _interleaved(fns: dict, reps: int, cpu: bool = False) -> dict:
     """Median seconds per call of each fn, the fns called in turn ``reps`` times (after one
     warm-up); with ``cpu``, also the medians of this process's CPU time, as ``<name> cpu``
-    (on a shared machine the wall clock also counts the waits for a core)."""
+    (on a shared machine the wall clock also counts the waits for a core), and every CPU time
+    measured, as ``"cpu samples"`` (``<name> cpu`` -> list, in call order)."""
     for fn in fns.values():
         fn()
     times = {k: [] for k in fns}
@@ -54,13 +55,29 @@ def _interleaved(fns: dict, reps: int, cpu: bool = False) -> dict:
             times[k].append(time.perf_counter() - t0)
             cpus[f"{k} cpu"].append(time.process_time() - c0)
     out = {k: statistics.median(v) for k, v in times.items()}
-    return {**out, **{k: statistics.median(v) for k, v in cpus.items()}} if cpu else out
+    if cpu:
+        out.update({k: statistics.median(v) for k, v in cpus.items()}, **{"cpu samples": cpus})
+    return out
+
+
+def step_ratio_quartiles(t: dict) -> tuple[float, float]:
+    """First and third quartiles of QAT / float CPU time over the repetitions, each QAT step
+    divided by the float step run just before it: how far the ratio moves within one run (the
+    shared machine's speed drifts between repetitions, and neighbouring steps share the drift)."""
+    samples = t["cpu samples"]
+    pairs = [q / f for f, q in zip(samples["float cpu"], samples["qat cpu"])]
+    if len(pairs) < 2:
+        return pairs[0], pairs[0]
+    q1, _, q3 = statistics.quantiles(pairs, n=4)
+    return q1, q3
 
 
 def _train_row(label: str, t: dict) -> str:
     wall, cpu = t["qat"] / t["float"], t["qat cpu"] / t["float cpu"]
+    q1, q3 = step_ratio_quartiles(t)
     return (f"| {label} | {1e3 * t['float']:.0f} | {1e3 * t['qat']:.0f} | {wall:.2f}x | {1e3 * t['float cpu']:.0f} | "
-            f"{1e3 * t['qat cpu']:.0f} | {cpu:.2f}x | {'ok' if cpu <= TARGET else 'MISSED'} (<= {TARGET}x) |")
+            f"{1e3 * t['qat cpu']:.0f} | {cpu:.2f}x | {q1:.2f}-{q3:.2f}x | "
+            f"{'ok' if cpu <= TARGET else 'MISSED'} (<= {TARGET}x) |")
 
 
 def _detector_step(model, images, boxes, labels):
@@ -147,7 +164,7 @@ def _torchvision_line(name, builder, reps, batch=2, size_note="160x160"):
         dal.calibrate(qat, [torch.stack(images)], num_batches=1, progress=False)
         t = _interleaved({"float": step_of(fl), "qat": step_of(qat)}, reps, cpu=True)
     except Exception as err:  # noqa: BLE001 - the table says what is missing (another issue's work)
-        return f"| {name}, {size_note} | - | - | - | - | - | - | not prepared: {type(err).__name__}: " \
+        return f"| {name}, {size_note} | - | - | - | - | - | - | - | not prepared: {type(err).__name__}: " \
                f"{str(err).splitlines()[0][:120]} |"
     return _train_row(f"{name}, {size_note}", t)
 
@@ -202,8 +219,9 @@ def main(argv=None) -> int:
            "interleaved repetitions; the machine is shared (absolute times swing 1.5-2x between runs, the "
            "ratios less).", "", "Train step (forward, loss, backward, Adam/SGD step), float vs dal QAT INT8 "
            "(int8_balanced, a2000), wall clock and CPU time of this process (the target is read on CPU time):", "",
-           "| model | float (ms) | QAT (ms) | QAT / float | float CPU (ms) | QAT CPU (ms) | QAT / float CPU | target |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| model | float (ms) | QAT (ms) | QAT / float | float CPU (ms) | QAT CPU (ms) | QAT / float CPU | "
+           "per-step CPU ratio, quartiles | target |",
+           "|---|---|---|---|---|---|---|---|---|"]
     line, qat = train_steps_line(scenes, args.reps)
     out.append(line)
     if not args.no_torchvision:
