@@ -9,10 +9,10 @@ Training (BN not frozen), as production QAT does it (Krishnamoorthi 2018; torch.
 
 A convolution is linear in each output channel's weights, so ``conv(x, V) / f`` equals
 ``conv(x, V / f)`` in real arithmetic (in float32 the two differ by rounding only). Each
-step takes the cheaper of the two: the division, and its backward (the gradients w.r.t. its
-input and w.r.t. f), costs passes over the conv output (``N * H_out * W_out`` values per
-channel) or over the weight (``C_in / groups * kh * kw`` values per channel) — early layers
-of a CNN have large activations and small weights, late layers the opposite. ``BN`` stays
+step takes the cheaper of the two (``_divide_output``): on the weight, the division is part of
+the fold's one C++ pass (a division per weight, the folded weight read again in the backward);
+on the output it is an autograd node of its own, with a forward and a backward pass over the
+conv output and a fixed cost per call. ``BN`` stays
 torch's module with its own running-statistics semantics (momentum, ``momentum=None``,
 ``num_batches_tracked``). The division of the output has a one-pass backward with the same
 bits (``dal.nn.channel_divide``).
@@ -98,13 +98,20 @@ class QConvBn2d(QATModule, nn.Conv2d):
         return beta + (b - self.bn.running_mean) * f
 
     def _divide_output(self, x: torch.Tensor) -> bool:
-        """Whether the 1/f of training is cheaper on the conv output than on the weight (module doc).
+        """Whether the 1/f of training goes on the conv output rather than the weight (module doc):
+        only where the weight holds more than ``32 * out + 2**19`` values, ``out`` the output's.
 
-        Output positions are estimated as ``N * H * W / (stride_h * stride_w)`` (padding ignored):
-        the choice only moves float rounding, never the formula.
+        Measured per layer (forward + backward on the layer's real input, both routes;
+        bench/results/detection_speed.md, session 13): the weight won on every layer of
+        SSDlite320 at batch 2 and 8 (the largest weight 131 K values) and of FCOS-ResNet50 at batch
+        8; the output won only on FCOS's largest weights at batch 2 (2.4 M weights against 26 K
+        outputs, by ~1%). The old rule, "the output when it has fewer values than the weight",
+        cost SSDlite's batch-2 step ~4 ms and FCOS's ~10 ms. The output's size is estimated as
+        ``N * C_out * H * W / (stride_h * stride_w)`` (padding ignored): the choice only moves
+        float rounding, never the formula.
         """
-        positions = x.numel() // x.shape[-3] // (self.stride[0] * self.stride[1])
-        return positions < self.weight.numel() // self.weight.shape[0]  # not weight[0]: a view, an autograd node
+        out = x.numel() // x.shape[-3] * self.out_channels // (self.stride[0] * self.stride[1])
+        return self.weight.numel() > 32 * out + (1 << 19)
 
     def forward(self, x):
         if self.input_quant is not None:

@@ -139,12 +139,17 @@ def test_training_step_matches_float64_formula(act, bias, momentum, groups, weig
 
 
 def test_route_choice_follows_tensor_sizes():
-    # Early CNN layers: big activations, small weights -> divide the weight; late layers the opposite.
+    # The weight unless it is large against the output (QConvBn2d._divide_output: 32 * out + 2**19).
     early = QConvBn2d.from_float(nn.Conv2d(64, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), W_ONLY, "a")
     late = QConvBn2d.from_float(nn.Conv2d(512, 512, 3, padding=1, bias=False), nn.BatchNorm2d(512), W_ONLY, "b")
+    strided = QConvBn2d.from_float(nn.Conv2d(512, 512, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(512),
+                                   W_ONLY, "c")
     assert not early._divide_output(torch.empty(8, 64, 56, 56))
-    assert late._divide_output(torch.empty(8, 512, 7, 7))
-    assert late._divide_output(torch.empty(512, 7, 7))  # unbatched input
+    assert not late._divide_output(torch.empty(8, 512, 7, 7))  # 2.36 M weights, 200 K outputs
+    assert late._divide_output(torch.empty(2, 512, 5, 5))  # 26 K outputs
+    assert late._divide_output(torch.empty(512, 7, 7))  # unbatched input: 25 K outputs
+    assert not strided._divide_output(torch.empty(4, 512, 28, 28))  # 401 K outputs after the stride
+    assert strided._divide_output(torch.empty(1, 512, 14, 14))  # 25 K outputs after the stride
 
 
 @pytest.mark.parametrize("route", ["weight", "output"])
