@@ -106,7 +106,9 @@ class QConvBn2d(QATModule, nn.Conv2d):
         SSDlite320 at batch 2 and 8 (the largest weight 131 K values) and of FCOS-ResNet50 at batch
         8; the output won only on FCOS's largest weights at batch 2 (2.4 M weights against 26 K
         outputs, by ~1%). The old rule, "the output when it has fewer values than the weight",
-        cost SSDlite's batch-2 step ~4 ms and FCOS's ~10 ms. The output's size is estimated as
+        cost SSDlite's batch-2 step 1-4 ms and FCOS's 10-14 ms (in-process A/B). Without the C++
+        fold (``_folded_weight``'s torch fallback, no compiler) the weight's division is a torch
+        op of its own; the rule was not measured there. The output's size is estimated as
         ``N * C_out * H * W / (stride_h * stride_w)`` (padding ignored): the choice only moves
         float rounding, never the formula.
         """
