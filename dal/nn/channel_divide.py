@@ -1,7 +1,7 @@
 """``y / f`` per output channel, QConvBn2d's 1/f on the conv output, with a one-pass backward.
 
-In training, QConvBn2d undoes its BN folding on the conv output of late layers (``conv(x,
-fq(W f)) / f``, ``dal.nn.conv_bn``). As a plain broadcast division, autograd's backward
+In training, QConvBn2d undoes its BN folding on the conv output where its weight is large
+against that output (``conv(x, fq(W f)) / f``; ``QConvBn2d._divide_output`` says when). As a plain broadcast division, autograd's backward
 (DivBackward0) makes five passes over the conv output: ``grad / f`` for y, and for f
 ``-grad * ((y / f) / f)`` as four separate ops, then the sum over batch and space. Here the
 elementwise part is one C++ pass (``dal_channel_divide_backward`` in
