@@ -212,6 +212,8 @@ def main(argv=None) -> int:
                     help="torchvision detector batch sizes (a step's Python cost is per call, not per image: "
                          "the ratio falls with the batch)")
     args = ap.parse_args(argv)
+    if args.reps < 1:
+        ap.error(f"--reps must be at least 1, got {args.reps}")
     torch.set_num_threads(1)
     scenes = mnist_scenes("test", 64)
     out = [f"CPU: {_cpu_flags()}; torch threads: {torch.get_num_threads()}; load average "

@@ -39,19 +39,14 @@ MODELS = {  # as bench/detection.py builds them
 
 
 def load_libraries(tree: str | None) -> tuple:
-    """(fake-quant library, island library) built from ``tree``'s sources, or this tree's (None).
-    The loaders are run undecorated, so the process's cached libraries stay this tree's."""
+    """((fake-quant library, island library), why not): built from ``tree``'s sources, or this
+    tree's (None); a library is None where it cannot be built, and ``why not`` says so."""
     if tree is None:
-        return native.library(), island.library()
-    # the loaders read their module's source path; pointing it elsewhere for one undecorated call
-    # builds and loads the other tree's file with this tree's argument types and checks
-    saved = native._SOURCE, island._SOURCE
-    native._SOURCE = os.path.join(tree, "dal", "formats", "csrc", "fake_quant.cpp")
-    island._SOURCE = os.path.join(tree, "dal", "formats", "csrc", "fp16_island.cpp")
-    try:
-        return native.library.__wrapped__(), island.library.__wrapped__()
-    finally:
-        native._SOURCE, island._SOURCE = saved
+        return (native.library(), island.library()), f"{native.status()}; {island.status()}"
+    csrc = os.path.join(tree, "dal", "formats", "csrc")
+    (fq, why_fq), (isl, why_isl) = (native.load_library(os.path.join(csrc, "fake_quant.cpp")),
+                                    island.load_library(os.path.join(csrc, "fp16_island.cpp")))
+    return (fq, isl), f"{why_fq}; {why_isl}"
 
 
 def use(libraries: tuple) -> None:
@@ -68,10 +63,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--reps", type=int, default=21)
     args = ap.parse_args(argv)
+    if args.reps < 1 or args.batch < 1:
+        ap.error(f"--reps and --batch must be at least 1, got {args.reps} and {args.batch}")
     torch.set_num_threads(1)
-    mine, other = load_libraries(None), load_libraries(os.path.abspath(args.other))
+    (mine, why_mine), (other, why_other) = load_libraries(None), load_libraries(os.path.abspath(args.other))
     if None in mine or None in other:
-        print(f"a kernel did not build: {native.status()}; {island.status()}")
+        print(f"a kernel did not load: this tree: {why_mine}; --other: {why_other}")
         return 1
     images, targets = torchvision_batch(args.batch)
     fl = warmed_detector(MODELS[args.model], images)

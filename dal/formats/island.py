@@ -59,24 +59,28 @@ def library():
     """The loaded island kernel (a ``ctypes.CDLL``), or None where it cannot be built or the CPU
     lacks AVX2 / F16C (:func:`status` says why). Built like the fake-quant kernel
     (``native.compile_library``: cached by a hash of source, flags and compiler)."""
+    lib, _status[0] = load_library(_SOURCE)
+    return lib
+
+
+def load_library(source: str) -> tuple[Optional[ctypes.CDLL], str]:
+    """``(library, status)``: the island kernel built from the C++ file ``source`` with its
+    argument types set, or ``(None, why not)``; uncached and without effect on :func:`library`
+    (as ``native.load_library``)."""
     try:
-        lib = ctypes.CDLL(native.compile_library(_SOURCE))
+        lib = ctypes.CDLL(native.compile_library(source))
     except Exception as e:  # no compiler, compile error, unwritable cache: the ops one by one still work
-        _status[0] = f"building the FP16 island kernel failed: {e}"
-        return None
+        return None, f"building the FP16 island kernel from {source} failed: {e}"
     if lib.dal_island_abi_version() != _ABI_VERSION:
-        _status[0] = "the cached FP16 island kernel has an unexpected ABI version"
-        return None
+        return None, f"the FP16 island kernel built from {source} has an unexpected ABI version"
     if not lib.dal_island_available():
-        _status[0] = "the FP16 island kernel needs AVX2 and F16C, which this CPU or compiler lacks"
-        return None
+        return None, "the FP16 island kernel needs AVX2 and F16C, which this CPU or compiler lacks"
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.dal_island_forward.argtypes = [p, p, i64, i32, i32]
     lib.dal_island_forward.restype = i32
     lib.dal_island_backward.argtypes = [p, p, p, i64, i32, i32]
     lib.dal_island_backward.restype = None
-    _status[0] = "built and loaded"
-    return lib
+    return lib, "built and loaded"
 
 
 def status() -> str:

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from typing import Optional
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "fake_quant.cpp")
 _ABI_VERSION = 6
@@ -163,21 +164,26 @@ def _find_compiler() -> str | None:
 def library():
     """The loaded kernel (a ``ctypes.CDLL``) or None when it cannot be built; see :func:`status`."""
     global _status
-    if not os.path.exists(_SOURCE):
-        _status = f"kernel source {_SOURCE} is missing from this installation"
-        return None
+    lib, _status = load_library(_SOURCE)
+    return lib
+
+
+def load_library(source: str) -> tuple[Optional[ctypes.CDLL], str]:
+    """``(library, status)``: the fake-quant kernel built from the C++ file ``source`` (cached by
+    :func:`compile_library`) with its argument types set, or ``(None, why not)``. Uncached and
+    without effect on :func:`library` / :func:`status`: bench/kernel_ab.py loads another
+    checkout's source with it to compare two builds in one process."""
+    if not os.path.exists(source):
+        return None, f"kernel source {source} is missing from this installation"
     cxx = _find_compiler()
     if cxx is None:
-        _status = "no C++ compiler found (looked for $CXX, c++, g++): install one, e.g. apt-get install g++"
-        return None
+        return None, "no C++ compiler found (looked for $CXX, c++, g++): install one, e.g. apt-get install g++"
     try:
-        lib = ctypes.CDLL(compile_library(_SOURCE, cxx=cxx))
+        lib = ctypes.CDLL(compile_library(source, cxx=cxx))
     except Exception as e:  # compile error, unwritable cache, bad .so: the eager path still works
-        _status = f"building the fused fake-quant kernel failed: {e}"
-        return None
+        return None, f"building the fused fake-quant kernel from {source} failed: {e}"
     if lib.dal_fq_abi_version() != _ABI_VERSION:
-        _status = "the cached kernel has an unexpected ABI version"
-        return None
+        return None, f"the kernel built from {source} has ABI version {lib.dal_fq_abi_version()}, not {_ABI_VERSION}"
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.dal_fq_forward.argtypes = [p, p, p, i64, i64, i64, i64, p, p, p, i32, i32]
     lib.dal_fq_forward.restype = None
@@ -214,8 +220,7 @@ def library():
     lib.dal_fold_factor.restype = None
     lib.dal_fold_factor_backward.argtypes = [p, p, p, i64, p]
     lib.dal_fold_factor_backward.restype = None
-    _status = "built and loaded"
-    return lib
+    return lib, "built and loaded"
 
 
 def status() -> str:

@@ -123,3 +123,27 @@ def test_compile_error_names_the_compiler_and_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="failed"):
         compile_library(str(src), cache_dir=str(tmp_path / "cache"))
     assert os.listdir(tmp_path / "cache") == []
+
+
+def test_load_library_names_a_missing_or_broken_source(tmp_path):
+    """native / island ``load_library`` (bench/kernel_ab.py loads another checkout with it):
+    a missing or uncompilable file gives None and a message naming the file, and leaves the
+    process's own kernel and its status alone."""
+    from dal.formats import island, native
+    before = native.status(), island.status()
+    missing = str(tmp_path / "nowhere.cpp")
+    bad = tmp_path / "bad.cpp"
+    bad.write_text("this is not C++\n")
+    for load in (native.load_library, island.load_library):
+        for source in (missing, str(bad)):
+            lib, why = load(source)
+            assert lib is None and source in why, why
+    assert (native.status(), island.status()) == before
+
+
+def test_load_library_of_this_tree_matches_the_process_kernel():
+    from dal.formats import native
+    lib, why = native.load_library(str(ROOT / "dal" / "formats" / "csrc" / "fake_quant.cpp"))
+    if native.library() is None:
+        pytest.skip(f"no fused kernel here: {native.status()}")
+    assert why == "built and loaded" and lib._name == native.library()._name  # the same cached build
