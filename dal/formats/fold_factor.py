@@ -78,6 +78,14 @@ def fold_factor_torch(gamma: Optional[torch.Tensor], running_var: torch.Tensor, 
     return torch.where(raw != 0, raw, 1.0) if ones_for_zero else raw
 
 
+def kernel_applies(gamma: Optional[torch.Tensor], running_var: torch.Tensor) -> bool:
+    """Whether :func:`fold_factor` takes the C++ kernel for these tensors: CPU float32 plain
+    contiguous vectors of one length, a constant variance, the kernel loaded."""
+    n = running_var.numel()
+    return bool(n) and not running_var.requires_grad and _plain(running_var, n) and _plain(gamma, n) \
+        and native.library() is not None
+
+
 def fold_factor(gamma: Optional[torch.Tensor], running_var: torch.Tensor, eps: float,
                 ones_for_zero: bool = False) -> torch.Tensor:
     """``raw = gamma / sqrt(running_var + eps)`` per channel (``gamma`` None: a BN without affine
@@ -85,8 +93,6 @@ def fold_factor(gamma: Optional[torch.Tensor], running_var: torch.Tensor, eps: f
     ``raw`` is 0 (QConvBn2d training). Differentiable in ``gamma``, and in ``running_var`` when it
     requires grad (batch statistics: the torch route). The C++ kernel on CPU float32 plain tensors
     and a constant variance, else the torch ops of :func:`fold_factor_torch` (the same values)."""
-    n = running_var.numel()
-    if n and not running_var.requires_grad and _plain(running_var, n) and _plain(gamma, n) \
-            and native.library() is not None:
+    if kernel_applies(gamma, running_var):
         return FoldFactorFunction.apply(gamma, running_var, float(eps), bool(ones_for_zero))
     return fold_factor_torch(gamma, running_var, eps, ones_for_zero)

@@ -38,6 +38,7 @@ from ..formats.fold_factor import fold_factor
 from .adopt import adopt, release
 from .base import QATModule
 from .channel_divide import channel_divide
+from .fold_bound import bound_folded_weight
 from .own_forward import folds_as_batchnorm
 
 
@@ -119,15 +120,18 @@ class QConvBn2d(QATModule, nn.Conv2d):
         if self.input_quant is not None:
             x = self.input_quant(x)
         if self.training and not bool(self.bn_frozen):
-            f = self._training_fold_factor()
             # The weight quantizer must see the folded weight W * f (the grid the hardware uses);
             # the 1/f that undoes the folding goes where it costs less (module doc).
             if self._divide_output(x):
+                f = self._training_fold_factor()
                 y = channel_divide(self._conv_forward(x, self._folded_weight(f, False), None), f)
                 if self.bias is not None:
                     y = y + self.bias.reshape(1, -1, 1, 1)
             else:
-                y = self._conv_forward(x, self._folded_weight(f, True), self.bias)
+                w = bound_folded_weight(self)  # the C++ route bound once (dal.nn.fold_bound), else per layer
+                if w is None:
+                    w = self._folded_weight(self._training_fold_factor(), True)
+                y = self._conv_forward(x, w, self.bias)
             y = self.bn(y)
             if self.activation in _IN_PLACE:
                 # BN's output is fresh and no autograd node saved it (BN keeps its input): the

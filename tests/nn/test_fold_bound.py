@@ -1,0 +1,193 @@
+"""QConvBn2d's bound training weight (dal.nn.fold_bound) against the per-layer route, bit for bit,
+across everything that must drop or refresh the binding.
+
+The per-layer route (FoldFactorFunction + FakeQuantizer.fold_quantize) is itself checked
+against a float64 textbook oracle in test_conv_bn_training.py (whose steps after the first now
+run bound) and against torch's ops in tests/formats. Here each case runs the same QAT steps on a
+model whose layers bind and on a deep copy whose layers never do, applies the same change to
+both, and compares outputs, every gradient and every buffer. A binding that outlived its change
+would read or write the old tensors, or use the old constants, and the two would part.
+"""
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import dal.nn.conv_bn as conv_bn
+from dal.formats import native
+from dal.nn import QConvBn2d, QConvBnReLU2d, SimpleLayerSpec, SimpleTensorSpec
+from dal.nn.fold_bound import BoundFold
+from dal.prepare.state import set_quantizer_state
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no fused kernel: {native.status()}")
+
+W_ONLY = SimpleLayerSpec(weight=SimpleTensorSpec("int8", "per_channel"))
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    layers = []
+    for i, (cin, cout, groups) in enumerate(((3, 8, 1), (8, 8, 8), (8, 6, 1))):
+        conv, bn = nn.Conv2d(cin, cout, 3, padding=1, groups=groups, bias=i == 2), nn.BatchNorm2d(cout)
+        with torch.no_grad():
+            bn.weight.uniform_(-1.5, 1.5)  # negative gamma: f < 0 on some channels
+            bn.running_var.uniform_(0.5, 2)
+        cls = QConvBnReLU2d if i == 0 else QConvBn2d
+        layer = cls.from_float(conv, bn, W_ONLY, f"l{i}")
+        layers.append(layer)
+    model = nn.Sequential(*layers).train()  # small weights: the 1/f goes on the weight (the bound route)
+    set_quantizer_state(model, "observe")
+    with torch.no_grad():
+        model(torch.randn(4, 3, 8, 8))
+    set_quantizer_state(model, "quantize")
+    return model
+
+
+@pytest.fixture
+def pair(monkeypatch):
+    """(bound model, per-layer copy, number of bound calls so far, ids of modules never bound)."""
+    fast = _model()
+    slow = copy.deepcopy(fast)
+    never = {id(m) for m in slow.modules()}
+    calls = [0]
+    real = conv_bn.bound_folded_weight
+
+    def routed(module):
+        if id(module) in never:
+            return None
+        w = real(module)
+        calls[0] += w is not None
+        return w
+    monkeypatch.setattr(conv_bn, "bound_folded_weight", routed)
+    return fast, slow, calls, never
+
+
+def _bits(t):
+    return t.contiguous().view(-1).view(torch.uint8) if t.is_floating_point() else t
+
+
+def _same(a, b, what):
+    assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b)), what
+
+
+def _step(fast, slow, gen, tag):
+    x = torch.randn(4, 3, 8, 8, generator=gen)
+    outs = []
+    for model in (fast, slow):
+        model.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        y = model(xi)
+        y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(7)))
+        outs.append((y.detach(), xi.grad))
+    _same(outs[0][0], outs[1][0], f"{tag}: output")
+    _same(outs[0][1], outs[1][1], f"{tag}: grad x")
+    for (name, p), q in zip(fast.named_parameters(), slow.parameters()):
+        assert (p.grad is None) == (q.grad is None), f"{tag}: grad of {name}"
+        if p.grad is not None:
+            _same(p.grad, q.grad, f"{tag}: grad {name}")
+    for (name, b), c in zip(fast.state_dict().items(), slow.state_dict().values()):
+        _same(b, c, f"{tag}: buffer {name}")
+    with torch.no_grad():  # an SGD step on both, so the next step starts from new weights
+        for p, q in zip(fast.parameters(), slow.parameters()):
+            if p.grad is not None:
+                p.sub_(0.05 * p.grad)
+                q.sub_(0.05 * q.grad)
+
+
+def _steps(fast, slow, gen, tag, n=3):
+    for i in range(n):
+        _step(fast, slow, gen, f"{tag} step {i}")
+
+
+def test_layers_bind_and_the_bound_steps_give_the_per_layer_bits(pair):
+    fast, slow, calls, _ = pair
+    gen = torch.Generator().manual_seed(0)
+    _steps(fast, slow, gen, "bound", n=4)
+    assert calls[0] == 4 * 3  # every layer, every step (the first call binds and computes)
+    assert all(isinstance(m.__dict__.get("_fold_bound"), BoundFold) for m in fast if isinstance(m, QConvBn2d))
+
+
+def _new_weight_storage(m):
+    m[1].weight.data = m[1].weight.data.clone()
+
+
+def _frozen_and_back(m):
+    set_quantizer_state(m, "frozen")
+    m(torch.linspace(-2, 2, 4 * 3 * 64).reshape(4, 3, 8, 8))
+    set_quantizer_state(m, "quantize")
+
+
+def _swap_observer(m):
+    q = m[1].weight_quant
+    q.observer = copy.deepcopy(q.observer)
+
+
+def _load_assign(m):
+    m.load_state_dict(copy.deepcopy(m.state_dict()), assign=True)
+
+
+def _gamma_frozen(m):
+    m[1].bn.weight.requires_grad_(False)
+
+
+def _eval_and_back(m):
+    m.eval()
+    with torch.no_grad():
+        m(torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(3)))
+    m.train()
+
+
+def _new_eps(m):
+    m[2].bn.eps = 1e-3
+
+
+def _running_var_replaced(m):
+    m[0].bn.running_var = m[0].bn.running_var.clone() * 1.5
+
+
+def _bn_frozen_and_back(m):
+    m[1].freeze_bn(True)
+    m(torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(4)))
+    m[1].freeze_bn(False)
+
+
+def _zero_weight_row(m):  # a zero extreme: the C++ step declines, the per-layer code decides
+    with torch.no_grad():
+        m[2].weight[0].zero_()
+
+
+CHANGES = {"weight storage replaced": _new_weight_storage, "frozen and back": _frozen_and_back,
+           "observer replaced": _swap_observer, "load_state_dict(assign=True)": _load_assign,
+           "gamma not trained": _gamma_frozen, "eval and back": _eval_and_back, "BN eps": _new_eps,
+           "running_var replaced": _running_var_replaced, "BN frozen and back": _bn_frozen_and_back,
+           "zero weight row": _zero_weight_row}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_change_after_binding_gives_the_per_layer_bits(pair, change):
+    fast, slow, _, _ = pair
+    gen = torch.Generator().manual_seed(1)
+    _steps(fast, slow, gen, "before", n=2)
+    CHANGES[change](fast)
+    CHANGES[change](slow)
+    _steps(fast, slow, gen, change)
+
+
+def test_copies_and_pickles_of_a_bound_model_write_their_own_buffers(pair):
+    fast, slow, calls, never = pair
+    gen = torch.Generator().manual_seed(2)
+    _steps(fast, slow, gen, "before", n=2)
+    buf = io.BytesIO()
+    torch.save(fast, buf)
+    buf.seek(0)
+    for copied in (copy.deepcopy(fast), torch.load(buf, weights_only=False)):
+        before = copy.deepcopy(fast.state_dict())
+        reference = copy.deepcopy(slow)
+        never.update(id(m) for m in reference.modules())
+        bound_before = calls[0]
+        _steps(copied, reference, gen, "copy")
+        assert calls[0] - bound_before == 3 * 3  # the copy binds its own tensors
+        for k, v in fast.state_dict().items():  # the original's buffers are untouched
+            _same(v, before[k], f"original {k} after the copy's steps")
