@@ -14,6 +14,7 @@ from ..quantizer import FakeQuantizer
 from .adopt import adopt, release
 from .spec import make_quantizer, per_channel_variant, role_specs
 from .weight_memo import quantized_once
+from .weight_bound import bound_weight
 
 
 def apply_activation(y: torch.Tensor, activation) -> torch.Tensor:
@@ -103,6 +104,10 @@ class QATModule(nn.Module):
         mask = getattr(self, "weight_mask", None)
         if mask is not None:
             weight = weight * mask.to(weight.dtype)
+        elif self.training and weight is self._parameters.get("weight") and "bn" not in self._modules:
+            bound = bound_weight(self)  # QAT: the C++ route bound once (dal.nn.weight_bound), same bits
+            if bound is not None:
+                return bound
         return self.weight_quant(weight) if self.weight_quant is not None else weight
 
     def bias_scale(self) -> Optional[torch.Tensor]:

@@ -38,7 +38,7 @@ from ..formats.fold_factor import fold_factor
 from .adopt import adopt, release
 from .base import QATModule
 from .channel_divide import channel_divide
-from .fold_bound import bound_folded_weight
+from .weight_bound import bound_weight
 from .own_forward import folds_as_batchnorm
 
 
@@ -128,7 +128,7 @@ class QConvBn2d(QATModule, nn.Conv2d):
                 if self.bias is not None:
                     y = y + self.bias.reshape(1, -1, 1, 1)
             else:
-                w = bound_folded_weight(self)  # the C++ route bound once (dal.nn.fold_bound), else per layer
+                w = bound_weight(self)  # the C++ route bound once (dal.nn.weight_bound), else per layer
                 if w is None:
                     w = self._folded_weight(self._training_fold_factor(), True)
                 y = self._conv_forward(x, w, self.bias)

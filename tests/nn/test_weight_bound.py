@@ -1,9 +1,11 @@
-"""QConvBn2d's bound training weight (dal.nn.fold_bound) against the per-layer route, bit for bit,
-across everything that must drop or refresh the binding.
+"""A layer's bound training weight (dal.nn.weight_bound) against the per-layer route, bit for bit,
+across everything that must drop or refresh the binding: QConvBn2d (``fq(W * f) / f``) and
+QConv2d / QLinear (``fq(W)``).
 
-The per-layer route (FoldFactorFunction + FakeQuantizer.fold_quantize) is itself checked
-against a float64 textbook oracle in test_conv_bn_training.py (whose steps after the first now
-run bound) and against torch's ops in tests/formats. Here each case runs the same QAT steps on a
+The per-layer routes (FoldFactorFunction + FakeQuantizer.fold_quantize; the quantizer's
+kernel_fake_quantize) are themselves checked against a float64 textbook oracle in
+test_conv_bn_training.py (whose steps after the first now run bound) and against torch's ops
+in tests/formats and tests/test_quantizer_fast_path.py. Here each case runs the same QAT steps on a
 model whose layers bind and on a deep copy whose layers never do, applies the same change to
 both, and compares outputs, every gradient and every buffer. A binding that outlived its change
 would read or write the old tensors, or use the old constants, and the two would part.
@@ -15,10 +17,11 @@ import pytest
 import torch
 from torch import nn
 
+import dal.nn.base as base
 import dal.nn.conv_bn as conv_bn
 from dal.formats import native
-from dal.nn import QConvBn2d, QConvBnReLU2d, SimpleLayerSpec, SimpleTensorSpec
-from dal.nn.fold_bound import BoundFold
+from dal.nn import QConv2d, QConvBn2d, QConvBnReLU2d, QLinear, SimpleLayerSpec, SimpleTensorSpec
+from dal.nn.weight_bound import BoundWeight
 from dal.prepare.state import set_quantizer_state
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no fused kernel: {native.status()}")
@@ -26,7 +29,25 @@ pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no fused kern
 W_ONLY = SimpleLayerSpec(weight=SimpleTensorSpec("int8", "per_channel"))
 
 
+def _plain_model(seed=0):
+    """QConv2d / QLinear layers: their weight is the fold with f = 1."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(QConv2d.from_float(nn.Conv2d(3, 8, 3, padding=1), W_ONLY, "c0"), nn.ReLU(),
+                          QConv2d.from_float(nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), W_ONLY, "c1"),
+                          nn.Flatten(), QLinear.from_float(nn.Linear(8 * 64, 10), W_ONLY, "fc")).train()
+    return _calibrated(model)
+
+
+def _calibrated(model):
+    set_quantizer_state(model, "observe")
+    with torch.no_grad():
+        model(torch.randn(4, 3, 8, 8))
+    set_quantizer_state(model, "quantize")
+    return model
+
+
 def _model(seed=0):
+    """QConvBn2d layers (their weight is fq(W * f) / f)."""
     torch.manual_seed(seed)
     layers = []
     for i, (cin, cout, groups) in enumerate(((3, 8, 1), (8, 8, 8), (8, 6, 1))):
@@ -37,22 +58,20 @@ def _model(seed=0):
         cls = QConvBnReLU2d if i == 0 else QConvBn2d
         layer = cls.from_float(conv, bn, W_ONLY, f"l{i}")
         layers.append(layer)
-    model = nn.Sequential(*layers).train()  # small weights: the 1/f goes on the weight (the bound route)
-    set_quantizer_state(model, "observe")
-    with torch.no_grad():
-        model(torch.randn(4, 3, 8, 8))
-    set_quantizer_state(model, "quantize")
-    return model
+    return _calibrated(nn.Sequential(*layers).train())  # small weights: the 1/f on the weight (the bound route)
 
 
-@pytest.fixture
-def pair(monkeypatch):
+MODELS = {"folded": _model, "plain": _plain_model}
+
+
+@pytest.fixture(params=MODELS)
+def pair(request, monkeypatch):
     """(bound model, per-layer copy, number of bound calls so far, ids of modules never bound)."""
-    fast = _model()
+    fast = MODELS[request.param]()
     slow = copy.deepcopy(fast)
     never = {id(m) for m in slow.modules()}
     calls = [0]
-    real = conv_bn.bound_folded_weight
+    real = conv_bn.bound_weight
 
     def routed(module):
         if id(module) in never:
@@ -60,7 +79,8 @@ def pair(monkeypatch):
         w = real(module)
         calls[0] += w is not None
         return w
-    monkeypatch.setattr(conv_bn, "bound_folded_weight", routed)
+    monkeypatch.setattr(conv_bn, "bound_weight", routed)
+    monkeypatch.setattr(base, "bound_weight", routed)
     return fast, slow, calls, never
 
 
@@ -106,11 +126,16 @@ def test_layers_bind_and_the_bound_steps_give_the_per_layer_bits(pair):
     gen = torch.Generator().manual_seed(0)
     _steps(fast, slow, gen, "bound", n=4)
     assert calls[0] == 4 * 3  # every layer, every step (the first call binds and computes)
-    assert all(isinstance(m.__dict__.get("_fold_bound"), BoundFold) for m in fast if isinstance(m, QConvBn2d))
+    layers = [m for m in fast if isinstance(m, (QConvBn2d, QConv2d, QLinear))]
+    assert len(layers) == 3 and all(isinstance(m.__dict__.get("_weight_bound"), BoundWeight) for m in layers)
+
+
+def _layer(m, i):
+    return [x for x in m if hasattr(x, "weight_quant")][i]
 
 
 def _new_weight_storage(m):
-    m[1].weight.data = m[1].weight.data.clone()
+    _layer(m, 1).weight.data = _layer(m, 1).weight.data.clone()
 
 
 def _frozen_and_back(m):
@@ -120,7 +145,7 @@ def _frozen_and_back(m):
 
 
 def _swap_observer(m):
-    q = m[1].weight_quant
+    q = _layer(m, 1).weight_quant
     q.observer = copy.deepcopy(q.observer)
 
 
@@ -155,17 +180,23 @@ def _bn_frozen_and_back(m):
 
 def _zero_weight_row(m):  # a zero extreme: the C++ step declines, the per-layer code decides
     with torch.no_grad():
-        m[2].weight[0].zero_()
+        _layer(m, 2).weight[0].zero_()
+
+
+def _weight_frozen(m):
+    _layer(m, 0).weight.requires_grad_(False)
 
 
 CHANGES = {"weight storage replaced": _new_weight_storage, "frozen and back": _frozen_and_back,
            "observer replaced": _swap_observer, "load_state_dict(assign=True)": _load_assign,
-           "gamma not trained": _gamma_frozen, "eval and back": _eval_and_back, "BN eps": _new_eps,
-           "running_var replaced": _running_var_replaced, "BN frozen and back": _bn_frozen_and_back,
-           "zero weight row": _zero_weight_row}
+           "eval and back": _eval_and_back, "zero weight row": _zero_weight_row, "weight not trained": _weight_frozen,
+           "gamma not trained": _gamma_frozen, "BN eps": _new_eps, "running_var replaced": _running_var_replaced,
+           "BN frozen and back": _bn_frozen_and_back}
+BN_ONLY = ("gamma not trained", "BN eps", "running_var replaced", "BN frozen and back")
 
 
-@pytest.mark.parametrize("change", CHANGES)
+@pytest.mark.parametrize("pair,change", [(kind, change) for kind in MODELS for change in CHANGES
+                                         if kind == "folded" or change not in BN_ONLY], indirect=["pair"])
 def test_a_change_after_binding_gives_the_per_layer_bits(pair, change):
     fast, slow, _, _ = pair
     gen = torch.Generator().manual_seed(1)

@@ -1,0 +1,169 @@
+"""A QAT layer's training weight, its C++ route bound once (``BoundWeight``).
+
+In QAT a layer's weight is fake-quantized per output channel at every step, the observer's
+range moving with it. For QConvBn2d that is ``fq_w(W * f) / f``, ``f = gamma / sqrt(running_var
++ eps)``: two C++ calls forward and two backward (``dal.formats.fold_factor``,
+``dal.formats.fold``); for a QConv2d / QLinear, ``fq_w(W)``: a range pass, the observer step and
+the fake quantization, three C++ calls (``dal.formats.track.kernel_fake_quantize``). Around
+them, per layer and step, the per-layer code decides the route again (the quantizer's and the
+kernels' checks, the observer's ``track_step``, the buffer checks), allocates up to eight small
+tensors, and records one or two autograd Functions. Inside a step the convolutions between
+two layers evict that Python from the caches: on SSDlite320 (70 folded layers) the folded path
+cost ~15 ms of the QAT step's CPU time at 64x64 inputs, of which the C++ arithmetic is ~4 ms
+(bench/results/detection_speed.md, session 14).
+
+Once a layer has taken that route, it keeps a ``BoundWeight``: the tensors the route read (the
+objects and their addresses) and its constants. At each call :meth:`BoundWeight.holds` re-checks
+everything the route depended on and code can change between two calls: the layer's weight
+(and BN gamma, running variance, eps), and weight quantizer are the same objects, at the same
+addresses (``.data =`` and ``.to()`` move them), trainable; the quantizer is still in QAT with
+the C++ kernel and its observer's QAT step (``quantizer_bound.BoundCall.holds``: same observer
+and buffers, same format and configuration, one process); no 2:4 mask; not tracing. Then one
+C++ call, ``dal_fold_track_forward`` (the per-channel range, the observer step, the fake
+quantization and its clip mask; ``dal_fold_factor`` first for a folded layer), and ONE autograd
+Function whose backward is ``dal_fold_backward`` (then ``dal_fold_factor_backward`` on its
+d f: on this route f has no other use). A plain layer's weight is the fold with ``f = 1``:
+``w * 1`` is ``w`` and ``(g * m) * 1`` is ``g * m`` exactly, so the same rows, scales, codes,
+mask and gradient as the three-call route. The same bits and the same buffer writes, at the
+same point of the forward (tests/nn/test_weight_bound.py compares steps with and without).
+Whatever fails, or a C++ call that declines (a NaN or a zero extreme: it writes nothing then),
+falls back to the per-layer code.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..formats import native
+from ..formats.first_order import first_order
+from ..formats.fold import fold_granularity
+from ..formats.fold_factor import kernel_applies
+from ..formats.fused import kernel_mode, plain_tensor
+from ..formats.share import bump_versions
+from ..formats.track import buffers_ok, step_args
+from ..quantizer_bound import BoundCall
+
+_F32 = torch.float32
+# rows of BoundWeight's per-call vector (folded layers): the fold factor, sqrt(var + eps), this step's scale and code
+# bounds, and the backward's d f
+_F, _STD, _S, _LO, _HI, _DF = range(6)
+
+
+class BoundWeight:
+    """A layer's training-weight route with the tensors and constants it was bound under (module doc)."""
+
+    __slots__ = ("weight", "bn", "gamma", "var", "ones", "quant", "quant_bound", "eps", "state", "pointers", "rows",
+                 "row_len", "consts", "mode")
+
+    @classmethod
+    def of(cls, module) -> Optional["BoundWeight"]:
+        """A binding for ``module`` (a training QConvBn2d with the 1/f on the weight, or a layer
+        without BN), or None where its weight does not take the C++ route with the observer's
+        QAT step."""
+        q, bn, weight = module._modules.get("weight_quant"), module._modules.get("bn"), module._parameters.get("weight")
+        if q is None or weight is None or not q._kernel or not q._tracking() or native.library() is None \
+                or getattr(module, "weight_mask", None) is not None:
+            return None
+        gamma = var = None
+        if bn is not None:
+            gamma, var = bn._parameters.get("weight"), bn._buffers.get("running_var")
+            if gamma is None or var is None or not gamma.requires_grad or not kernel_applies(gamma, var):
+                return None
+        rows = weight.shape[0]
+        if not (weight.requires_grad and fold_granularity(q.granularity) and q.granularity.axis is not None
+                and weight.dim() >= 2 and (gamma is None or rows == gamma.numel()) and weight.dtype is _F32
+                and weight.is_cpu and weight.is_contiguous() and plain_tensor(weight)):
+            return None
+        step = q._track_step()
+        if not step or q.scale.numel() != rows or not buffers_ok(step[0], step[1], step[2], q.scale, q.zero_point):
+            return None
+        b = cls()
+        b.weight, b.bn, b.gamma, b.var, b.quant = weight, bn, gamma, var, q
+        b.eps = float(bn.eps) if bn is not None else None
+        b.ones = torch.ones(rows) if bn is None else None  # a plain weight is the fold with f = 1
+        b.quant_bound = BoundCall(q, step)
+        b.state = (step[0], step[1], step[2], q.scale, q.zero_point)
+        b.pointers = b._pointers()
+        b.rows, b.row_len = rows, weight.numel() // rows
+        b.consts, b.mode = step_args(*step[3:]), kernel_mode(q.fmt)
+        return b if b.quant_bound.holds(q) else None
+
+    def _pointers(self) -> tuple:
+        folded = (self.gamma.data_ptr(), self.var.data_ptr()) if self.bn is not None else (self.ones.data_ptr(), 0)
+        return (self.weight.data_ptr(),) + folded + tuple(t.data_ptr() for t in self.state)
+
+    def holds(self, module) -> bool:
+        """Whether ``module`` still has everything this binding was made under (module doc)."""
+        q, bn = module._modules.get("weight_quant"), self.bn
+        return (q is self.quant and module._parameters.get("weight") is self.weight and self.weight.requires_grad
+                and module._modules.get("bn") is bn
+                and (bn is None or (bn._parameters.get("weight") is self.gamma and self.gamma.requires_grad
+                                    and bn._buffers.get("running_var") is self.var and bn.eps == self.eps))
+                and q._kernel and q._tracks_range and q.training and self.quant_bound.holds(q)
+                and getattr(module, "weight_mask", None) is None and self._pointers() == self.pointers
+                and not (torch.jit.is_tracing() or torch.compiler.is_compiling()))
+
+    def __call__(self) -> Optional[torch.Tensor]:
+        """The weight as the per-layer route computes it (``fq_w(W * f) / f``, or ``fq_w(W)``), or
+        None (nothing written) where its C++ step declines (the per-layer code decides)."""
+        lib, rows, row_len, folded = native.library(), self.rows, self.row_len, self.bn is not None
+        vec, keep = torch.empty(6, rows), torch.empty(rows, dtype=torch.uint8)
+        out, mask = torch.empty_like(self.weight), torch.empty(rows * ((row_len + 7) // 8), dtype=torch.uint8)
+        w, f_or_gamma, var, mn, mx, seen, scale, zp = self.pointers
+        row = vec.data_ptr()
+        f = row + 4 * rows * _F if folded else f_or_gamma
+        if folded:
+            lib.dal_fold_factor(f_or_gamma, var, self.eps, rows, 1, f, row + 4 * rows * _STD, keep.data_ptr())
+        ok = lib.dal_fold_track_forward(w, out.data_ptr(), mask.data_ptr(), rows, row_len, f, mn, mx, seen,
+                                        *self.consts, scale, zp, row + 4 * rows * _S, row + 4 * rows * _LO,
+                                        row + 4 * rows * _HI, self.mode, int(folded), torch.get_num_threads())
+        if not ok:
+            return None
+        bump_versions(self.state)  # written in place by the C++ step
+        return BoundWeightFunction.apply(self.weight, self.gamma, (out, mask, vec if folded else None,
+                                                                   keep, None if folded else self.ones))
+
+
+class BoundWeightFunction(torch.autograd.Function):
+    """``(weight, gamma or None, (out, mask, vec, keep, ones)) -> out``, computed by
+    :class:`BoundWeight`; backward ``dal_fold_backward`` (d weight, and d f for a folded layer)
+    then ``dal_fold_factor_backward`` (d f -> d gamma). ``vec`` (folded) holds f, std and room
+    for d f; ``ones`` (plain) is the address of f = 1."""
+
+    @staticmethod
+    def forward(ctx, weight, gamma, done):
+        out, ctx.mask, ctx.vec, ctx.keep, ctx.ones = done
+        ctx.save_for_backward(weight, out)  # autograd checks at the backward that no one changed them
+        return out
+
+    @staticmethod
+    @first_order
+    def backward(ctx, grad_out):
+        weight, out = ctx.saved_tensors
+        lib, vec, rows = native.library(), ctx.vec, weight.shape[0]
+        g = grad_out.to(_F32).contiguous()
+        grad_w = torch.empty_like(weight)
+        row = vec.data_ptr() if vec is not None else 0
+        lib.dal_fold_backward(g.data_ptr(), weight.data_ptr(), out.data_ptr(), ctx.mask.data_ptr(), grad_w.data_ptr(),
+                              row + 4 * rows * _DF if vec is not None else None, rows, weight.numel() // rows,
+                              row + 4 * rows * _F if vec is not None else ctx.ones.data_ptr(), int(vec is not None),
+                              torch.get_num_threads())
+        if vec is None:
+            return grad_w, None, None
+        grad_gamma = torch.empty(rows)
+        lib.dal_fold_factor_backward(row + 4 * rows * _DF, row + 4 * rows * _STD, ctx.keep.data_ptr(), rows,
+                                     grad_gamma.data_ptr())
+        return grad_w, grad_gamma, None
+
+
+def bound_weight(module) -> Optional[torch.Tensor]:
+    """``module``'s training weight by its ``BoundWeight`` (bound or re-bound here as needed): a
+    QConvBn2d's ``fq_w(W * f) / f`` (training, BN not frozen, 1/f on the weight: the caller's
+    route), else ``fq_w(W)`` of its own weight Parameter; None: the per-layer code computes it."""
+    b = module.__dict__.get("_weight_bound")
+    if b is None or not b.holds(module):
+        b = module.__dict__["_weight_bound"] = BoundWeight.of(module)
+        if b is None:
+            return None
+    return b()
