@@ -97,7 +97,8 @@ class QATModule(nn.Module):
 
     def quantized_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """The weight as the matrix engine sees it: masked (2:4), then fake-quantized; once per
-        forward of a module that calls this layer several times (``dal.nn.weight_memo``)."""
+        forward of a module that calls this layer several times (``dal.nn.weight_memo``); in QAT
+        by the layer's bound C++ route where it applies (``dal.nn.weight_bound``, the same bits)."""
         return quantized_once(self, weight, self.weight_quant, self._mask_and_quantize)
 
     def _mask_and_quantize(self, weight: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,9 @@ bits (``dal.nn.channel_divide``).
 Where the weight quantizer fake-quantizes with the straight-through estimator on CPU float32,
 ``fq_w(W * f) [/ f]`` and its backward are one C++ pass each over the weight, the observer's
 per-channel range included (``FakeQuantizer.fold_quantize``, ``dal.formats.fold``): the same
-bits as the ops one by one, in about a quarter of their memory traffic.
+bits as the ops one by one, in about a quarter of their memory traffic. In training with the
+1/f on the weight, a layer binds that route once (``dal.nn.weight_bound``): the same C++ calls
+behind one autograd node, without re-deciding the route at every call.
 
 Eval, or after ``freeze_bn()``: exactly the folded layer the hardware runs,
 

@@ -16,9 +16,10 @@ Once a layer has taken that route, it keeps a ``BoundWeight``: the tensors the r
 objects and their addresses) and its constants. At each call :meth:`BoundWeight.holds` re-checks
 everything the route depended on and code can change between two calls: the layer's weight
 (and BN gamma, running variance, eps), and weight quantizer are the same objects, at the same
-addresses (``.data =`` and ``.to()`` move them), trainable; the quantizer is still in QAT with
-the C++ kernel and its observer's QAT step (``quantizer_bound.BoundCall.holds``: same observer
-and buffers, same format and configuration, one process); no 2:4 mask; not tracing. Then one
+addresses (``.data =`` and ``.to()`` move them), the weight with the same shape, dtype and
+layout, trainable; the quantizer is still in QAT with the C++ kernel and its observer's QAT
+step (``quantizer_bound.BoundCall.holds``: same observer and buffers, same format and
+configuration, one process); no 2:4 mask; not tracing. Then one
 C++ call, ``dal_fold_track_forward`` (the per-channel range, the observer step, the fake
 quantization and its clip mask; ``dal_fold_factor`` first for a folded layer), and ONE autograd
 Function whose backward is ``dal_fold_backward`` (then ``dal_fold_factor_backward`` on its
@@ -95,13 +96,16 @@ class BoundWeight:
 
     def holds(self, module) -> bool:
         """Whether ``module`` still has everything this binding was made under (module doc)."""
-        q, bn = module._modules.get("weight_quant"), self.bn
-        return (q is self.quant and module._parameters.get("weight") is self.weight and self.weight.requires_grad
-                and module._modules.get("bn") is bn
-                and (bn is None or (bn._parameters.get("weight") is self.gamma and self.gamma.requires_grad
-                                    and bn._buffers.get("running_var") is self.var and bn.eps == self.eps))
+        q, bn, w = module._modules.get("weight_quant"), self.bn, self.weight
+        same_objects = (q is self.quant and module._parameters.get("weight") is w and module._modules.get("bn") is bn
+                        and (bn is None or (bn._parameters.get("weight") is self.gamma
+                                            and bn._buffers.get("running_var") is self.var and bn.eps == self.eps)))
+        return (same_objects and w.requires_grad and (bn is None or self.gamma.requires_grad)
                 and q._kernel and q._tracks_range and q.training and self.quant_bound.holds(q)
-                and getattr(module, "weight_mask", None) is None and self._pointers() == self.pointers
+                and getattr(module, "weight_mask", None) is None
+                # the same memory, read as the same rows: .data = / .to() can change any of these
+                and self._pointers() == self.pointers and w.dtype is _F32 and w.is_cpu and w.is_contiguous()
+                and w.shape[0] == self.rows and w.numel() == self.rows * self.row_len
                 and not (torch.jit.is_tracing() or torch.compiler.is_compiling()))
 
     def __call__(self) -> Optional[torch.Tensor]:

@@ -183,6 +183,11 @@ def _zero_weight_row(m):  # a zero extreme: the C++ step declines, the per-layer
         _layer(m, 2).weight[0].zero_()
 
 
+def _kernel_transposed(m):  # the same memory and shape, read in another order: not contiguous
+    w = _layer(m, 0).weight
+    w.data = w.data.transpose(2, 3)
+
+
 def _weight_frozen(m):
     _layer(m, 0).weight.requires_grad_(False)
 
@@ -190,6 +195,7 @@ def _weight_frozen(m):
 CHANGES = {"weight storage replaced": _new_weight_storage, "frozen and back": _frozen_and_back,
            "observer replaced": _swap_observer, "load_state_dict(assign=True)": _load_assign,
            "eval and back": _eval_and_back, "zero weight row": _zero_weight_row, "weight not trained": _weight_frozen,
+           "kernel transposed in place": _kernel_transposed,
            "gamma not trained": _gamma_frozen, "BN eps": _new_eps, "running_var replaced": _running_var_replaced,
            "BN frozen and back": _bn_frozen_and_back}
 BN_ONLY = ("gamma not trained", "BN eps", "running_var replaced", "BN frozen and back")
