@@ -19,11 +19,12 @@ everything the route depended on and code can change between two calls: the laye
 addresses (``.data =`` and ``.to()`` move them), the weight with the same shape, dtype and
 layout, trainable; the quantizer is still in QAT with the C++ kernel and its observer's QAT
 step (``quantizer_bound.BoundCall.holds``: same observer and buffers, same format and
-configuration, one process); no 2:4 mask; not tracing. Then one
-C++ call, ``dal_fold_track_forward`` (the per-channel range, the observer step, the fake
-quantization and its clip mask; ``dal_fold_factor`` first for a folded layer), and ONE autograd
-Function whose backward is ``dal_fold_backward`` (then ``dal_fold_factor_backward`` on its
-d f: on this route f has no other use). A plain layer's weight is the fold with ``f = 1``:
+configuration, one process), and no forward hook watches it (the per-layer route calls it as a
+module); no 2:4 mask; not tracing. Then one C++ call, ``dal_fold_track_forward`` (the
+per-channel range, the observer step, the fake quantization and its clip mask;
+``dal_fold_factor`` first for a folded layer), and ONE autograd Function whose backward is
+``dal_fold_backward`` (then ``dal_fold_factor_backward`` on its d f: on this route f has no
+other use). A plain layer's weight is the fold with ``f = 1``:
 ``w * 1`` is ``w`` and ``(g * m) * 1`` is ``g * m`` exactly, so the same rows, scales, codes,
 mask and gradient as the three-call route. The same bits and the same buffer writes, at the
 same point of the forward (tests/nn/test_weight_bound.py compares steps with and without).
@@ -35,6 +36,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.nn.modules import module as _torch_module
 
 from ..formats import native
 from ..formats.first_order import first_order
@@ -51,6 +53,13 @@ _F32 = torch.float32
 _F, _STD, _S, _LO, _HI, _DF = range(6)
 
 
+def _watched(q) -> bool:
+    """Whether a forward hook would see the quantizer's call: the per-layer route of a plain layer
+    calls it as a module, which runs hooks; the bound route does not call it."""
+    return bool(q._forward_hooks or q._forward_pre_hooks or _torch_module._global_forward_hooks
+                or _torch_module._global_forward_pre_hooks)
+
+
 class BoundWeight:
     """A layer's training-weight route with the tensors and constants it was bound under (module doc)."""
 
@@ -64,7 +73,7 @@ class BoundWeight:
         QAT step."""
         q, bn, weight = module._modules.get("weight_quant"), module._modules.get("bn"), module._parameters.get("weight")
         if q is None or weight is None or not q._kernel or not q._tracking() or native.library() is None \
-                or getattr(module, "weight_mask", None) is not None:
+                or getattr(module, "weight_mask", None) is not None or _watched(q):
             return None
         gamma = var = None
         if bn is not None:
@@ -102,7 +111,7 @@ class BoundWeight:
                                             and bn._buffers.get("running_var") is self.var and bn.eps == self.eps)))
         return (same_objects and w.requires_grad and (bn is None or self.gamma.requires_grad)
                 and q._kernel and q._tracks_range and q.training and self.quant_bound.holds(q)
-                and getattr(module, "weight_mask", None) is None
+                and getattr(module, "weight_mask", None) is None and not _watched(q)
                 # the same memory, read as the same rows: .data = / .to() can change any of these
                 and self._pointers() == self.pointers and w.dtype is _F32 and w.is_cpu and w.is_contiguous()
                 and w.shape[0] == self.rows and w.numel() == self.rows * self.row_len

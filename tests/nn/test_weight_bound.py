@@ -228,3 +228,17 @@ def test_copies_and_pickles_of_a_bound_model_write_their_own_buffers(pair):
         assert calls[0] - bound_before == 3 * 3  # the copy binds its own tensors
         for k, v in fast.state_dict().items():  # the original's buffers are untouched
             _same(v, before[k], f"original {k} after the copy's steps")
+
+
+def test_a_weight_quantizer_that_a_hook_watches_is_called_as_a_module_every_step(pair):
+    fast, slow, calls, _ = pair
+    gen = torch.Generator().manual_seed(3)
+    _steps(fast, slow, gen, "before", n=1)
+    seen = []
+    plain = [m for m in fast if isinstance(m, (QConv2d, QLinear))]
+    for m in plain:
+        m.weight_quant.register_forward_hook(lambda mod, inputs, out: seen.append(mod))
+    bound = calls[0]
+    _steps(fast, slow, gen, "watched", n=2)
+    assert len(seen) == 2 * len(plain)  # the plain layers' quantizers ran as modules (folded ones never do)
+    assert calls[0] - bound == 2 * (3 - len(plain))
