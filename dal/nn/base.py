@@ -13,8 +13,8 @@ from ..formats.bias import bias_fake_quantize
 from ..quantizer import FakeQuantizer
 from .adopt import adopt, release
 from .spec import make_quantizer, per_channel_variant, role_specs
-from .weight_memo import quantized_once
 from .weight_bound import bound_weight
+from .weight_memo import quantized_once
 
 
 def apply_activation(y: torch.Tensor, activation) -> torch.Tensor:

@@ -40,8 +40,8 @@ from ..formats.fold_factor import fold_factor
 from .adopt import adopt, release
 from .base import QATModule
 from .channel_divide import channel_divide
-from .weight_bound import bound_weight
 from .own_forward import folds_as_batchnorm
+from .weight_bound import bound_weight
 
 
 _IN_PLACE = {"relu": F.relu_, "relu6": lambda y: F.hardtanh_(y, 0.0, 6.0)}

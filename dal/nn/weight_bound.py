@@ -24,9 +24,9 @@ module); no 2:4 mask; not tracing. Then one C++ call, ``dal_fold_track_forward``
 per-channel range, the observer step, the fake quantization and its clip mask;
 ``dal_fold_factor`` first for a folded layer), and ONE autograd Function whose backward is
 ``dal_fold_backward`` (then ``dal_fold_factor_backward`` on its d f: on this route f has no
-other use). A plain layer's weight is the fold with ``f = 1``:
-``w * 1`` is ``w`` and ``(g * m) * 1`` is ``g * m`` exactly, so the same rows, scales, codes,
-mask and gradient as the three-call route. The same bits and the same buffer writes, at the
+other use). A plain layer's weight is the fold with ``f = 1``: ``w * 1`` is ``w`` and
+``(g * m) * 1`` is ``g * m`` exactly, so the same rows, scales, codes, mask and gradient as the
+three-call route. The same bits and the same buffer writes, at the
 same point of the forward (tests/nn/test_weight_bound.py compares steps with and without).
 Whatever fails, or a C++ call that declines (a NaN or a zero extreme: it writes nothing then),
 falls back to the per-layer code.
@@ -48,8 +48,8 @@ from ..formats.track import buffers_ok, step_args
 from ..quantizer_bound import BoundCall
 
 _F32 = torch.float32
-# rows of BoundWeight's per-call vector (folded layers): the fold factor, sqrt(var + eps), this step's scale and code
-# bounds, and the backward's d f
+# rows of BoundWeight's per-call vector (folded layers): the fold factor, sqrt(var + eps), this
+# step's scale and code bounds, and the backward's d f
 _F, _STD, _S, _LO, _HI, _DF = range(6)
 
 
@@ -92,7 +92,7 @@ class BoundWeight:
         b.weight, b.bn, b.gamma, b.var, b.quant = weight, bn, gamma, var, q
         b.eps = float(bn.eps) if bn is not None else None
         b.ones = torch.ones(rows) if bn is None else None  # a plain weight is the fold with f = 1
-        b.quant_bound = BoundCall(q, step)
+        b.quant_bound = BoundCall(q, step)  # for its holds(): the same checks hold per channel
         b.state = (step[0], step[1], step[2], q.scale, q.zero_point)
         b.pointers = b._pointers()
         b.rows, b.row_len = rows, weight.numel() // rows
@@ -142,7 +142,7 @@ class BoundWeightFunction(torch.autograd.Function):
     """``(weight, gamma or None, (out, mask, vec, keep, ones)) -> out``, computed by
     :class:`BoundWeight`; backward ``dal_fold_backward`` (d weight, and d f for a folded layer)
     then ``dal_fold_factor_backward`` (d f -> d gamma). ``vec`` (folded) holds f, std and room
-    for d f; ``ones`` (plain) is the address of f = 1."""
+    for d f; ``ones`` (plain) is f = 1, held here for the backward."""
 
     @staticmethod
     def forward(ctx, weight, gamma, done):
