@@ -139,11 +139,21 @@ class FoldedFakeQuantizeFunction(torch.autograd.Function):
         if not (need_w or need_f):
             return (None,) * 10
         weight, f, mask, out = ctx.saved_tensors
-        g = grad_out.to(torch.float32).contiguous()
-        grad_w = torch.empty_like(weight) if need_w else None
-        grad_f = torch.empty(ctx.rows, dtype=torch.float32) if need_f else None
-        native.library().dal_fold_backward(
-            g.data_ptr(), weight.data_ptr(), out.data_ptr() if out is not None else None, mask.data_ptr(),
-            grad_w.data_ptr() if need_w else None, grad_f.data_ptr() if need_f else None, ctx.rows, ctx.row_len,
-            f.detach().data_ptr(), ctx.divide, torch.get_num_threads())
-        return (grad_w, grad_f) + (None,) * 8
+        return fold_backward(grad_out, weight, f, mask, out, ctx.divide, need_w, need_f) + (None,) * 8
+
+
+def fold_backward(grad_out: torch.Tensor, weight: torch.Tensor, f: torch.Tensor, mask: torch.Tensor,
+                  out: Optional[torch.Tensor], divide: bool, need_w: bool = True,
+                  need_f: bool = True) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """``(d weight, d f)`` of ``out = fq(weight * f) [/ f]`` (None where not needed) in one C++
+    pass over the gradient, from the forward's clip ``mask`` and, when ``divide``, its ``out``
+    (straight-through estimator; the formulas are the module doc's)."""
+    rows = weight.shape[0]
+    g = grad_out.to(torch.float32).contiguous()
+    grad_w = torch.empty_like(weight) if need_w else None
+    grad_f = torch.empty(rows, dtype=torch.float32) if need_f else None
+    native.library().dal_fold_backward(
+        g.data_ptr(), weight.data_ptr(), out.data_ptr() if divide else None, mask.data_ptr(),
+        grad_w.data_ptr() if need_w else None, grad_f.data_ptr() if need_f else None, rows, weight.numel() // rows,
+        f.detach().data_ptr(), int(bool(divide)), torch.get_num_threads())
+    return grad_w, grad_f

@@ -37,16 +37,34 @@ from .fused import plain_tensor
 _F32 = torch.float32
 
 
+def fold_factor_parts(gamma: Optional[torch.Tensor], running_var: torch.Tensor, eps: float,
+                      ones_for_zero: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(f, std, keep)`` by the C++ kernel, no autograd (tensors as :func:`kernel_applies`
+    accepts them): ``std = sqrt(running_var + eps)`` and ``keep = raw != 0`` (uint8) are what
+    :func:`fold_factor_grad` needs to turn ``d f`` into ``d gamma``."""
+    n = running_var.numel()
+    f, std, keep = torch.empty(n), torch.empty(n), torch.empty(n, dtype=torch.uint8)
+    native.library().dal_fold_factor(None if gamma is None else gamma.data_ptr(), running_var.data_ptr(), eps,
+                                     n, int(ones_for_zero), f.data_ptr(), std.data_ptr(), keep.data_ptr())
+    return f, std, keep
+
+
+def fold_factor_grad(grad_f: torch.Tensor, std: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``d gamma = where(keep, d f, +0) / std``, autograd's chain for the formula (module doc)."""
+    g = grad_f.to(_F32).contiguous()
+    grad = torch.empty_like(std)
+    native.library().dal_fold_factor_backward(g.data_ptr(), std.data_ptr(), keep.data_ptr(), g.numel(),
+                                              grad.data_ptr())
+    return grad
+
+
 class FoldFactorFunction(torch.autograd.Function):
     """``f`` from ``(gamma or None, running_var, eps, ones_for_zero)`` (module doc); gradient for gamma."""
 
     @staticmethod
     def forward(ctx, gamma: Optional[torch.Tensor], running_var: torch.Tensor, eps: float,
                 ones_for_zero: bool) -> torch.Tensor:
-        n = running_var.numel()
-        f, std, keep = torch.empty(n), torch.empty(n), torch.empty(n, dtype=torch.uint8)
-        native.library().dal_fold_factor(None if gamma is None else gamma.data_ptr(), running_var.data_ptr(), eps,
-                                         n, int(ones_for_zero), f.data_ptr(), std.data_ptr(), keep.data_ptr())
+        f, std, keep = fold_factor_parts(gamma, running_var, eps, ones_for_zero)
         # fresh tensors no one else holds or writes: kept as attributes (no saved-tensor hooks to run)
         ctx.std, ctx.keep = std, keep
         return f
@@ -56,11 +74,7 @@ class FoldFactorFunction(torch.autograd.Function):
     def backward(ctx, grad_f: torch.Tensor):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
-        g = grad_f.to(_F32).contiguous()
-        grad = torch.empty_like(ctx.std)
-        native.library().dal_fold_factor_backward(g.data_ptr(), ctx.std.data_ptr(), ctx.keep.data_ptr(),
-                                                  g.numel(), grad.data_ptr())
-        return grad, None, None, None
+        return fold_factor_grad(grad_f, ctx.std, ctx.keep), None, None, None
 
 
 def _plain(t: Optional[torch.Tensor], n: int) -> bool:

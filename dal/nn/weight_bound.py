@@ -24,7 +24,9 @@ module); no 2:4 mask; not tracing. Then one C++ call, ``dal_fold_track_forward``
 per-channel range, the observer step, the fake quantization and its clip mask;
 ``dal_fold_factor`` first for a folded layer), and ONE autograd Function whose backward is
 ``dal_fold_backward`` (then ``dal_fold_factor_backward`` on its d f: on this route f has no
-other use). A plain layer's weight is the fold with ``f = 1``: ``w * 1`` is ``w`` and
+other use); each through the one Python wrapper the per-layer route uses too
+(``fold_factor_parts``, ``track.fold_track_forward``, ``fold.fold_backward``,
+``fold_factor_grad``). A plain layer's weight is the fold with ``f = 1``: ``w * 1`` is ``w`` and
 ``(g * m) * 1`` is ``g * m`` exactly, so the same rows, scales, codes, mask and gradient as the
 three-call route. The same bits and the same buffer writes, at the
 same point of the forward (tests/nn/test_weight_bound.py compares steps with and without).
@@ -40,17 +42,13 @@ from torch.nn.modules import module as _torch_module
 
 from ..formats import native
 from ..formats.first_order import first_order
-from ..formats.fold import fold_granularity
-from ..formats.fold_factor import kernel_applies
-from ..formats.fused import kernel_mode, plain_tensor
-from ..formats.share import bump_versions
-from ..formats.track import buffers_ok, step_args
+from ..formats.fold import fold_backward, fold_granularity
+from ..formats.fold_factor import fold_factor_grad, fold_factor_parts, kernel_applies
+from ..formats.fused import plain_tensor
+from ..formats.track import buffers_ok, fold_track_forward
 from ..quantizer_bound import BoundCall
 
 _F32 = torch.float32
-# rows of BoundWeight's per-call vector (folded layers): the fold factor, sqrt(var + eps), this
-# step's scale and code bounds, and the backward's d f
-_F, _STD, _S, _LO, _HI, _DF = range(6)
 
 
 def _watched(q) -> bool:
@@ -63,8 +61,8 @@ def _watched(q) -> bool:
 class BoundWeight:
     """A layer's training-weight route with the tensors and constants it was bound under (module doc)."""
 
-    __slots__ = ("weight", "bn", "gamma", "var", "ones", "quant", "quant_bound", "eps", "state", "pointers", "rows",
-                 "row_len", "consts", "mode")
+    __slots__ = ("weight", "bn", "gamma", "var", "ones", "quant", "quant_bound", "eps", "step", "pointers", "rows",
+                 "row_len")
 
     @classmethod
     def of(cls, module) -> Optional["BoundWeight"]:
@@ -93,15 +91,15 @@ class BoundWeight:
         b.eps = float(bn.eps) if bn is not None else None
         b.ones = torch.ones(rows) if bn is None else None  # a plain weight is the fold with f = 1
         b.quant_bound = BoundCall(q, step)  # for its holds(): the same checks hold per channel
-        b.state = (step[0], step[1], step[2], q.scale, q.zero_point)
+        b.step = step
         b.pointers = b._pointers()
         b.rows, b.row_len = rows, weight.numel() // rows
-        b.consts, b.mode = step_args(*step[3:]), kernel_mode(q.fmt)
         return b if b.quant_bound.holds(q) else None
 
     def _pointers(self) -> tuple:
-        folded = (self.gamma.data_ptr(), self.var.data_ptr()) if self.bn is not None else (self.ones.data_ptr(), 0)
-        return (self.weight.data_ptr(),) + folded + tuple(t.data_ptr() for t in self.state)
+        folded = (self.gamma.data_ptr(), self.var.data_ptr()) if self.bn is not None else ()
+        return (self.weight.data_ptr(),) + folded + tuple(t.data_ptr() for t in self.step[:3]) \
+            + (self.quant.scale.data_ptr(), self.quant.zero_point.data_ptr())
 
     def holds(self, module) -> bool:
         """Whether ``module`` still has everything this binding was made under (module doc)."""
@@ -120,33 +118,22 @@ class BoundWeight:
     def __call__(self) -> Optional[torch.Tensor]:
         """The weight as the per-layer route computes it (``fq_w(W * f) / f``, or ``fq_w(W)``), or
         None (nothing written) where its C++ step declines (the per-layer code decides)."""
-        lib, rows, row_len, folded = native.library(), self.rows, self.row_len, self.bn is not None
-        vec, keep = torch.empty(6, rows), torch.empty(rows, dtype=torch.uint8)
-        out, mask = torch.empty_like(self.weight), torch.empty(rows * ((row_len + 7) // 8), dtype=torch.uint8)
-        w, f_or_gamma, var, mn, mx, seen, scale, zp = self.pointers
-        row = vec.data_ptr()
-        f = row + 4 * rows * _F if folded else f_or_gamma
-        if folded:
-            lib.dal_fold_factor(f_or_gamma, var, self.eps, rows, 1, f, row + 4 * rows * _STD, keep.data_ptr())
-        ok = lib.dal_fold_track_forward(w, out.data_ptr(), mask.data_ptr(), rows, row_len, f, mn, mx, seen,
-                                        *self.consts, scale, zp, row + 4 * rows * _S, row + 4 * rows * _LO,
-                                        row + 4 * rows * _HI, self.mode, int(folded), torch.get_num_threads())
-        if not ok:
+        folded, q = self.bn is not None, self.quant
+        f, std, keep = fold_factor_parts(self.gamma, self.var, self.eps, True) if folded else (self.ones, None, None)
+        done = fold_track_forward(self.weight, f, *self.step[:8], q.scale, q.zero_point, folded, True)
+        if done is None:
             return None
-        bump_versions(self.state)  # written in place by the C++ step
-        return BoundWeightFunction.apply(self.weight, self.gamma, (out, mask, vec if folded else None,
-                                                                   keep, None if folded else self.ones))
+        return BoundWeightFunction.apply(self.weight, self.gamma, (done[0], done[1], f, std, keep))
 
 
 class BoundWeightFunction(torch.autograd.Function):
-    """``(weight, gamma or None, (out, mask, vec, keep, ones)) -> out``, computed by
-    :class:`BoundWeight`; backward ``dal_fold_backward`` (d weight, and d f for a folded layer)
-    then ``dal_fold_factor_backward`` (d f -> d gamma). ``vec`` (folded) holds f, std and room
-    for d f; ``ones`` (plain) is f = 1, held here for the backward."""
+    """``(weight, gamma or None, (out, mask, f, std, keep)) -> out``, computed by
+    :class:`BoundWeight`; backward ``fold_backward`` (d weight, and d f for a folded layer, whose
+    ``std`` / ``keep`` are set) then ``fold_factor_grad`` (d f -> d gamma)."""
 
     @staticmethod
     def forward(ctx, weight, gamma, done):
-        out, ctx.mask, ctx.vec, ctx.keep, ctx.ones = done
+        out, ctx.mask, ctx.f, ctx.std, ctx.keep = done
         ctx.save_for_backward(weight, out)  # autograd checks at the backward that no one changed them
         return out
 
@@ -154,20 +141,9 @@ class BoundWeightFunction(torch.autograd.Function):
     @first_order
     def backward(ctx, grad_out):
         weight, out = ctx.saved_tensors
-        lib, vec, rows = native.library(), ctx.vec, weight.shape[0]
-        g = grad_out.to(_F32).contiguous()
-        grad_w = torch.empty_like(weight)
-        row = vec.data_ptr() if vec is not None else 0
-        lib.dal_fold_backward(g.data_ptr(), weight.data_ptr(), out.data_ptr(), ctx.mask.data_ptr(), grad_w.data_ptr(),
-                              row + 4 * rows * _DF if vec is not None else None, rows, weight.numel() // rows,
-                              row + 4 * rows * _F if vec is not None else ctx.ones.data_ptr(), int(vec is not None),
-                              torch.get_num_threads())
-        if vec is None:
-            return grad_w, None, None
-        grad_gamma = torch.empty(rows)
-        lib.dal_fold_factor_backward(row + 4 * rows * _DF, row + 4 * rows * _STD, ctx.keep.data_ptr(), rows,
-                                     grad_gamma.data_ptr())
-        return grad_w, grad_gamma, None
+        folded = ctx.std is not None
+        grad_w, grad_f = fold_backward(grad_out, weight, ctx.f, ctx.mask, out, folded, True, folded)
+        return grad_w, fold_factor_grad(grad_f, ctx.std, ctx.keep) if folded else None, None
 
 
 def bound_weight(module) -> Optional[torch.Tensor]:

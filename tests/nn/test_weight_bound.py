@@ -242,3 +242,53 @@ def test_a_weight_quantizer_that_a_hook_watches_is_called_as_a_module_every_step
     _steps(fast, slow, gen, "watched", n=2)
     assert len(seen) == 2 * len(plain)  # the plain layers' quantizers ran as modules (folded ones never do)
     assert calls[0] - bound == 2 * (3 - len(plain))
+
+
+def _float64_fake_quantize(w, scale, qmin, qmax):
+    """``clamp(round_half_even(w / s), qmin, qmax) * s`` per output row and its clip mask, from
+    float64: ``w / s`` in float64 rounded once to float32 is the float32 division (double rounding
+    is innocuous for division), and ``code * s`` is exact in float64 before its one rounding."""
+    s = scale.double().reshape(-1, *([1] * (w.dim() - 1)))
+    r = torch.round((w.double() / s).float().double())  # torch.round: half to even
+    keep = (r >= qmin) & (r <= qmax)
+    return (r.clamp(qmin, qmax) * s).float(), keep
+
+
+def test_a_bound_plain_weight_is_the_float64_formula():
+    """Independently of dal's per-layer route: the observer's running min / max, the symmetric
+    scale ``max(-min(lo, 0), max(hi, 0)) / qmax`` (float64, rounded once), the codes and the
+    straight-through gradient, step after step, for a bound QLinear."""
+    torch.manual_seed(4)
+    layer = _calibrated_linear()
+    q = layer.weight_quant
+    assert q.symmetric and q.fmt.signed and q.observer_name == "minmax"
+    for step in range(3):
+        w = layer.weight.detach().clone()
+        lo0, hi0 = q.observer.min_val.clone(), q.observer.max_val.clone()
+        x = torch.randn(5, 16)
+        g = torch.randn(5, 6)
+        y = layer(x)
+        assert isinstance(layer.__dict__.get("_weight_bound"), BoundWeight), "the step took the bound route"
+        y.backward(g)
+        lo, hi = torch.minimum(lo0, w.amin(dim=1)), torch.maximum(hi0, w.amax(dim=1))
+        _same(q.observer.min_val, lo, f"step {step} running min")
+        _same(q.observer.max_val, hi, f"step {step} running max")
+        scale = (torch.maximum(-lo.double().clamp(max=0), hi.double().clamp(min=0)) / q.qmax).float()
+        _same(q.scale, scale, f"step {step} scale")
+        wq, keep = _float64_fake_quantize(w, scale, q.qmin, q.qmax)
+        y_ref = torch.nn.functional.linear(x, wq, layer.bias.detach())
+        _same(y.detach(), y_ref, f"step {step} output")
+        grad_ref = (g.t() @ x) * keep  # STE: the gradient of linear's weight, where the code is not clipped
+        _same(layer.weight.grad, grad_ref, f"step {step} grad W")
+        with torch.no_grad():
+            layer.weight.sub_(0.5 * layer.weight.grad)  # large steps: the range moves, some codes clip
+        layer.weight.grad = None
+
+
+def _calibrated_linear():
+    layer = QLinear.from_float(nn.Linear(16, 6), W_ONLY, "fc").train()
+    set_quantizer_state(layer, "observe")
+    with torch.no_grad():
+        layer(torch.randn(4, 16))
+    set_quantizer_state(layer, "quantize")
+    return layer
