@@ -129,17 +129,26 @@ class BoundWeight:
 class BoundWeightFunction(torch.autograd.Function):
     """``(weight, gamma or None, (out, mask, f, std, keep)) -> out``, computed by
     :class:`BoundWeight`; backward ``fold_backward`` (d weight, and d f for a folded layer, whose
-    ``std`` / ``keep`` are set) then ``fold_factor_grad`` (d f -> d gamma)."""
+    ``std`` / ``keep`` are set) then ``fold_factor_grad`` (d f -> d gamma); a plain layer with
+    nothing clipped returns ``grad_out`` itself (``g * 1`` is ``g``)."""
 
     @staticmethod
     def forward(ctx, weight, gamma, done):
         out, ctx.mask, ctx.f, ctx.std, ctx.keep = done
         ctx.save_for_backward(weight, out)  # autograd checks at the backward that no one changed them
+        # A plain layer's weight gradient is (g * m) * 1: where nothing was clipped (m all ones, as
+        # for every symmetric min-max weight) that is g, bit for bit, as the per-layer route's
+        # KernelOutputFunction returns it. A folded layer's ((g / f) * m) * f is not g: always a pass.
+        rows = out.shape[0]
+        ctx.identity = ctx.std is None and bool(native.library().dal_mask_all_set(
+            ctx.mask.data_ptr(), rows, out.numel() // rows))
         return out
 
     @staticmethod
     @first_order
     def backward(ctx, grad_out):
+        if ctx.identity:
+            return grad_out.to(_F32).contiguous(), None, None
         weight, out = ctx.saved_tensors
         folded = ctx.std is not None
         grad_w, grad_f = fold_backward(grad_out, weight, ctx.f, ctx.mask, out, folded, True, folded)

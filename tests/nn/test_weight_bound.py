@@ -292,3 +292,41 @@ def _calibrated_linear():
         layer(torch.randn(4, 16))
     set_quantizer_state(layer, "quantize")
     return layer
+
+
+def test_a_plain_weight_with_nothing_clipped_passes_its_gradient_through(monkeypatch):
+    """A plain layer's bound backward is ``(g * m) * 1``: ``g`` itself where the mask is all ones
+    (a symmetric min-max weight never clips), the C++ pass where a moving-average range lags and
+    codes clip. Both against the per-layer route, bit for bit, and the passes counted."""
+    import dal.nn.weight_bound as weight_bound
+    passes, real_pass, real_bound = [0], weight_bound.fold_backward, base.bound_weight
+    never = set()
+
+    def counted(*args):
+        passes[0] += 1
+        return real_pass(*args)
+    monkeypatch.setattr(weight_bound, "fold_backward", counted)
+    monkeypatch.setattr(base, "bound_weight", lambda m: None if id(m) in never else real_bound(m))
+    for observer, clips in (("minmax", False), ("moving_average", True)):
+        spec = SimpleLayerSpec(weight=SimpleTensorSpec("int8", "per_channel", observer=observer))
+        torch.manual_seed(3)
+        fast = QLinear.from_float(nn.Linear(16, 6), spec, "fc").train()
+        set_quantizer_state(fast, "observe")
+        with torch.no_grad():
+            fast(torch.randn(4, 16))
+        set_quantizer_state(fast, "quantize")
+        slow = copy.deepcopy(fast)
+        never.add(id(slow))
+        passes[0] = 0
+        gen = torch.Generator().manual_seed(5)
+        for i in range(4):
+            x, g = torch.randn(4, 16, generator=gen), torch.randn(4, 6, generator=gen)
+            for layer in (fast, slow):
+                layer.weight.grad = None
+                layer(x).backward(g)
+            assert isinstance(fast.__dict__.get("_weight_bound"), BoundWeight)
+            _same(fast.weight.grad, slow.weight.grad, f"{observer} step {i}: grad W")
+            with torch.no_grad():  # growing weights: a lagging moving-average range clips
+                for layer in (fast, slow):
+                    layer.weight.mul_(1.5).sub_(0.5 * layer.weight.grad)
+        assert (passes[0] > 0) == clips, (observer, passes[0])
