@@ -325,7 +325,7 @@ class FakeQuantizer(nn.Module):
         None: the torch path decides (it also raises for a quantizer without a scale). A per-tensor
         QAT call, once it has taken that route, is bound to it (``dal.quantizer_bound``: same bits)."""
         bound, stats = self.__dict__.get("_bound"), self.__dict__.get("_share_stats")  # None: pickled before
-        y = bound.call(x, stats) if bound and self.training and bound.holds(self) else None
+        y = bound.run(self, x, stats) if bound and self.training and bound.holds(self) else None
         if y is None:
             step = self._track_step() if self._tracking() else False  # None: tracking, not by the kernel
             y = None if step is None else kernel_fake_quantize(

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
+from . import quantizer_sole_input as sole_input
 from .formats.track_call import TrackCall
 from .observers.distributed import world_size
 
@@ -48,6 +51,13 @@ class BoundCall:
             return None
         b = cls(quantizer, step)
         return b if b.holds(quantizer) and b.call.tensors_ok() else None
+
+    def run(self, q, x: torch.Tensor, stats) -> Optional[torch.Tensor]:
+        """The bound call on ``x``: written into ``x`` where ``x`` was offered to ``q`` (it is the
+        only reader: ``dal.quantizer_sole_input``), else into a new tensor; None where the full
+        chain must decide."""
+        y = self.call.in_place(x) if sole_input.take(q, x) else None
+        return y if y is not None else self.call(x, stats)
 
     def holds(self, q) -> bool:
         """Whether ``q`` still has everything this binding was made under (module doc)."""

@@ -162,3 +162,14 @@ class KernelOutputFunction(torch.autograd.Function):
         native.library().dal_fq_backward(g.data_ptr(), mask.data_ptr(), grad_x.data_ptr(), ctx.rows, ctx.row_len,
                                          torch.get_num_threads())
         return grad_x, None
+
+
+class KernelInPlaceFunction(KernelOutputFunction):
+    """``KernelOutputFunction`` of a fake quantization the kernel wrote into ``x`` itself
+    (``done = (x, mask, rows, row_len)``): ``x`` is marked dirty and returned, its version bumped,
+    so a node that saved it fails at the backward instead of reading the new values."""
+
+    @staticmethod
+    def forward(ctx, x, done):
+        ctx.mark_dirty(x)
+        return KernelOutputFunction.forward(ctx, x, done)

@@ -129,6 +129,12 @@ def _state(tensors: tuple) -> tuple:
     return tuple(ctypes.string_at(t.data_ptr(), t.nbytes) for t in tensors)
 
 
+def has_entry(x: torch.Tensor) -> bool:
+    """Whether some call has recorded ``x`` (a later call may take that entry)."""
+    memo = getattr(_LOCAL, "memo", None)
+    return memo is not None and id(x) in memo
+
+
 def share_or_compute(x: torch.Tensor, key: tuple, state: tuple, counter: Optional[torch.Tensor],
                      compute: Callable[[], Optional[tuple]], stats: Optional[ShareStats] = None) -> Optional[tuple]:
     """``compute()`` — a kernel call on ``x`` returning ``(out, mask, rows, row_len)`` or None —

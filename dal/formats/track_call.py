@@ -24,9 +24,9 @@ from typing import Optional
 import torch
 
 from . import native
-from .fused import KernelOutputFunction, kernel_mode, plain_tensor
+from .fused import KernelInPlaceFunction, KernelOutputFunction, kernel_mode, plain_tensor
 from .qformat import QFormat
-from .share import ShareStats, bump_versions, share_or_compute
+from .share import ShareStats, bump_versions, has_entry, share_or_compute
 from .track import buffers_ok, step_args
 
 _F32 = torch.float32
@@ -65,10 +65,23 @@ class TrackCall:
             return None
         return KernelOutputFunction.apply(x, done) if need else done[0]
 
-    def _compute(self, x: torch.Tensor, need_mask: bool) -> Optional[tuple]:
-        """``track._track_fq``: the observer step and the fake quantization in one C++ call."""
+    def in_place(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """This call with the fake quantization written into ``x`` itself (the caller has proven
+        that nothing else reads ``x``: ``dal.nn.sole_input``), behind ``KernelInPlaceFunction``;
+        None, nothing written, where ``__call__`` must decide (also when a recorded call on ``x``
+        could be shared). Training only: ``x`` needs a gradient."""
+        if not (x.requires_grad and torch.is_grad_enabled() and x.is_cpu and x.dtype is _F32 and x.is_contiguous()
+                and x.numel() and plain_tensor(x) and not x.is_leaf and x._base is None and self.tensors_ok()
+                and not has_entry(x)):
+            return None
+        done = self._compute(x, True, x)  # the C++ step declines before it writes any value
+        return None if done is None else KernelInPlaceFunction.apply(x, done)
+
+    def _compute(self, x: torch.Tensor, need_mask: bool, out: Optional[torch.Tensor] = None) -> Optional[tuple]:
+        """``track._track_fq``: the observer step and the fake quantization in one C++ call, into
+        a new tensor or ``out`` (which may be ``x``: the kernel is elementwise)."""
         n = x.numel()
-        out = torch.empty_like(x)
+        out = torch.empty_like(x) if out is None else out
         mask = torch.empty((n + 7) // 8, dtype=torch.uint8) if need_mask else None
         mn, mx, bs, s, zp = self.tensors
         # the library is looked up per call (an lru_cache hit): a ctypes pointer would not pickle

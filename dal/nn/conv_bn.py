@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats.fold_factor import fold_factor
+from ..formats.relu_mask import relu_in_place
 from .adopt import adopt, release
 from .base import QATModule
 from .channel_divide import channel_divide
@@ -44,7 +45,9 @@ from .own_forward import folds_as_batchnorm
 from .weight_bound import bound_weight
 
 
-_IN_PLACE = {"relu": F.relu_, "relu6": lambda y: F.hardtanh_(y, 0.0, 6.0)}
+# relu: the bit-mask node, which does not keep its result, so the next layer's input quantizer
+# may write into it (dal.formats.relu_mask, dal.nn.sole_input); the bits are torch.relu_'s
+_IN_PLACE = {"relu": relu_in_place, "relu6": lambda y: F.hardtanh_(y, 0.0, 6.0)}
 
 
 class QConvBn2d(QATModule, nn.Conv2d):

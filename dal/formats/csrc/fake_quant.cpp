@@ -611,9 +611,10 @@ void dal_bias_fq_forward(const float* b, float* out, uint8_t* mask, int64_t n, c
 // dal_track_qparams of a per-tensor quantizer fused with dal_fq_forward, for the QAT step of an
 // activation: the batch's min / max of x (torch.aminmax's values: exact for any order, and the
 // sign of a zero extreme taken from the zeros present), the observer step and scale, then the
-// fake quantization of x with this call's parameters into out / mask (null: no gradient).
-// Returns 0 with no observer state or scale written (out and mask are then garbage) where the
-// torch path must decide: a NaN in x, a zero extreme with zeros of both signs present (torch's
+// fake quantization of x with this call's parameters into out / mask (null: no gradient); out may
+// be x (elementwise, each value read before it is written).
+// Returns 0 with nothing written (no observer state, scale, out or mask: every check comes before
+// the first write, so an in-place call leaves x as it was) where the torch path must decide: a NaN in x, a zero extreme with zeros of both signs present (torch's
 // sign then depends on its reduction order) unless the observer is a moving average with a finite
 // range (its step is then the same for either sign), or where dal_track_qparams would decline.
 int dal_track_fq_forward(const float* x, float* out, uint8_t* mask, int64_t n, float* min_val, float* max_val,
@@ -787,6 +788,55 @@ void dal_fp_cast_round_trip(const float* x, float* out, int64_t n, int dtype, in
     }
 }
 
-int dal_fq_abi_version() { return 6; }
+// ---- ReLU in place that keeps a bit mask instead of its result (dal.formats.relu_mask) ----------
+// torch.relu's values: x < 0 -> +0, else x (-0 and NaN kept). Mask bit i = !(result <= 0), the
+// condition of torch's threshold_backward(grad, result, 0): grad_in = bit ? grad : +0. The mask
+// layout is the fake quantization's (one byte per 8 elements, bit j -> element j, chunks of kChunk).
+void dal_relu_mask_forward(float* x, uint8_t* mask, int64_t n, int nthreads) {
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 4)
+    for (int64_t k = 0; k < chunks; ++k) {
+        int64_t i = k * kChunk, end = i + kChunk < n ? i + kChunk : n;
+#ifdef __AVX2__
+        const __m256 zero = _mm256_setzero_ps();
+        for (; i + 8 <= end; i += 8) {
+            __m256 v = _mm256_loadu_ps(x + i);
+            __m256 neg = _mm256_cmp_ps(v, zero, _CMP_LT_OQ);   // x < 0 (false for -0 and NaN)
+            __m256 le = _mm256_cmp_ps(v, zero, _CMP_LE_OQ);    // result <= 0 <=> x <= 0
+            _mm256_storeu_ps(x + i, _mm256_andnot_ps(neg, v));
+            mask[i >> 3] = (uint8_t)~_mm256_movemask_ps(le);
+        }
+#endif
+        for (; i < end; i += 8) {
+            uint8_t byte = 0;
+            int64_t stop = i + 8 < end ? i + 8 : end;
+            for (int64_t j = i; j < stop; ++j) {
+                float v = x[j];
+                x[j] = v < 0.0f ? 0.0f : v;
+                byte |= (uint8_t)(!(v <= 0.0f) << (j - i));
+            }
+            mask[i >> 3] = byte;
+        }
+    }
+}
+
+// grad_in = mask bit ? grad : +0 (threshold_backward's select; gin may be grad).
+void dal_relu_mask_backward(const float* g, const uint8_t* mask, float* gin, int64_t n, int nthreads) {
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 4)
+    for (int64_t k = 0; k < chunks; ++k) {
+        int64_t i = k * kChunk, end = i + kChunk < n ? i + kChunk : n;
+#ifdef __AVX2__
+        for (; i + 8 <= end; i += 8) {
+            __m256 keep = _mm256_cmp_ps(_mm256_load_ps(kMaskRows.v[mask[i >> 3]]), _mm256_setzero_ps(), _CMP_NEQ_OQ);
+            _mm256_storeu_ps(gin + i, _mm256_and_ps(_mm256_loadu_ps(g + i), keep));
+        }
+#endif
+        for (; i < end; ++i)
+            gin[i] = (mask[i >> 3] >> (i & 7)) & 1 ? g[i] : 0.0f;
+    }
+}
+
+int dal_fq_abi_version() { return 7; }
 
 }  // extern "C"

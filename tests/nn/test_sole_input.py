@@ -1,0 +1,218 @@
+"""dal.nn.sole_input: an input quantizer writes in place only where it is its input's only reader.
+
+Each case trains the same steps on a prepared model and on a deep copy whose Sequentials run
+torch's own loop (no offers, every quantizer writes a new tensor), and compares outputs, every
+gradient and every buffer bit for bit. The out-of-place route is itself checked against torch's
+ops and float64 oracles elsewhere (tests/test_quantizer_fast_path.py, tests/formats). Then each
+refusal: a tensor someone else still holds must come out of the step unchanged.
+"""
+import copy
+import io
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import dal
+import dal.quantizer_sole_input as sole_input
+from dal.formats import native
+from dal.formats import track_call
+from dal.nn import sole_input as loops
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no fused kernel: {native.status()}")
+
+
+@pytest.fixture
+def takes(monkeypatch):
+    """How many quantizer calls wrote in place."""
+    count = [0]
+    real = track_call.TrackCall.in_place
+
+    def counted(self, x):
+        y = real(self, x)
+        count[0] += y is not None
+        return y
+    monkeypatch.setattr(track_call.TrackCall, "in_place", counted)
+    return count
+
+
+def _torch_loops(model):
+    """The same model running torch's Sequential loop everywhere (no offers)."""
+    for m in model.modules():
+        m.__dict__.pop("forward", None)
+    return model
+
+
+def _bits(t):
+    return t.contiguous().view(-1).view(torch.uint8) if t.is_floating_point() else t
+
+
+def _same(a, b, what):
+    assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a), _bits(b)), what
+
+
+def _prepared(model, x):
+    model = dal.prepare_qat(model.train(), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    dal.calibrate(model, [x], num_batches=1, progress=False)
+    return model.train()
+
+
+def _train_both(fast, slow, steps=3, shape=(2, 3, 64, 64)):
+    gen = torch.Generator().manual_seed(11)
+    for i in range(steps):
+        x = torch.randn(shape, generator=gen)
+        outs = []
+        for model in (fast, slow):
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(100 + i)  # the same dropout masks
+            y = model(x)
+            y.backward(torch.ones_like(y) / y.numel())
+            outs.append(y.detach())
+        _same(outs[0], outs[1], f"step {i}: output")
+        for (name, p), q in zip(fast.named_parameters(), slow.parameters()):
+            assert (p.grad is None) == (q.grad is None), f"step {i}: grad of {name}"
+            if p.grad is not None:
+                _same(p.grad, q.grad, f"step {i}: grad {name}")
+        for (name, b), c in zip(fast.state_dict().items(), slow.state_dict().values()):
+            _same(b, c, f"step {i}: buffer {name}")
+        with torch.no_grad():
+            for p, q in zip(fast.parameters(), slow.parameters()):
+                if p.grad is not None:
+                    p.sub_(0.1 * p.grad)
+                    q.sub_(0.1 * q.grad)
+
+
+def test_a_mobilenet_trains_to_the_same_bits_with_fewer_tensors(takes):
+    """torchvision's MobileNetV3 (fx-traced blocks, Sequentials, SE, ReLU and Hardswish): the
+    expand -> depthwise -> projection edges are written in place, the residual inputs are not."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 64, 64)
+    fast = _prepared(torchvision.models.mobilenet_v3_small(num_classes=10), x)
+    slow = _torch_loops(copy.deepcopy(fast))
+    _train_both(fast, slow)
+    assert takes[0] >= 3 * 10, takes[0]
+
+
+def _cbn(cin, cout, act=None):
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), *([act] if act else []))
+
+
+def _chain():
+    """A Sequential that prepare keeps (its children fold into traced Conv + BN layers). Edges:
+    0 -> ReLU(inplace) -> 2 (torch.relu_ keeps its result: not offered), 2 -> 3, 3 -> 4, 4 -> 5
+    (each a QAT layer's output into the next one's input quantizer: offered)."""
+    torch.manual_seed(1)
+    return nn.Sequential(_cbn(3, 8), nn.ReLU(inplace=True), _cbn(8, 8, nn.ReLU()), _cbn(8, 8, nn.Hardswish()),
+                         _cbn(8, 4), nn.Conv2d(4, 4, 1))
+
+
+X = (2, 3, 16, 16)
+
+
+def _offers(model):
+    """The tensors the loops offered in one training step, by the autograd node that made them."""
+    seen = []
+    real = sole_input.offer
+
+    def counted(q, t):
+        seen.append(type(t.grad_fn).__name__)
+        real(q, t)
+    sole_input.offer = counted
+    try:
+        model(torch.randn(X)).sum().backward()
+    finally:
+        sole_input.offer = real
+    return seen
+
+
+def test_a_chain_is_written_in_place_except_after_torch_relu_(takes):
+    fast = _prepared(_chain(), torch.randn(X))
+    assert sorted(_offers(fast)) == sorted(["ReluMaskFunctionBackward", "_IslandFunctionBackward",
+                                            "NativeBatchNormBackward0"])
+    takes[0] = 0
+    slow = _torch_loops(copy.deepcopy(fast))
+    _train_both(fast, slow, shape=X)
+    assert takes[0] == 3 * 3
+
+
+@pytest.mark.parametrize("keep", ["tensor", "view", "detach"])
+def test_a_tensor_someone_keeps_is_not_overwritten(keep):
+    """A forward hook keeps child 2's output, a view of it, or its ``detach()`` (the same memory,
+    no Python reference to it: the storage's use count shows it): the next quantizer writes a
+    new tensor, and what was kept still holds the float values it had."""
+    fast = _prepared(_chain(), torch.randn(X))
+    kept = []
+
+    def keep_output(module, inputs, out):
+        t = {"tensor": out, "view": out[:, :3], "detach": out.detach()}[keep]
+        kept.append((t, t.detach().clone()))
+    fast[2].register_forward_hook(keep_output)
+    slow = _torch_loops(copy.deepcopy(fast))
+    _train_both(fast, slow, shape=X)
+    assert len(_offers(fast)) == 2  # 3 -> 4 and 4 -> 5 still
+    assert kept and all(torch.equal(t.detach(), then) for t, then in kept)
+
+
+def test_a_pre_hook_on_the_reader_or_a_hook_on_its_quantizer_stops_the_offer():
+    for where in ("reader", "quantizer"):
+        model = _prepared(_chain(), torch.randn(X))
+        assert len(_offers(model)) == 3
+        reader = next(m for m in model[3].modules() if hasattr(m, "input_quant"))
+        target = reader if where == "reader" else reader.input_quant
+        target.register_forward_pre_hook(lambda m, i: None)
+        assert len(_offers(model)) == 2, where
+
+
+def test_a_graph_input_with_two_uses_is_not_offered():
+    """A residual block: its input feeds the conv and the add."""
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            return self.bn(self.conv(x)) + x
+
+    class Single(Residual):
+        def forward(self, x):
+            return self.bn(self.conv(x))
+
+    torch.manual_seed(2)
+    model = _prepared(nn.Sequential(_cbn(3, 8), Residual(), Single(), nn.Conv2d(8, 4, 1)), torch.randn(X))
+    assert all(isinstance(model[i], torch.fx.GraphModule) for i in (1, 2))
+    assert loops._first_input_quant(model[1]) is None
+    assert loops._first_input_quant(model[2]) is not None
+    slow = _torch_loops(copy.deepcopy(model))
+    _train_both(model, slow, shape=X)
+
+
+def test_eval_no_grad_and_copies():
+    x = torch.randn(X)
+    model = _prepared(_chain(), x)
+    model.eval()
+    with torch.no_grad():
+        assert _offered_eval(model, x) == 0
+    model.train()
+    twin = copy.deepcopy(model)
+    seqs = [m for m in twin.modules() if "forward" in m.__dict__]
+    assert seqs and all(m.forward.seq is m for m in seqs), "a deep copy runs its own children"
+    plain = _prepared(nn.Sequential(_cbn(3, 8, nn.ReLU()), _cbn(8, 4)), x)  # no FP16 island: it pickles
+    buf = io.BytesIO()
+    torch.save(plain, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert isinstance(loaded.forward, loops.SoleInputLoop) and loaded.forward.seq is loaded
+    _same(loaded.eval()(x), plain.eval()(x), "a pickled model loads and computes the same")
+
+
+def _offered_eval(model, x):
+    count = [0]
+    real = sole_input.offer
+    sole_input.offer = lambda q, t: count.__setitem__(0, count[0] + 1)
+    try:
+        model(x)
+    finally:
+        sole_input.offer = real
+    return count[0]
