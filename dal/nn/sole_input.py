@@ -1,4 +1,4 @@
-"""Sequential loops that let the next layer's input quantizer write in place (``install``).
+"""Sequential loops and graph edges that let the next layer's input quantizer write in place.
 
 In a QAT training step every input quantizer writes its fake quantization into a new
 full-size tensor, because its input may have other readers. That write is most of what the
@@ -32,9 +32,17 @@ QAT step (``formats.track_call.TrackCall.in_place``) and otherwise computes as b
 that saved the tensor after all fails at the backward with autograd's "modified by an inplace
 operation" (the write bumps its version): never silently.
 
+The same inside a GraphModule (prepare traces most blocks into one; its generated forward calls
+the layers itself): :func:`install` inserts an :func:`offer_output` node on each graph edge from
+a call_module node to the only node that reads it, a call_module whose module reads that
+argument through a quantizer (the QAT layers above; ``QAdd`` / ``QMul`` / ``QMatMul`` / ``QCat``
+through ``input_quants[i]``). fx's graph proves the single use; at run time ``offer_output``
+checks the tensor as the loop does (fx's code holds it in one local during the call). The node
+is the identity, and transparent to tracing and export.
+
 Everything else runs torch's loop unchanged: eval, no grad, tracing and compiling, the first
-child (its input comes from the caller, who may read it again). A pickled model loads with
-torch's loop (the instance ``forward`` is not restored); a deep copy keeps it.
+child (its input comes from the caller, who may read it again). Pickles and deep copies keep
+the loops (each bound to its own Sequential) and the graph nodes.
 tests/nn/test_sole_input.py compares training steps with and without the in-place writes, bit
 for bit, and checks each refusal.
 """
@@ -50,6 +58,7 @@ from torch.nn.modules import module as _torch_module
 from .. import quantizer_sole_input as sole_input
 from .base import QWeightedModule
 from .conv_bn import QConvBn2d
+from .functional import QAdd, QCat, QMatMul, QMul
 
 #: autograd nodes that keep their inputs for the backward, never their output
 _KEEPS_NO_OUTPUT = frozenset({
@@ -58,6 +67,9 @@ _KEEPS_NO_OUTPUT = frozenset({
 
 #: QAT forwards that start with ``x = self.input_quant(x)`` and read ``x`` only through it
 _QUANT_FIRST_FORWARDS = (QWeightedModule.forward, QConvBn2d.forward)
+
+#: the functional modules that read argument i only through ``input_quants[i]``
+_FUNCTIONAL_FORWARDS = (QAdd.forward, QMul.forward, QMatMul.forward, QCat.forward)
 
 _SEQUENTIAL_FORWARD = nn.Sequential.forward
 
@@ -70,6 +82,9 @@ def install(model: nn.Module) -> int:
         if isinstance(m, nn.Sequential) and type(m).forward is _SEQUENTIAL_FORWARD and "forward" not in m.__dict__:
             m.forward = SoleInputLoop(m)
             n += 1
+        elif isinstance(m, fx.GraphModule) and not any(
+                node.op == "call_function" and node.target is offer_output for node in m.graph.nodes):
+            n += _install_graph(m)
     return n
 
 
@@ -141,9 +156,7 @@ def _first_input_quant(module: nn.Module):
         if type(module).forward not in _QUANT_FIRST_FORWARDS:
             return None
         q = module._modules.get("input_quant")
-        if q is None or q._forward_pre_hooks or q._forward_hooks or _torch_module._global_forward_hooks:
-            return None
-        return q
+        return None if q is None or _watched(q) else q
 
 
 #: per GraphModule: (its compiled forward, the submodule its input goes to alone, or None)
@@ -167,3 +180,55 @@ def _sole_callee_target(graph: fx.Graph):
         return None
     user = next(iter(inputs[0].users))
     return user.target if user.op == "call_module" and user.args == (inputs[0],) and not user.kwargs else None
+
+
+def offer_output(t, reader: nn.Module, position: int):
+    """Identity, inserted by :func:`install` into a GraphModule's graph between a call_module
+    node and the one call_module node that reads its output (at argument ``position``): offers
+    ``t`` to the quantizer that reads it there, when nothing else holds it (module doc)."""
+    # 3: the GraphModule's local (fx frees it after this call), this parameter, getrefcount's argument
+    if type(t) is torch.Tensor and sys.getrefcount(t) == 3 and reader.training and torch.is_grad_enabled() \
+            and not (torch.jit.is_tracing() or torch.compiler.is_compiling()) and _unshared(t):
+        q = _input_quant_at(reader, position)
+        if q is not None:
+            sole_input.offer(q, t)
+    return t
+
+
+def _install_graph(gm: fx.GraphModule) -> int:
+    """Insert :func:`offer_output` on every edge of ``gm``'s graph from a call_module node to the
+    one call_module node that reads it, where that reader reads it through a quantizer."""
+    graph, n = gm.graph, 0
+    for node in list(graph.nodes):
+        if node.op != "call_module":
+            continue
+        for i, arg in enumerate(node.args):
+            if not (isinstance(arg, fx.Node) and arg.op == "call_module" and len(arg.users) == 1
+                    and node.args.count(arg) == 1 and _input_quant_at(gm.get_submodule(node.target), i) is not None):
+                continue
+            with graph.inserting_after(arg):
+                reader = graph.get_attr(node.target)
+            with graph.inserting_after(reader):
+                offered = graph.call_function(offer_output, (arg, reader, i))
+            node.replace_input_with(arg, offered)
+            n += 1
+    if n:
+        graph.lint()
+        gm.recompile()
+    return n
+
+
+def _input_quant_at(reader: nn.Module, position: int):
+    """The quantizer through which ``reader`` reads its argument ``position`` first and only, or None."""
+    if isinstance(reader, (QAdd, QMul, QMatMul, QCat)):
+        if type(reader).forward not in _FUNCTIONAL_FORWARDS or reader._forward_pre_hooks \
+                or position >= len(reader.input_quants):
+            return None
+        q = reader.input_quants[position]
+        return None if _watched(q) else q
+    return _first_input_quant(reader) if position == 0 else None
+
+
+def _watched(q) -> bool:
+    """A hook would see the quantizer's input."""
+    return bool(q._forward_pre_hooks or q._forward_hooks or _torch_module._global_forward_hooks)

@@ -38,9 +38,16 @@ def takes(monkeypatch):
 
 
 def _torch_loops(model):
-    """The same model running torch's Sequential loop everywhere (no offers)."""
+    """The same model with no offers: torch's Sequential loop everywhere, no offer_output node."""
     for m in model.modules():
         m.__dict__.pop("forward", None)
+        if isinstance(m, torch.fx.GraphModule):
+            for node in list(m.graph.nodes):
+                if node.op == "call_function" and node.target is loops.offer_output:
+                    node.replace_all_uses_with(node.args[0])
+                    m.graph.erase_node(node)
+            m.graph.eliminate_dead_code()
+            m.recompile()
     return model
 
 
@@ -186,6 +193,45 @@ def test_a_graph_input_with_two_uses_is_not_offered():
     assert loops._first_input_quant(model[2]) is not None
     slow = _torch_loops(copy.deepcopy(model))
     _train_both(model, slow, shape=X)
+
+
+def _offer_nodes(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is loops.offer_output]
+
+
+def test_a_traced_chain_offers_between_its_graph_nodes(takes):
+    """A root that prepare traces into a GraphModule: its generated forward calls the layers
+    directly, so offer_output nodes sit on the single-use edges between them: into c2, into
+    the add (the residual branch's output) and into the head; not on c0's output, which c1
+    and the add both read."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c0, self.b0 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+            self.c1, self.b1 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+            self.c2, self.b2 = nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8)
+            self.head = nn.Conv2d(8, 4, 1)
+
+        def forward(self, x):
+            x = torch.relu(self.b0(self.c0(x)))
+            y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+            return self.head(y + x)
+
+    torch.manual_seed(3)
+    fast = _prepared(Net(), torch.randn(X))
+    assert isinstance(fast, torch.fx.GraphModule)
+    readers = sorted(str(n.args[1].target) for n in _offer_nodes(fast))
+    assert readers == sorted(["c2", "add", "head"]), fast.code  # c0's output feeds c1 and the add: not offered
+    slow = _torch_loops(copy.deepcopy(fast))
+    assert not _offer_nodes(slow)
+    takes[0] = 0
+    _train_both(fast, slow, shape=X)
+    assert takes[0] == 2 * 3  # the first step binds the quantizers (dal.quantizer_bound), two write in place
+    kept = []
+    fast.get_submodule("c1").register_forward_hook(lambda m, i, o: kept.append((o, o.detach().clone())))
+    fast(torch.randn(X)).sum().backward()
+    assert takes[0] == 2 * 3 + 2 and torch.equal(kept[0][0].detach(), kept[0][1])
 
 
 def test_eval_no_grad_and_copies():
