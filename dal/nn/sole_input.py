@@ -75,8 +75,8 @@ _SEQUENTIAL_FORWARD = nn.Sequential.forward
 
 
 def install(model: nn.Module) -> int:
-    """Give every Sequential in ``model`` that runs torch's loop the loop of the module doc;
-    returns how many. Idempotent."""
+    """Give every Sequential in ``model`` that runs torch's loop the loop of the module doc, and
+    every GraphModule its :func:`offer_output` nodes; returns how many loops and nodes. Idempotent."""
     n = 0
     for m in model.modules():
         if isinstance(m, nn.Sequential) and type(m).forward is _SEQUENTIAL_FORWARD and "forward" not in m.__dict__:

@@ -19,7 +19,8 @@
 // on QConvBn2d's conv output (dal_channel_divide_backward, dal.nn.channel_divide), and the int32
 // bias with its scale s_in * s_w (dal_bias_fq_forward, dal.formats.bias).
 // And the FP16 / BF16 cast round trip of an FP16 island (dal_fp_cast_round_trip, dal.formats.fp_cast), and
-// QConvBn2d's training fold factor gamma / sqrt(var + eps) (dal_fold_factor, dal.formats.fold_factor).
+// QConvBn2d's training fold factor gamma / sqrt(var + eps) (dal_fold_factor, dal.formats.fold_factor),
+// and a ReLU in place that keeps a bit mask for its backward (dal_relu_mask_*, dal.formats.relu_mask).
 //
 // Plain C ABI (called through ctypes): no torch headers, so it builds in about a second.
 #include <cmath>
@@ -614,7 +615,8 @@ void dal_bias_fq_forward(const float* b, float* out, uint8_t* mask, int64_t n, c
 // fake quantization of x with this call's parameters into out / mask (null: no gradient); out may
 // be x (elementwise, each value read before it is written).
 // Returns 0 with nothing written (no observer state, scale, out or mask: every check comes before
-// the first write, so an in-place call leaves x as it was) where the torch path must decide: a NaN in x, a zero extreme with zeros of both signs present (torch's
+// the first write, so an in-place call leaves x as it was) where the torch path must decide: a
+// NaN in x, a zero extreme with zeros of both signs present (torch's
 // sign then depends on its reduction order) unless the observer is a moving average with a finite
 // range (its step is then the same for either sign), or where dal_track_qparams would decline.
 int dal_track_fq_forward(const float* x, float* out, uint8_t* mask, int64_t n, float* min_val, float* max_val,
