@@ -59,6 +59,7 @@ from .. import quantizer_sole_input as sole_input
 from .base import QWeightedModule
 from .conv_bn import QConvBn2d
 from .functional import QAdd, QCat, QMatMul, QMul
+from .weight_bound import watched
 
 #: autograd nodes that keep their inputs for the backward, never their output
 _KEEPS_NO_OUTPUT = frozenset({
@@ -156,7 +157,7 @@ def _first_input_quant(module: nn.Module):
         if type(module).forward not in _QUANT_FIRST_FORWARDS:
             return None
         q = module._modules.get("input_quant")
-        return None if q is None or _watched(q) else q
+        return None if q is None or watched(q) else q
 
 
 #: per GraphModule: (its compiled forward, the submodule its input goes to alone, or None)
@@ -225,10 +226,5 @@ def _input_quant_at(reader: nn.Module, position: int):
                 or position >= len(reader.input_quants):
             return None
         q = reader.input_quants[position]
-        return None if _watched(q) else q
+        return None if watched(q) else q
     return _first_input_quant(reader) if position == 0 else None
-
-
-def _watched(q) -> bool:
-    """A hook would see the quantizer's input."""
-    return bool(q._forward_pre_hooks or q._forward_hooks or _torch_module._global_forward_hooks)

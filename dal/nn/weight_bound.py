@@ -51,9 +51,10 @@ from ..quantizer_bound import BoundCall
 _F32 = torch.float32
 
 
-def _watched(q) -> bool:
-    """Whether a forward hook would see the quantizer's call: the per-layer route of a plain layer
-    calls it as a module, which runs hooks; the bound route does not call it."""
+def watched(q) -> bool:
+    """Whether a forward hook (the quantizer's own or a global one) would see the quantizer's
+    call: the per-layer route of a plain layer calls it as a module, which runs hooks; the bound
+    route does not call it, and an in-place write (dal.nn.sole_input) would change what it saw."""
     return bool(q._forward_hooks or q._forward_pre_hooks or _torch_module._global_forward_hooks
                 or _torch_module._global_forward_pre_hooks)
 
@@ -71,7 +72,7 @@ class BoundWeight:
         QAT step."""
         q, bn, weight = module._modules.get("weight_quant"), module._modules.get("bn"), module._parameters.get("weight")
         if q is None or weight is None or not q._kernel or not q._tracking() or native.library() is None \
-                or getattr(module, "weight_mask", None) is not None or _watched(q):
+                or getattr(module, "weight_mask", None) is not None or watched(q):
             return None
         gamma = var = None
         if bn is not None:
@@ -109,7 +110,7 @@ class BoundWeight:
                                             and bn._buffers.get("running_var") is self.var and bn.eps == self.eps)))
         return (same_objects and w.requires_grad and (bn is None or self.gamma.requires_grad)
                 and q._kernel and q._tracks_range and q.training and self.quant_bound.holds(q)
-                and getattr(module, "weight_mask", None) is None and not _watched(q)
+                and getattr(module, "weight_mask", None) is None and not watched(q)
                 # the same memory, read as the same rows: .data = / .to() can change any of these
                 and self._pointers() == self.pointers and w.dtype is _F32 and w.is_cpu and w.is_contiguous()
                 and w.shape[0] == self.rows and w.numel() == self.rows * self.row_len
