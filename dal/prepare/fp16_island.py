@@ -102,8 +102,15 @@ class Fp16Island(_IslandEdges):
             new.__dict__.pop(key, None)
         return new
 
-    #: the fused op of this class's float module (``island_module`` sets it), or None
+    #: the fused op of this class's float module (``island_class`` sets it), or None
     fused_op = None
+
+    def __reduce_ex__(self, protocol):
+        # The class is made at run time (island_class), so pickle cannot find it by name: the
+        # pickle names the float class instead, and loading makes (or finds) the island class
+        # of that again. The state is the module's own, as for any nn.Module.
+        reduced = super().__reduce_ex__(protocol)
+        return (_new_island, (self._float_cls,)) + tuple(reduced[2:])
 
     def forward(self, x, *args, **kwargs):
         y = None if args or kwargs else self._fused(self.fused_op, x)
@@ -115,15 +122,26 @@ class Fp16Island(_IslandEdges):
 def island_module(mod: nn.Module, name: str, op_class: str) -> nn.Module:
     """The FP16 island of float module ``mod`` (same Parameters and attributes; quantizers are
     identities until dal.calibrate moves them on, like every quantizer)."""
-    base = type(mod)
+    q = adopt(island_class(type(mod)), mod)
+    q._init_island(name, op_class)
+    return q
+
+
+def island_class(base: type) -> type:
+    """``Fp16<base>``: the class of ``base``'s FP16 islands (:class:`Fp16Island` first, then
+    ``base``), made once per process and float class."""
     cls = _CLASSES.get(base)
     if cls is None:
         cls = _CLASSES[base] = type(f"Fp16{base.__name__}", (Fp16Island, base),
                                     {"__doc__": f"{base.__name__} as an FP16 island (dal.prepare.fp16_island).",
                                      "fused_op": _FUSED_MODULES.get(base)})
-    q = adopt(cls, mod)
-    q._init_island(name, op_class)
-    return q
+    return cls
+
+
+def _new_island(base: type) -> nn.Module:
+    """An empty instance of ``base``'s island class, for pickle to set the state of (``Fp16Island.__reduce_ex__``)."""
+    cls = island_class(base)
+    return cls.__new__(cls)
 
 
 class Fp16Function(_IslandEdges):
