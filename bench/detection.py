@@ -39,22 +39,28 @@ from cpu import cpu_flags as _cpu_flags  # bench/cpu.py
 TARGET = 1.25
 
 
-def _interleaved(fns: dict, reps: int, cpu: bool = False) -> dict:
+def _interleaved(fns: dict, reps: int, cpu: bool = False, min_seconds: float = 0.0) -> dict:
     """Median seconds per call of each fn, the fns called in turn ``reps`` times (after one
-    warm-up); with ``cpu``, also the medians of this process's CPU time, as ``<name> cpu``
-    (on a shared machine the wall clock also counts the waits for a core), and every CPU time
-    measured, as ``"cpu samples"`` (``<name> cpu`` -> list, in call order)."""
+    warm-up), and more rounds until the rounds took ``min_seconds`` in all: a fast line gets more
+    samples, so its medians move less with the shared machine's noise (SSDlite's float step
+    swung 251-366 ms within one run of 20). With ``cpu``, also the medians of this process's CPU
+    time, as ``<name> cpu`` (on a shared machine the wall clock also counts the waits for a
+    core), and every CPU time measured, as ``"cpu samples"`` (``<name> cpu`` -> list, in call
+    order); ``"rounds"`` is how many rounds ran."""
     for fn in fns.values():
         fn()
     times = {k: [] for k in fns}
     cpus = {f"{k} cpu": [] for k in fns}
-    for _ in range(reps):
+    start, rounds = time.perf_counter(), 0
+    while rounds < reps or time.perf_counter() - start < min_seconds:
+        rounds += 1
         for k, fn in fns.items():
             t0, c0 = time.perf_counter(), time.process_time()
             fn()
             times[k].append(time.perf_counter() - t0)
             cpus[f"{k} cpu"].append(time.process_time() - c0)
     out = {k: statistics.median(v) for k, v in times.items()}
+    out["rounds"] = rounds
     if cpu:
         out.update({k: statistics.median(v) for k, v in cpus.items()}, **{"cpu samples": cpus})
     return out
@@ -75,8 +81,8 @@ def step_ratio_quartiles(t: dict) -> tuple[float, float]:
 def _train_row(label: str, t: dict) -> str:
     wall, cpu = t["qat"] / t["float"], t["qat cpu"] / t["float cpu"]
     q1, q3 = step_ratio_quartiles(t)
-    return (f"| {label} | {1e3 * t['float']:.0f} | {1e3 * t['qat']:.0f} | {wall:.2f}x | {1e3 * t['float cpu']:.0f} | "
-            f"{1e3 * t['qat cpu']:.0f} | {cpu:.2f}x | {q1:.2f}-{q3:.2f}x | "
+    return (f"| {label} | {t['rounds']} | {1e3 * t['float']:.0f} | {1e3 * t['qat']:.0f} | {wall:.2f}x | "
+            f"{1e3 * t['float cpu']:.0f} | {1e3 * t['qat cpu']:.0f} | {cpu:.2f}x | {q1:.2f}-{q3:.2f}x | "
             f"{'ok' if cpu <= TARGET else 'MISSED'} (<= {TARGET}x) |")
 
 
@@ -92,14 +98,14 @@ def _detector_step(model, images, boxes, labels):
     return step
 
 
-def train_steps_line(scenes, reps):
+def train_steps_line(scenes, reps, min_seconds=0.0):
     torch.manual_seed(0)
     images, boxes, labels = scenes.images[:32], scenes.boxes[:32], scenes.labels[:32]
     fl = DigitDetector()
     qat = dal.prepare_qat(DigitDetector(), recipe="int8_balanced", hardware="a2000", example_inputs=(images[:4],))
     dal.calibrate(qat, image_batches(scenes, 32), num_batches=2, progress=False)
     t = _interleaved({"float": _detector_step(fl, images, boxes, labels),
-                      "qat": _detector_step(qat, images, boxes, labels)}, reps, cpu=True)
+                      "qat": _detector_step(qat, images, boxes, labels)}, reps, cpu=True, min_seconds=min_seconds)
     return _train_row("DigitDetector, batch 32, 96x96", t), qat
 
 
@@ -148,7 +154,7 @@ def warmed_detector(builder, images):
     return model
 
 
-def _torchvision_line(name, builder, reps, batch=2, size_note="160x160"):
+def _torchvision_line(name, builder, reps, batch=2, size_note="160x160", min_seconds=0.0):
     """A torchvision detector's train step at ``batch`` images, float vs dal QAT (the same weights
     and BatchNorm statistics, ``warmed_detector``), or the reason it cannot be prepared."""
     images, targets = torchvision_batch(batch)
@@ -162,9 +168,9 @@ def _torchvision_line(name, builder, reps, batch=2, size_note="160x160"):
         qat = dal.prepare_qat(copy.deepcopy(fl), recipe="int8_balanced", hardware="a2000",
                               example_inputs=(torch.stack(images),))
         dal.calibrate(qat, [torch.stack(images)], num_batches=1, progress=False)
-        t = _interleaved({"float": step_of(fl), "qat": step_of(qat)}, reps, cpu=True)
+        t = _interleaved({"float": step_of(fl), "qat": step_of(qat)}, reps, cpu=True, min_seconds=min_seconds)
     except Exception as err:  # noqa: BLE001 - the table says what is missing (another issue's work)
-        return f"| {name}, {size_note} | - | - | - | - | - | - | - | not prepared: {type(err).__name__}: " \
+        return f"| {name}, {size_note} | - | - | - | - | - | - | - | - | not prepared: {type(err).__name__}: " \
                f"{str(err).splitlines()[0][:120]} |"
     return _train_row(f"{name}, {size_note}", t)
 
@@ -204,7 +210,9 @@ def inference_lines(qat, scenes, reps):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=7, help="repetitions of each line, at least")
+    ap.add_argument("--min-seconds", type=float, default=20.0,
+                    help="train-step lines repeat until their rounds took this long (more samples for fast lines)")
     ap.add_argument("--write", metavar="PATH", help="also write the markdown to PATH")
     ap.add_argument("--no-torchvision", action="store_true", help="skip the torchvision detectors")
     ap.add_argument("--train-only", action="store_true", help="skip the inference rows (no dal.npu build needed)")
@@ -217,25 +225,27 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     scenes = mnist_scenes("test", 64)
     out = [f"CPU: {_cpu_flags()}; torch threads: {torch.get_num_threads()}; load average "
-           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; medians of {args.reps} "
-           "interleaved repetitions; the machine is shared (absolute times swing 1.5-2x between runs, the "
-           "ratios less).", "", "Train step (forward, loss, backward, Adam/SGD step), float vs dal QAT INT8 "
+           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; medians of at least {args.reps} "
+           f"interleaved repetitions (train steps: as many rounds as fill {args.min_seconds:.0f} s); the machine is "
+           "shared (absolute times swing 1.5-2x between runs, the ratios less).", "", "Train step (forward, loss, backward, Adam/SGD step), float vs dal QAT INT8 "
            "(int8_balanced, a2000), wall clock and CPU time of this process (the target is read on CPU time):", "",
-           "| model | float (ms) | QAT (ms) | QAT / float | float CPU (ms) | QAT CPU (ms) | QAT / float CPU | "
+           "| model | rounds | float (ms) | QAT (ms) | QAT / float | float CPU (ms) | QAT CPU (ms) | QAT / float CPU | "
            "per-step CPU ratio, quartiles | target |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    line, qat = train_steps_line(scenes, args.reps)
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    line, qat = train_steps_line(scenes, args.reps, args.min_seconds)
     out.append(line)
     if not args.no_torchvision:
         import torchvision.models.detection as tvd
 
         for batch in args.batches:
             out.append(_torchvision_line("torchvision fcos_resnet50_fpn", lambda: tvd.fcos_resnet50_fpn(
-                weights=None, weights_backbone=None, num_classes=11, min_size=160, max_size=160), args.reps, batch))
+                weights=None, weights_backbone=None, num_classes=11, min_size=160, max_size=160), args.reps, batch,
+                min_seconds=args.min_seconds))
             out.append(_torchvision_line("torchvision ssdlite320_mobilenet_v3_large",
                                          lambda: tvd.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None,
                                                                                    num_classes=11),
-                                         args.reps, batch, "160x160 resized to 320x320 by its transform"))
+                                         args.reps, batch, "160x160 resized to 320x320 by its transform",
+                                         args.min_seconds))
     out += ["", f"Load average after the train steps: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
             f"glibc heap thresholds set by prepare_qat (dal.prepare.heap, both float and QAT steps run under "
             f"them): {retain_freed_memory()}; MALLOC_TRIM_THRESHOLD_="
