@@ -31,7 +31,8 @@ from ..quantizer import FakeQuantizer
 _ACT = {F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", torch.Tensor.relu: "relu",
         torch.Tensor.relu_: "relu", F.relu6: "relu6", F.hardtanh: "hardtanh", torch.clamp: "clamp",
         torch.Tensor.clamp: "clamp", torch.clip: "clamp", torch.Tensor.clip: "clamp",
-        torch.Tensor.clamp_: "clamp", torch.clamp_: "clamp"}
+        torch.Tensor.clamp_: "clamp", torch.clamp_: "clamp", torch.Tensor.clip_: "clamp", torch.clip_: "clamp",
+        F.hardtanh_: "hardtanh"}
 #: functions that leave no node in an eval-mode export (the value passes through)
 _PASS = {F.dropout, F.dropout1d, F.dropout2d, torch.Tensor.contiguous, torch.Tensor.detach}
 

@@ -8,6 +8,7 @@ from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
 from ..nn.norm import FP16_NORMS, QBatchNorm2d
 from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_act
 from ..nn.registry import QAT_MODULES, registry_type
+from ..nn.masked_activation import install as install_masked_activations
 from ..nn.sole_input import install as install_sole_input
 from ..nn.tree import set_submodule
 from .call_sites import install
@@ -23,8 +24,9 @@ _NORMS = {("quantize", nn.BatchNorm2d): QBatchNorm2d, **{("fp16", t): c for t, c
 def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
     """Rewrite ``model`` per ``plan``; returns the root (a GraphModule when the root's own forward
     was rewritten). Owners are rewritten deepest first, so a parent's rebuild sees its
-    children's final modules; leaves are swapped afterwards, by path; then the Sequentials get
-    the loop that lets an input quantizer write in place (``dal.nn.sole_input.install``)."""
+    children's final modules; leaves are swapped afterwards, by path; then in-place ReLU / ReLU6
+    modules get the bit-mask forward (``dal.nn.masked_activation``) and the Sequentials the loop
+    that lets an input quantizer write in place (``dal.nn.sole_input.install``)."""
     by_owner: dict[str, list[Step]] = {}
     for step in plan:
         if step.site is not None:
@@ -51,6 +53,7 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
                 continue
             cls = cls or QAT_MODULES[registry_type(type(mod))]
             set_submodule(model, step.path, cls.from_float(mod, step.spec, step.path))
+    install_masked_activations(model)  # in-place ReLU / ReLU6 keep a bit mask, not their result
     install_sole_input(model)  # a Sequential's next input quantizer may write in place (dal.nn.sole_input)
     return model
 

@@ -18,9 +18,16 @@ import dal
 import dal.quantizer_sole_input as sole_input
 from dal.formats import native
 from dal.formats import track_call
+from dal.nn import masked_activation
 from dal.nn import sole_input as loops
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no fused kernel: {native.status()}")
+
+
+@pytest.fixture(autouse=True)
+def small_tensors_too(monkeypatch):
+    """These nets are small: in-place ReLU modules take the bit-mask node below its size bound too."""
+    monkeypatch.setattr(masked_activation, "MIN_ELEMENTS", 0)
 
 
 @pytest.fixture
@@ -90,28 +97,32 @@ def _train_both(fast, slow, steps=3, shape=(2, 3, 64, 64)):
                     q.sub_(0.1 * q.grad)
 
 
-def test_a_mobilenet_trains_to_the_same_bits_with_fewer_tensors(takes):
-    """torchvision's MobileNetV3 (fx-traced blocks, Sequentials, SE, ReLU and Hardswish): the
-    expand -> depthwise -> projection edges are written in place, the residual inputs are not."""
+@pytest.mark.parametrize("arch,per_step", [("mobilenet_v3_small", 10), ("mobilenet_v2", 30)])
+def test_a_mobilenet_trains_to_the_same_bits_with_fewer_tensors(takes, arch, per_step):
+    """torchvision's MobileNetV3 (fx-traced blocks, Sequentials, SE, ReLU and Hardswish) and
+    MobileNetV2 (ReLU6 after every expand and depthwise conv): the expand -> depthwise ->
+    projection edges are written in place, the residual inputs are not."""
     torch.manual_seed(0)
     x = torch.randn(2, 3, 64, 64)
-    fast = _prepared(torchvision.models.mobilenet_v3_small(num_classes=10), x)
+    fast = _prepared(getattr(torchvision.models, arch)(num_classes=10), x)
     slow = _torch_loops(copy.deepcopy(fast))
     _train_both(fast, slow)
-    assert takes[0] >= 3 * 10, takes[0]
+    assert takes[0] >= 3 * per_step, takes[0]
 
 
 def _cbn(cin, cout, act=None):
     return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), *([act] if act else []))
 
 
-def _chain():
+def _chain(relu_in_place=True):
     """A Sequential that prepare keeps (its children fold into traced Conv + BN layers). Edges:
-    0 -> ReLU(inplace) -> 2 (torch.relu_ keeps its result: not offered), 2 -> 3, 3 -> 4, 4 -> 5
-    (each a QAT layer's output into the next one's input quantizer: offered)."""
+    0 -> ReLU -> 2, 2 -> 3, 3 -> 4, 4 -> 5 (each a QAT layer's output, or an in-place ReLU's,
+    which trains by the bit-mask node (dal.nn.masked_activation), into the next one's input
+    quantizer: offered). With ``relu_in_place=False`` the ReLU returns a new tensor (torch.relu
+    keeps its result: 1 -> 2 not offered)."""
     torch.manual_seed(1)
-    return nn.Sequential(_cbn(3, 8), nn.ReLU(inplace=True), _cbn(8, 8, nn.ReLU()), _cbn(8, 8, nn.Hardswish()),
-                         _cbn(8, 4), nn.Conv2d(4, 4, 1))
+    return nn.Sequential(_cbn(3, 8), nn.ReLU(inplace=relu_in_place), _cbn(8, 8, nn.ReLU()),
+                         _cbn(8, 8, nn.Hardswish()), _cbn(8, 4), nn.Conv2d(4, 4, 1))
 
 
 X = (2, 3, 16, 16)
@@ -133,14 +144,15 @@ def _offers(model):
     return seen
 
 
-def test_a_chain_is_written_in_place_except_after_torch_relu_(takes):
-    fast = _prepared(_chain(), torch.randn(X))
-    assert sorted(_offers(fast)) == sorted(["ReluMaskFunctionBackward", "_IslandFunctionBackward",
-                                            "NativeBatchNormBackward0"])
+@pytest.mark.parametrize("relu_in_place", [True, False])
+def test_a_chain_is_written_in_place_except_after_torch_relu(takes, relu_in_place):
+    fast = _prepared(_chain(relu_in_place), torch.randn(X))
+    offered = ["ReluMaskFunctionBackward", "_IslandFunctionBackward", "NativeBatchNormBackward0"]
+    assert sorted(_offers(fast)) == sorted(offered + ["ReluMaskFunctionBackward"] * relu_in_place)
     takes[0] = 0
-    slow = _torch_loops(copy.deepcopy(fast))
+    slow = _torch_loops(copy.deepcopy(fast))  # torch's loops and torch's ReLU modules
     _train_both(fast, slow, shape=X)
-    assert takes[0] == 3 * 3
+    assert takes[0] == 3 * (3 + relu_in_place)
 
 
 @pytest.mark.parametrize("keep", ["tensor", "view", "detach"])
@@ -157,18 +169,18 @@ def test_a_tensor_someone_keeps_is_not_overwritten(keep):
     fast[2].register_forward_hook(keep_output)
     slow = _torch_loops(copy.deepcopy(fast))
     _train_both(fast, slow, shape=X)
-    assert len(_offers(fast)) == 2  # 3 -> 4 and 4 -> 5 still
+    assert len(_offers(fast)) == 3  # 1 -> 2, 3 -> 4 and 4 -> 5 still
     assert kept and all(torch.equal(t.detach(), then) for t, then in kept)
 
 
 def test_a_pre_hook_on_the_reader_or_a_hook_on_its_quantizer_stops_the_offer():
     for where in ("reader", "quantizer"):
         model = _prepared(_chain(), torch.randn(X))
-        assert len(_offers(model)) == 3
+        assert len(_offers(model)) == 4
         reader = next(m for m in model[3].modules() if hasattr(m, "input_quant"))
         target = reader if where == "reader" else reader.input_quant
         target.register_forward_pre_hook(lambda m, i: None)
-        assert len(_offers(model)) == 2, where
+        assert len(_offers(model)) == 3, where
 
 
 def test_a_graph_input_with_two_uses_is_not_offered():
@@ -242,8 +254,10 @@ def test_eval_no_grad_and_copies():
         assert _offered_eval(model, x) == 0
     model.train()
     twin = copy.deepcopy(model)
-    seqs = [m for m in twin.modules() if "forward" in m.__dict__]
+    seqs = [m for m in twin.modules() if isinstance(m, nn.Sequential) and "forward" in m.__dict__]
     assert seqs and all(m.forward.seq is m for m in seqs), "a deep copy runs its own children"
+    relus = [m for m in twin.modules() if type(m) is nn.ReLU and m.inplace]
+    assert relus and all(m.forward.module is m for m in relus)
     plain = _prepared(nn.Sequential(_cbn(3, 8, nn.ReLU()), _cbn(8, 4)), x)  # no FP16 island: it pickles
     buf = io.BytesIO()
     torch.save(plain, buf)
