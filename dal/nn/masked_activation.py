@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-
 from torch.overrides import has_torch_function_unary
 
 from ..formats.relu_mask import kernel_applies, relu6_in_place, relu_in_place
