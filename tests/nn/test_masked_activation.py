@@ -109,3 +109,15 @@ def test_under_a_function_mode_or_where_the_kernel_does_not_apply_it_is_the_modu
         out = act(y)
     assert calls.seen == [call]
     assert torch.equal(out, torch.clamp(y.detach(), 0, 6 if cls is nn.ReLU6 else None))
+
+
+def test_a_saved_or_copied_model_keeps_the_masked_forward_of_its_own_module(tmp_path):
+    model = _prepared(_net(nn.ReLU6(inplace=True)))
+    torch.save(model, tmp_path / "m.pt")
+    for other in (torch.load(tmp_path / "m.pt", weights_only=False), copy.deepcopy(model)):
+        act = _activation(other, nn.ReLU6)
+        assert isinstance(act.__dict__["forward"], MaskedActivation) and act.forward.module is act
+        seen = []
+        act.register_forward_hook(lambda m, i, o: seen.append(type(o.grad_fn)))
+        other(torch.randn(X)).sum().backward()
+        assert seen == [ReluMaskFunction._backward_cls]
