@@ -33,11 +33,10 @@ which, with all quantizers off, equals the float Conv+BN within float rounding.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..formats.fold_factor import fold_factor
-from ..formats.relu_mask import relu_in_place
+from ..formats.relu_mask import relu6_in_place, relu_in_place
 from .adopt import adopt, release
 from .base import QATModule
 from .channel_divide import channel_divide
@@ -45,9 +44,9 @@ from .own_forward import folds_as_batchnorm
 from .weight_bound import bound_weight
 
 
-# relu: the bit-mask node, which does not keep its result, so the next layer's input quantizer
-# may write into it (dal.formats.relu_mask, dal.nn.sole_input); the bits are torch.relu_'s
-_IN_PLACE = {"relu": relu_in_place, "relu6": lambda y: F.hardtanh_(y, 0.0, 6.0)}
+# the bit-mask node, which does not keep its result, so the next layer's input quantizer may
+# write into it (dal.formats.relu_mask, dal.nn.sole_input); the bits are torch.relu_'s / F.hardtanh_'s
+_IN_PLACE = {"relu": relu_in_place, "relu6": relu6_in_place}
 
 
 class QConvBn2d(QATModule, nn.Conv2d):
