@@ -219,6 +219,20 @@ class IntegerModel(nn.Module):
                 forms[path] = "integer"
         return forms
 
+    def group_calls(self) -> dict[str, tuple[int, int]]:
+        """{weight quantizer name: (calls run as one integer group, calls)} after the first forward.
+        The exporter names each weight's codes ``<name>.codes``; dal.verify compares these counts
+        with the NPU reference's fused groups, layer for layer (a layer fused on one side only
+        computes with two roundings on the other: a code apart at near-ties)."""
+        out = {}
+        for lay in self._layers.values():
+            q = getattr(lay.qat, "weight_quant", None)
+            if q is None or not lay.plans:
+                continue
+            floated = lay.why_not or any(r.startswith("float: ") for r in lay.ran)
+            out[q.name] = (0 if floated else sum(p.fused for p in lay.plans), len(lay.plans))
+        return out
+
     def summary(self) -> str:
         forms = self.layer_forms()
         n_int = sum(v == "integer" for v in forms.values())

@@ -96,7 +96,7 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
     if torch_model is not None:
         report.torch_layers = torch_layers_vs_file(torch_model, model, inputs, npu_values)
         # the two integer engines, derived independently (torch model / file): must be identical
-        report.integer = integer_vs_npu(torch_model, model, inputs, npu_outs, npu_values)
+        report.integer = integer_vs_npu(torch_model, model, inputs, npu_outs, npu_values, sess.steps)
     return report
 
 

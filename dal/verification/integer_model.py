@@ -4,6 +4,12 @@ Both are integer engines (exact sums, the hardware's requantizer), derived indep
 integer model from the trained torch model, the NPU reference from the ONNX file. They must
 agree on every element of every output and of every quantized tensor the file holds; a
 difference is a bug in the trainer, the exporter or the reference, never a near-tie.
+
+They must also agree on which layers run as one integer group (``DQ -> Conv/Gemm/MatMul ->
+[Relu/Clip] -> Q`` on one exact accumulator): a layer one side fuses and the other runs in float
+(two roundings) agrees on most inputs and lands a code apart at a near-tie, so the codes alone
+would catch it only by chance. Layers are matched by their weight (``<quantizer>.codes`` in the
+file, ``IntegerModel.group_calls`` in torch) and counted per call.
 """
 from __future__ import annotations
 
@@ -27,10 +33,12 @@ class IntegerParity:
     tensors: int = 0
     first: Optional[str] = None
     error: Optional[str] = None
+    groups_differ: tuple = ()  # "<weight quantizer>: NPU fuses a of n calls, integer model b of m"
 
     @property
     def identical(self) -> bool:
-        return self.error is None and self.differ == 0 and self.codes_differ == 0 and self.elements > 0
+        return (self.error is None and self.differ == 0 and self.codes_differ == 0 and self.elements > 0
+                and not self.groups_differ)
 
     def __str__(self) -> str:
         if self.error:
@@ -38,12 +46,17 @@ class IntegerParity:
         state = "IDENTICAL" if self.identical else "DIFFER"
         text = (f"integer model vs NPU: {state}: outputs {self.differ}/{self.elements} elements differ, "
                 f"{self.tensors} quantized tensors {self.codes_differ}/{self.codes} codes differ")
-        return text + (f"; first difference at {self.first}" if self.first else "")
+        text += f"; first difference at {self.first}" if self.first else ""
+        if self.groups_differ:
+            text += (f"; {len(self.groups_differ)} layer(s) an integer group on one side only: "
+                     + "; ".join(self.groups_differ[:3]))
+        return text
 
 
 def integer_vs_npu(torch_model, model: onnx.ModelProto, inputs: tuple, npu_outs: list,
-                   npu_values: dict) -> IntegerParity:
-    """Convert ``torch_model`` (dal.convert) and compare it with the NPU reference's run."""
+                   npu_values: dict, npu_steps: Optional[list] = None) -> IntegerParity:
+    """Convert ``torch_model`` (dal.convert) and compare it with the NPU reference's run (its
+    outputs, intermediate values and, given its ``steps``, its integer groups; module doc)."""
     from ..convert import ConvertError, convert
     try:
         # the file's own opset: LayerNorm / GELU are spelled differently across opsets (convert's doc)
@@ -73,4 +86,33 @@ def integer_vs_npu(torch_model, model: onnx.ModelProto, inputs: tuple, npu_outs:
         row.codes_differ += d
         if d and row.first is None:
             row.first = f"{node.name} -> {name} ({d}/{ref.size} codes)"
+    if npu_steps is not None:
+        row.groups_differ = group_mismatches(npu_group_calls(model, npu_steps), int_model.group_calls())
     return row
+
+
+def npu_group_calls(model: onnx.ModelProto, steps: list) -> dict[str, tuple[int, int]]:
+    """{weight quantizer name: (nodes the NPU reference runs as a fused group, nodes)} over the
+    file's Conv / Gemm / MatMul nodes whose weight is a DequantizeLinear of ``<name>.codes``."""
+    fused = {id(s.node) for s in steps if getattr(s, "kind", "") == "fused"}
+    made_by = {o: n for n in model.graph.node for o in n.output}
+    out: dict[str, list] = {}
+    for n in model.graph.node:
+        w = made_by.get(n.input[1]) if n.op_type in ("Conv", "Gemm", "MatMul") and len(n.input) > 1 else None
+        if w is None or w.op_type != "DequantizeLinear" or not w.input[0].endswith(".codes"):
+            continue
+        counts = out.setdefault(w.input[0][:-len(".codes")], [0, 0])
+        counts[0] += id(n) in fused
+        counts[1] += 1
+    return {k: (a, b) for k, (a, b) in out.items()}
+
+
+def group_mismatches(npu: dict, integer: dict) -> tuple:
+    """One line per weight that the two engines run as an integer group a different number of
+    times (a layer neither fuses, an FP16 one say, may be counted on one side only)."""
+    lines = []
+    for name in sorted(set(npu) | set(integer)):
+        a, b = npu.get(name, (0, 0)), integer.get(name, (0, 0))
+        if a[0] != b[0]:
+            lines.append(f"{name}: NPU fuses {a[0]} of {a[1]} calls, integer model {b[0]} of {b[1]}")
+    return tuple(lines)

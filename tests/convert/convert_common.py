@@ -9,6 +9,7 @@ import torch
 
 import dal
 import dal.npu
+from dal.verification.integer_model import group_mismatches, npu_group_calls
 from export_common import prepared, randomize_bn
 
 
@@ -65,11 +66,14 @@ def compare(int_model, proto: onnx.ModelProto, sess, x: torch.Tensor) -> dict:
 
 
 def assert_bit_exact(int_model, proto, sess, batches, label=""):
+    """Every output and code equal on each batch, and the same layers run as integer groups."""
     for x in batches:
         r = compare(int_model, proto, sess, x)
         assert not r["unmatched"], f"{label}: Q outputs with no integer-model codes: {r['unmatched'][:5]}"
         assert r["out_diff"] == 0 and r["code_diff"] == 0, f"{label}: integer model vs NPU differ: {r}"
         assert r["codes"] > 0
+    groups = group_mismatches(npu_group_calls(proto, sess.steps), int_model.group_calls())
+    assert not groups, f"{label}: integer group on one side only: {groups}"
 
 
 def random_batches(shape, n=3, seed=100, scale=1.0):

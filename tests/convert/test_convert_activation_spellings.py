@@ -52,3 +52,16 @@ def test_every_spelling_of_the_activation_is_one_integer_group_as_in_dal_npu(spe
     im = dal.convert(qat)
     assert_bit_exact(im, proto, sess, random_batches(SHAPE, n=3, seed=5, scale=2.0), spelling)
     assert set(im.layer_forms().values()) == {"integer"}, im.layer_forms()
+
+
+def test_dal_verify_names_a_layer_fused_on_one_side_only_though_every_code_agrees(monkeypatch):
+    """The old probe (no F.hardtanh_): conv1 in float in the integer model, fused in dal.npu. On
+    these inputs no near-tie flips a code, so only the group comparison can tell."""
+    from dal.convert import probe
+    monkeypatch.setattr(probe, "_ACT", {f: k for f, k in probe._ACT.items() if f is not F.hardtanh_})
+    torch.manual_seed(0)
+    qat, proto, sess = build(TwoConvs(SPELLINGS["F.hardtanh_"]), torch.randn(SHAPE) * 2, "a2000")
+    row = dal.verify(proto, qat, (torch.randn(SHAPE),), onnxruntime=False).integer
+    assert row.codes_differ == 0 and row.differ == 0 and not row.identical
+    assert row.groups_differ == ("conv1.weight_quant: NPU fuses 1 of 1 calls, integer model 0 of 1",)
+    assert "an integer group on one side only" in str(row)
