@@ -13,11 +13,15 @@ file, ``IntegerModel.group_calls`` in torch) and counted per call.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import onnx
+
+#: a weight's codes in the file: ``<quantizer>.codes``, ``<quantizer>.codes_<k>`` for call k
+_CODES = re.compile(r"^(.*)\.codes(?:_\d+)?$")
 
 
 @dataclass
@@ -93,15 +97,17 @@ def integer_vs_npu(torch_model, model: onnx.ModelProto, inputs: tuple, npu_outs:
 
 def npu_group_calls(model: onnx.ModelProto, steps: list) -> dict[str, tuple[int, int]]:
     """{weight quantizer name: (nodes the NPU reference runs as a fused group, nodes)} over the
-    file's Conv / Gemm / MatMul nodes whose weight is a DequantizeLinear of ``<name>.codes``."""
+    file's Conv / Gemm / MatMul nodes whose weight is a DequantizeLinear of ``<name>.codes``
+    (``<name>.codes_<k>`` for call k >= 1 of a layer called more than once)."""
     fused = {id(s.node) for s in steps if getattr(s, "kind", "") == "fused"}
     made_by = {o: n for n in model.graph.node for o in n.output}
     out: dict[str, list] = {}
     for n in model.graph.node:
         w = made_by.get(n.input[1]) if n.op_type in ("Conv", "Gemm", "MatMul") and len(n.input) > 1 else None
-        if w is None or w.op_type != "DequantizeLinear" or not w.input[0].endswith(".codes"):
+        name = _CODES.match(w.input[0]) if w is not None and w.op_type == "DequantizeLinear" else None
+        if name is None:
             continue
-        counts = out.setdefault(w.input[0][:-len(".codes")], [0, 0])
+        counts = out.setdefault(name.group(1), [0, 0])
         counts[0] += id(n) in fused
         counts[1] += 1
     return {k: (a, b) for k, (a, b) in out.items()}
