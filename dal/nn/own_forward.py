@@ -20,10 +20,32 @@ RELU_FUNCTIONS = {F.relu, torch.relu}
 
 
 class _OwnForwardTracer(fx.Tracer):
-    """Every submodule call is a leaf: only the module's own forward is traced."""
+    """Every submodule call is a leaf: only the module's own forward is traced. The root's
+    ``training`` flag reads as a Proxy of ``self.training`` (a ``get_attr`` node), not as the
+    bool it holds while tracing (:func:`trace_own_forward`); torch traces a GraphModule's code
+    again with this class when it loads one from a pickle, which then keeps the flag live too."""
+
+    def trace(self, root, concrete_args=None):
+        module = root if isinstance(root, nn.Module) else None
+        self._flag_owner = module
+        flag = module.__dict__.get("training", _UNSET) if module is not None else _UNSET
+        try:
+            return super().trace(root, concrete_args)
+        finally:
+            if module is not None:
+                if flag is _UNSET:
+                    module.__dict__.pop("training", None)
+                else:
+                    module.__dict__["training"] = flag
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:  # noqa: D401
         return True
+
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        # called by trace() once its graph exists, just before it runs the forward
+        if getattr(self, "_flag_owner", None) is not None:
+            self._flag_owner.__dict__["training"] = self.create_proxy("get_attr", "training", (), {})
+        return super().create_args_for_root(root_fn, is_module, concrete_args)
 
 
 def trace_own_forward(mod: nn.Module) -> fx.Graph:
@@ -36,7 +58,13 @@ def trace_own_forward(mod: nn.Module) -> fx.Graph:
     type: fx passes a Proxy, so the graph keeps one branch. timm's DLA block
     (``if shortcut is None: shortcut = x``) became ``out + None``; timm's SelecSLS block
     (``if not isinstance(x, list): x = [x]``) wrapped its list input in a list and fed the list
-    to a conv. The caller leaves such a forward to the call-site capture, which runs it as written."""
+    to a conv. The caller leaves such a forward to the call-site capture, which runs it as written.
+
+    ``self.training`` is read at run time, not frozen: fx would write the bool it held while
+    tracing into the graph, so timm's GhostNet (``F.dropout(x, p, training=self.training)``),
+    prepared in train mode, kept dropping out in eval and in its export. The flag is a Proxy while
+    tracing: passed to a call, the graph reads ``self.training`` there; a branch on it
+    (``if self.training:``) cannot trace and raises, and the forward goes to the call-site capture."""
     checked = _none_checked_arguments(type(mod).forward)
     if checked:
         raise ValueError(f"forward tests {', '.join(checked)} against None (torch.fx would keep one branch)")
