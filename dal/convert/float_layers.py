@@ -22,6 +22,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+from .errors import ConvertError
+
 #: the float layers that have this form: exactly these classes (a QAT subclass is an integer layer)
 FLOAT_LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -40,6 +42,21 @@ class FloatLayerForm(nn.Module):
         super().__init__()
         self.layer = mod
         self.path = path
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)  # parameters, buffers, submodules ("layer")
+        except AttributeError:
+            if name not in self.layer._parameters:
+                raise
+        # a parent that reads the layer's weight and computes with it itself (torchvision's
+        # ShiftedWindowAttention: F.linear(x, self.qkv.weight, ...)) never calls this form, so the
+        # integer model could not compute what the NPU's float island does: say so, by path
+        raise ConvertError(f"{self.path}: its parent reads its {name!r} and computes the layer itself "
+                           f"instead of calling it, so dal.convert cannot compute it as the NPU does (a float "
+                           f"{type(self.layer).__name__} island, export/SPEC.md §5a). Give the parent a QAT module "
+                           f"(@dal.register_qat_module) or a recipe replace rule that swaps it (replace: [npu_attention] for "
+                           f"attention)")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mod = self.layer
