@@ -115,7 +115,7 @@ def _dropout(ctx, ins, a):
     """ONNX Dropout in inference: ``training_mode`` absent or false gives the input unchanged and
     an all-true mask (the ratio is ignored); torch exports it so from an eval-mode
     ``F.dropout(x, p, training=self.training)`` (timm's GhostNet). Training mode is random: refused."""
-    training = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("training_mode", 0)  # opset < 12: none
+    training = ins[2] if len(ins) > 2 and ins[2] is not None else False  # an input from opset 12 on
     if np.any(np.asarray(training)):
         raise UnsupportedNode(ctx.node, [np.asarray(i).dtype for i in ins if i is not None],
                               "training_mode is true: a random mask has no fixed result")
