@@ -13,12 +13,12 @@ every position; relu_mask's doc), a node that keeps one bit per element instead 
 The module, its class, its hooks and ``state_dict`` are unchanged (a hook still runs: the module
 is called as before). Every call the kernel does not take (no grad, tracing, a leaf or a view, no
 C++ library: ``relu_mask.kernel_applies``) and every call a ``TorchFunctionMode`` watches runs the
-class's own ``forward``, the very call an unprepared model makes: dal.convert's probe reads the
-activation's bounds from ``F.relu6`` / ``F.hardtanh`` there (it refused to fuse a layer whose
-output went through ``hardtanh_``, and its float path then rounded twice: 1 code in 13 M off
-dal.npu on SSDlite), and a mode would not see the autograd Function at all. Only ``inplace=True``
-modules: one that returns a new tensor keeps its input intact for other readers, which this
-would overwrite.
+class's own ``forward``, the very call an unprepared model makes, so what watches the call
+(dal.convert's probe reads the activation's bounds from it) sees what it would see without dal;
+a mode would not see the autograd Function at all. (A fallback to ``F.hardtanh_``, which the
+probe did not read then, once left an SSDlite head conv in float in dal.convert while dal.npu
+fused it: 1 code in 13 M apart.) Only ``inplace=True`` modules: one that returns a new tensor
+keeps its input intact for other readers, which this would overwrite.
 
 Only tensors of at least :data:`MIN_ELEMENTS` values: the bit-mask node is a Python autograd
 Function, ~20 us more per call (forward and backward) than torch's C++ op, and what it saves (one
