@@ -49,7 +49,7 @@ def iter_inputs(data: Iterable, num_batches: Optional[int] = None, *, input_fn: 
     from tqdm.auto import tqdm
 
     seen = 0
-    it = tqdm(data, total=num_batches, desc=desc, disable=not progress, leave=False)
+    it = tqdm(data, total=progress_total(data, num_batches), desc=desc, disable=not progress, leave=False)
     for i, batch in enumerate(it):
         if num_batches is not None and i >= num_batches:
             break
@@ -60,6 +60,17 @@ def iter_inputs(data: Iterable, num_batches: Optional[int] = None, *, input_fn: 
         yield args, kwargs
     if seen == 0:
         raise ValueError(f"{desc}: data yielded no batch; pass a non-empty DataLoader or list of batches")
+
+
+def progress_total(data, num_batches: Optional[int] = None) -> Optional[int]:
+    """The progress bar's total: ``min(num_batches, len(data))`` when ``data`` has a length
+    (``len(data)`` without ``num_batches``), else ``None`` (unknown) — never a count of batches
+    the data does not have."""
+    try:
+        length = len(data)
+    except TypeError:  # a generator, an IterableDataset's DataLoader: its length is unknown
+        return None
+    return length if num_batches is None else min(num_batches, length)
 
 
 def cached_inputs(data: Iterable, num_batches: Optional[int] = None, **kwargs) -> list[tuple[tuple, dict]]:
@@ -88,4 +99,17 @@ def run_model(model: torch.nn.Module, args: tuple, kwargs: dict, index: int = 0,
         shapes = [tuple(a.shape) for a in args if torch.is_tensor(a)]
         shapes += [(k, tuple(v.shape)) for k, v in kwargs.items() if torch.is_tensor(v)]
         raise ValueError(f"{what} {index} (input shapes {shapes}) failed in the model: "
-                         f"{type(err).__name__}: {err}") from err
+                         f"{type(err).__name__}: {err}{_call_hint(err, args, kwargs)}") from err
+
+
+def _call_hint(err: Exception, args: tuple, kwargs: dict) -> str:
+    """For a ``TypeError`` about the forward's arguments: how the batch was passed, the batch
+    conventions and ``input_fn``; else nothing."""
+    if not isinstance(err, TypeError) or "argument" not in str(err):
+        return ""
+    how = f"{len(args)} positional input(s)" + (f" and keyword inputs {sorted(map(str, kwargs))[:6]}" if kwargs else "")
+    return (f". The model was called with {how}: a batch is a tensor; an (inputs, targets) tuple or list whose "
+            "first element is the input, a tuple of inputs for a model with several (((img, vec), target), not "
+            "(img, vec)); or a dict of keyword inputs (model(**batch)). For any other layout pass "
+            "input_fn=lambda batch: (args, kwargs), called as model(*args, **kwargs), e.g. "
+            "input_fn=lambda b: ((b['image'], b['vec']), {})")
