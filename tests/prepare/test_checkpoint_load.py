@@ -3,6 +3,7 @@
 The oracle is the trained model itself: a checkpoint loaded back must give its outputs bit for
 bit (torch.equal) and its quantizers' state, whether or not the loader passes example_inputs.
 """
+import dataclasses
 import functools
 
 import pytest
@@ -13,10 +14,19 @@ import dal
 from dal.zoo import MnistCNN
 
 
+def recipe() -> dict:
+    """int8_balanced with output quantizers (the recipe key ``quantize_outputs``, where it exists)."""
+    rec = dal.load_recipe("int8_balanced")
+    out = rec.to_dict()
+    if "quantize_outputs" in {f.name for f in dataclasses.fields(rec)}:
+        out["quantize_outputs"] = True
+    return out
+
+
 def trained(tmp_path, factory=MnistCNN, x=None):
     torch.manual_seed(0)
     x = torch.randn(4, 1, 28, 28) if x is None else x
-    model = dal.prepare_qat(factory(), "int8_balanced", hardware="a2000", example_inputs=(x,))
+    model = dal.prepare_qat(factory(), recipe(), hardware="a2000", example_inputs=(x,))
     dal.calibrate(model, [x, torch.randn_like(x)], progress=False)
     dal.set_quantizer_state(model, "frozen")
     dal.save_checkpoint(model, tmp_path / "m.pt")
