@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
 
 # public name -> (module, attribute)
 _LAZY = {
@@ -54,7 +53,21 @@ _SUBMODULES = {"formats", "observers", "quantizer", "hardware", "recipe", "nn", 
                "cost", "ptq"}
 
 
+def _version() -> str:
+    """The installed distribution's version (its package metadata: pyproject.toml's ``version``);
+    ``"0+unknown"`` when dal is imported from a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dal")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def __getattr__(name: str):
+    if name == "__version__":  # read on first use: no metadata lookup at import time
+        globals()["__version__"] = value = _version()
+        return value
     if name in _LAZY:
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
@@ -66,4 +79,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_LAZY) + list(_SUBMODULES))
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES | {"__version__"})

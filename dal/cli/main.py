@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dal", description="dal: quantization-aware training for NPUs, QDQ ONNX "
                 "export and bit-exact parity checks against an NPU reference.",
                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"dal {_version()}",
+                   help="print dal's version (the installed package's metadata) and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     ins = sub.add_parser("inspect", help="show what an exported QDQ ONNX file holds",
                          description="Print the opset, the dal metadata (recipe, hardware, requantizer), the "
@@ -102,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report(sub)
     add_estimate(sub, MODEL_HELP)
     return p
+
+
+def _version() -> str:
+    import dal
+
+    return dal.__version__
 
 
 def _user_error(err: BaseException) -> bool:

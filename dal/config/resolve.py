@@ -69,7 +69,9 @@ def load_config(value, kind: ConfigKind):
     - a dict: parsed as a document without lines (source ``"<dict>"``);
     - a ``Path``, or a string that looks like a path (``.yaml``/``.yml`` suffix, a directory
       separator) or names an existing file: that file, labelled by the path as given;
-    - any other string: a bundled name (case-insensitive), labelled ``<folder>/<name>.yaml``.
+    - any other string: a bundled name (case-insensitive), labelled by the bundled file's own path
+      (in an installed wheel ``.../site-packages/dal/_bundled/<folder>/<name>.yaml``), so that an
+      error's ``file:line`` is a file the user has.
 
     Raises ``kind.error`` for a missing file, an unknown bundled name (listing the bundled
     names and the closest one) or a value of another type.
@@ -104,4 +106,4 @@ def resolve_path(spec: "str | Path", kind: ConfigKind) -> tuple[Path, str]:
         raise kind.error(Problem(
             f"{kind.arg}={spec!r} is not a bundled {kind.noun}{did_you_mean(spec.lower(), names)} "
             f"(bundled: {', '.join(names) or '(none found)'}); or pass a path to a YAML file"))
-    return found, f"{kind.folder}/{found.name}"
+    return found, str(found)  # the file itself (in a wheel: site-packages/dal/_bundled/...): one a user can open

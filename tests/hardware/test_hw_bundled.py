@@ -1,6 +1,9 @@
 """The bundled hardware models load, say what the brief says, and round-trip through to_dict."""
+from pathlib import Path
+
 import pytest
 
+from dal.config.bundled import find_bundled
 from dal.formats.qformat import get_format
 from dal.hardware import HardwareModel, OP_CLASSES, list_hardware, load_hardware
 
@@ -19,7 +22,7 @@ def test_bundled_names():
 def test_loads_and_round_trips(name):
     hw = load_hardware(name)
     assert isinstance(hw, HardwareModel) and hw.name == name
-    assert hw.source == f"hardware_models/{name}.yaml"
+    assert hw.source == str(find_bundled("hardware_models", name)) and Path(hw.source).is_file()  # openable
     assert load_hardware(hw.to_dict()) == hw
     assert load_hardware(hw) is hw
     assert load_hardware(name.upper()) == hw
