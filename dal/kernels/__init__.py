@@ -1,0 +1,30 @@
+"""dal's numerics as registered torch ops (``torch.library``, namespace ``dal``): the layer under
+``torch.compile`` and ``torch.export``.
+
+Importing this package registers the ops (a decorator at each definition, like every registry of
+dal); ``import dal`` does not import it. Each op has
+
+* a device-generic implementation in plain torch (CUDA, bfloat16, channels-last, any strides),
+* a CPU implementation that calls the C++ kernel of ``dal.formats.native`` where that kernel applies
+  (float32, contiguous, a layout it has, the kernel built) and the generic one elsewhere; both give
+  the same bits (tests/kernels),
+* a fake (meta) implementation (``register_fake``) so that dynamo / AOTAutograd trace it without
+  running it, and
+* its backward registered once (``register_autograd``).
+
+No op reads a tensor's value on the host (no ``.item()``, no Python branch on values): a compiled
+training step traces through them without graph breaks. Why opaque ops and not plain torch under
+``torch.compile``: inductor compiles plain torch with its own C++ and fast-math flags, and a
+division by the scale may become a multiplication by its reciprocal (the one-LSB difference
+torch's own fake-quant ops have with ONNX, FACTS.md); an opaque op runs the same code compiled or
+not, so a compiled step gives the eager step's bits.
+
+Ops: :mod:`.fake_quant` (``dal::fake_quantize``), :mod:`.observer_update` (``dal::observe_minmax_``),
+:mod:`.qparams` (``dal::minmax_qparams``), :mod:`.cast` (``dal::fp_round_trip``).
+"""
+from .fake_quant import fake_quantize
+from .cast import fp_round_trip
+from .observer_update import observe_minmax_
+from .qparams import minmax_qparams
+
+__all__ = ["fake_quantize", "fp_round_trip", "observe_minmax_", "minmax_qparams"]

@@ -1,0 +1,198 @@
+"""``dal::fake_quantize``: ONNX QuantizeLinear -> DequantizeLinear as one registered op, with its mask.
+
+For integer formats, with ``v = float32(x) / s`` (a true division, as ONNX; never ``x * (1/s)``)::
+
+    r = round_half_even(v);   c = clamp(r, qmin - zp, qmax - zp);   y = c * s
+    mask = (qmin - zp <= r <= qmax - zp)
+
+which is ``(saturate(round(x / s) + zp) - zp) * s``. FP8 (``mode`` 1: E4M3, 2: E5M2, ONNX
+``saturate=1``): ``c = fp8(clamp(v, -max, max))``, ``mask = |v| <= max``. Scale and rounding are
+float32 whatever the input's dtype; ``y`` is cast to the input's dtype (bfloat16 input: one more
+rounding, to bfloat16, after the float32 result). NaN stays NaN (mask false: no gradient); +-inf
+saturate. The gradient is the straight-through estimator with the clip mask,
+``d y / d x = mask``; the scale and zero point get none (LSQ stays with
+``dal.formats.fake_quantize``).
+
+The op returns ``(y, mask)``; the mask is bool, shaped and laid out like ``x``, and empty when
+``need_mask`` is false (no gradient wanted). Granularity: ``axis`` None (per tensor), or an axis
+with ``block_size`` 0 (per channel) or the block length (per group); ``scale`` and
+``zero_point`` have ``Granularity.scale_shape(x.shape)``.
+
+CPU implementation: the C++ kernel ``dal_fq_forward`` (``dal.formats.native``), when ``x`` is
+float32, contiguous and non-empty, its granularity a layout the kernel has
+(:func:`kernel_layout`: per tensor, per channel, blocks on the last axis) and the kernel
+built; its one-bit-per-element mask is unpacked to bool. Everything else (other dtypes,
+channels-last or strided input, blocks on another axis, no compiler) runs the generic
+implementation, which is plain torch on any device and gives the same bits.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..formats import native
+from ..formats.autograd import broadcast_view
+from ..formats.granularity import PER_TENSOR, Granularity
+from ..formats.qformat import get_format
+from ..formats.qparams import code_range
+
+#: The op's ``mode`` of each FP8 format (0: integer formats); the C++ kernel's numbering.
+FP8_MODES = {"fp8_e4m3": 1, "fp8_e5m2": 2}
+_FP8 = {1: (torch.float8_e4m3fn, 448.0), 2: (torch.float8_e5m2, 57344.0)}
+
+
+def _like(x: torch.Tensor, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` (x's shape) as ``dtype`` with the strides ``torch.empty_like(x)`` has: what the fake
+    implementation promises."""
+    ref = torch.empty_like(x, dtype=dtype)
+    if t.dtype == dtype and t.stride() == ref.stride():
+        return t
+    return ref.copy_(t)
+
+
+def generic(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int], block_size: int, mode: int,
+            need_mask: bool):
+    """The op in plain torch, for every device and dtype (see the module docstring)."""
+    gran = Granularity(axis, block_size)
+    work, view = broadcast_view(gran, x.shape)
+    v = x.to(torch.float32).reshape(work)
+    s = view(scale.to(torch.float32))
+    v = v / s
+    if mode:
+        dtype, limit = _FP8[mode]
+        mask = v.abs() <= limit if need_mask else None
+        c = torch.clamp(v, -limit, limit).to(dtype).to(torch.float32)
+    else:
+        zp = torch.round(zero_point.to(torch.float32)) if zero_point.is_floating_point() \
+            else zero_point.to(torch.float32)
+        zp = view(zp)
+        lo, hi = qmin - zp, qmax - zp
+        r = torch.round(v)
+        mask = ((r >= lo) & (r <= hi)) if need_mask else None
+        c = torch.clamp(r, lo, hi)
+    y = _like(x, (c * s).reshape(x.shape), x.dtype)
+    m = _like(x, mask.reshape(x.shape), torch.bool) if need_mask else x.new_empty(0, dtype=torch.bool)
+    return y, m
+
+
+def kernel_params(scale, zero_point, qmin: float, qmax: float, mode: int):
+    """``(s, lo, hi)`` flat float32 as ``dal_fq_forward`` reads them: the scale, and the code bounds
+    ``qmin - zp`` and ``qmax - zp`` (FP8: -+max); the same float32 expressions as :func:`generic`."""
+    s = scale.detach().to(torch.float32).contiguous().reshape(-1)
+    if mode:
+        limit = _FP8[mode][1]
+        return s, torch.full_like(s, -limit), torch.full_like(s, limit)
+    zp = zero_point.detach()
+    zp = torch.round(zp.float()) if zp.is_floating_point() else zp.float()
+    zp = zp.reshape(-1).expand(s.shape)
+    return s, (qmin - zp).contiguous(), (qmax - zp).contiguous()
+
+
+def unpack_mask(packed: torch.Tensor, rows: int, row_len: int, shape) -> torch.Tensor:
+    """The kernel's mask (``rows`` rows of ``ceil(row_len / 8)`` bytes, bit ``j % 8`` of byte
+    ``j // 8`` for element ``j`` of a row) as a bool tensor of ``shape``."""
+    bit = torch.arange(8, dtype=torch.uint8)
+    b = (packed.reshape(rows, -1, 1) >> bit) & 1
+    return b.reshape(rows, -1)[:, :row_len].reshape(shape).to(torch.bool)
+
+
+def kernel_layout(x: torch.Tensor, axis: Optional[int], block_size: int) -> Optional[tuple[int, int, int, int]]:
+    """``(rows, row_len, param_div, param_mod)`` of ``dal_fq_forward``: x as ``rows`` contiguous rows,
+    row ``r`` quantized with parameter ``(r // param_div) % param_mod``; None where the C++ kernel
+    does not apply (not float32 contiguous on the CPU, empty, blocks on an axis other than the
+    last, or no kernel built)."""
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and x.numel()):
+        return None
+    if type(x) not in (torch.Tensor, torch.nn.Parameter) or native.library() is None:
+        return None
+    n = x.numel()
+    if axis is None:
+        return 1, n, 1, 1
+    inner = math.prod(x.shape[axis + 1:])
+    if not block_size:
+        return n // inner, inner, 1, int(x.shape[axis])
+    if inner != 1:
+        return None
+    return n // block_size, block_size, 1, n // block_size
+
+
+def cpu_kernel(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int], block_size: int, mode: int,
+               need_mask: bool):
+    """The op by the C++ kernel, or None where it does not apply (module docstring)."""
+    if x.dtype != torch.float32 or not scale.is_cpu or not zero_point.is_cpu:
+        return None
+    lay = kernel_layout(x, axis, block_size)
+    if lay is None:
+        return None
+    rows, row_len, div, mod = lay
+    s, lo, hi = kernel_params(scale, zero_point, qmin, qmax, mode)
+    if s.numel() != mod:
+        return None  # a scale of another shape: the generic path broadcasts it or raises torch's error
+    y = torch.empty_like(x)
+    packed = torch.empty(rows * ((row_len + 7) // 8), dtype=torch.uint8) if need_mask else None
+    native.library().dal_fq_forward(x.data_ptr(), y.data_ptr(), packed.data_ptr() if need_mask else None,
+                                    rows, row_len, div, mod, s.data_ptr(), lo.data_ptr(), hi.data_ptr(), mode,
+                                    torch.get_num_threads())
+    m = unpack_mask(packed, rows, row_len, x.shape) if need_mask else x.new_empty(0, dtype=torch.bool)
+    return y, m
+
+
+@torch.library.custom_op("dal::fake_quantize", mutates_args=())
+def fake_quantize_op(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, qmin: float, qmax: float,
+                     axis: Optional[int], block_size: int, mode: int, need_mask: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, mask)`` of the module docstring; the device-generic implementation."""
+    return generic(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask)
+
+
+@fake_quantize_op.register_kernel("cpu")
+def _cpu(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask):
+    done = cpu_kernel(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask)
+    return done if done is not None else generic(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask)
+
+
+@fake_quantize_op.register_fake
+def _fake(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask):
+    mask = torch.empty_like(x, dtype=torch.bool) if need_mask else x.new_empty(0, dtype=torch.bool)
+    return torch.empty_like(x), mask
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+
+
+def _backward(ctx, grad_y, grad_mask):
+    (mask,) = ctx.saved_tensors
+    if mask.numel() != grad_y.numel():
+        raise RuntimeError("dal::fake_quantize was called with need_mask=False but a gradient is asked for; "
+                           "call it through dal.kernels.fake_quantize, which sets need_mask")
+    return grad_y * mask, None, None, None, None, None, None, None, None
+
+
+fake_quantize_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: Optional[torch.Tensor], fmt,
+                  granularity: Granularity = PER_TENSOR, narrow_range: bool = False) -> torch.Tensor:
+    """``dequantize(quantize(x))`` by ``dal::fake_quantize``: integer or FP8 ``fmt`` at ``granularity``,
+    ``scale`` / ``zero_point`` shaped ``granularity.scale_shape(x.shape)`` (zero point None: 0).
+    Returns ``y`` in ``x``'s dtype; ``d y / d x`` is the clip mask (STE), the scale gets no gradient.
+
+    >>> fake_quantize(torch.tensor([0.5, 1.5, 2.5, 300.0]), torch.tensor(1.0), None, "int8").tolist()
+    [0.0, 2.0, 2.0, 127.0]
+    """
+    fmt = get_format(fmt)
+    if not fmt.is_scaled:
+        raise ValueError(f"format {fmt.name!r} has no scale: use dal.kernels.fp_round_trip")
+    if fmt.is_float8:
+        mode, (qmin, qmax) = FP8_MODES[fmt.name], (-fmt.max_value, fmt.max_value)
+    else:
+        mode, (qmin, qmax) = 0, code_range(fmt, narrow_range)
+    if zero_point is None:
+        zero_point = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
+    need_mask = x.requires_grad and torch.is_grad_enabled()
+    y, _ = fake_quantize_op(x, scale, zero_point, float(qmin), float(qmax), granularity.normalized_axis(x.dim()),
+                            granularity.block_size, mode, need_mask)
+    return y
