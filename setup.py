@@ -1,7 +1,8 @@
 """Build hook: the wheel carries the bundled recipes and hardware models as package data.
 
 The one source of truth is the repository's top-level ``recipes/*.yaml`` and
-``hardware_models/*.yaml`` (where users look for them). ``build_py`` copies them into
+``hardware_models/*.yaml`` (where users look for them), with each folder's ``README.md`` (the
+YAML schema). ``build_py`` copies them into
 ``dal/_bundled/<folder>/`` of the *build directory* only, so the wheel has them and the source
 tree never holds a second copy; ``dal.config.bundled`` finds them there through
 ``importlib.resources``. An editable install copies nothing: the package then sits in the
@@ -13,18 +14,20 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-BUNDLED = ("recipes", "hardware_models")  # top-level folders -> dal/_bundled/<folder>/*.yaml
+BUNDLED = ("recipes", "hardware_models")  # top-level folders -> dal/_bundled/<folder>/{*.yaml,README.md}
 
 
 def bundled_sources() -> list[tuple[Path, str]]:
-    """(source file, path inside the package) of every bundled YAML; raises if a folder is empty."""
+    """(source file, path inside the package) of every bundled YAML and each folder's README.md;
+    raises if a folder has no YAML or no README."""
     out = []
     for folder in BUNDLED:
         files = sorted((ROOT / folder).glob("*.yaml"))
-        if not files:
-            raise SystemExit(f"setup.py: no {folder}/*.yaml next to setup.py ({ROOT}); build from a "
-                             "source checkout or from an sdist (MANIFEST.in includes them)")
-        out += [(f, f"_bundled/{folder}/{f.name}") for f in files]
+        readme = ROOT / folder / "README.md"
+        if not files or not readme.is_file():
+            raise SystemExit(f"setup.py: no {folder}/*.yaml or {folder}/README.md next to setup.py ({ROOT}); "
+                             "build from a source checkout or from an sdist (MANIFEST.in includes them)")
+        out += [(f, f"_bundled/{folder}/{f.name}") for f in files + [readme]]
     return out
 
 

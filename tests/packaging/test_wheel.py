@@ -26,8 +26,11 @@ import pytest
 
 from test_readme import README
 
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
 ROOT = Path(__file__).resolve().parents[2]
-PROJECT_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "dal", "recipes", "hardware_models")
+PROJECT_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE", "CHANGELOG.md", "dal", "recipes",
+                 "hardware_models")
 BUNDLED = ("recipes", "hardware_models")
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]  # one build, on one worker
@@ -46,14 +49,20 @@ def clean_env() -> dict:
 
 
 def repo_digests() -> dict:
+    """Every bundled file (each folder's YAML and its README.md, the schema) -> its SHA-256."""
     return {f"{folder}/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()
-            for folder in BUNDLED for p in sorted((ROOT / folder).glob("*.yaml"))}
+            for folder in BUNDLED for p in sorted((ROOT / folder).glob("*.yaml")) + [ROOT / folder / "README.md"]}
 
 
 def quickstart_block() -> str:
     """The first python block of the README's Quickstart section."""
     section = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+
+
+def z_read(wheel: Path, name: str) -> bytes:
+    with zipfile.ZipFile(wheel) as z:
+        return z.read(name)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +112,13 @@ def test_wheel_holds_the_bundled_files_and_declares_its_dependencies(wheel):
         names = z.namelist()
     assert digests == repo_digests()  # every bundled file, each identical to its one source
     assert "dal/npu/csrc/module.cpp" in names and "dal/formats/csrc/fake_quant.cpp" in names
+    assert {"dal/_bundled/recipes/README.md", "dal/_bundled/hardware_models/README.md"} <= set(names)
+    assert "dal/py.typed" in names  # PEP 561: type checkers use dal's annotations
+    (license_file,) = [n for n in names if re.fullmatch(r"dal-[^/]+\.dist-info/(licenses/)?LICENSE", n)]
+    assert z_read(wheel, license_file) == (ROOT / "LICENSE").read_bytes()
+    assert b"Apache License" in z_read(wheel, license_file) and b"Version 2.0, January 2004" in z_read(wheel, license_file)
     assert not any(n.startswith(("tests/", "recipes/", "hardware_models/")) for n in names)
+    assert re.search(r"^License-Expression: Apache-2\.0$", meta, flags=re.M)
     assert re.search(r"^Requires-Dist: ninja\b", meta, flags=re.M)
     extras = set(re.findall(r"^Provides-Extra: (\S+)", meta, flags=re.M))
     assert {"report", "ort", "lightning", "all", "dev"} <= extras
@@ -131,7 +146,7 @@ def test_installed_wheel_loads_bundled_configs_and_runs_the_quickstart(venv_pyth
             "names": [recipe.name, hw.name, recipe.source, hw.source],
             "digests": {f"{d.name}/{p.name}": hashlib.sha256(p.read_bytes()).hexdigest()
                         for folder in ("recipes", "hardware_models") for d in bundled_dirs(folder)
-                        for p in sorted(d.glob("*.yaml"))},
+                        for p in sorted(d.glob("*.yaml")) + [d / "README.md"]},
             "dirs": [str(d) for folder in ("recipes", "hardware_models") for d in bundled_dirs(folder)],
             "ops": sorted({n.op_type for n in graph.graph.node}),
         }))
@@ -142,7 +157,10 @@ def test_installed_wheel_loads_bundled_configs_and_runs_the_quickstart(venv_pyth
     assert prefix == venv_python.parent.parent.resolve()
     assert Path(got["dal"]).resolve().is_relative_to(prefix), f"imported {got['dal']}, not the wheel"
     assert all(Path(d).resolve().is_relative_to(prefix) for d in got["dirs"]), got["dirs"]
-    assert got["names"] == ["int8_balanced", "a2000", "recipes/int8_balanced.yaml", "hardware_models/a2000.yaml"]
+    assert got["names"][:2] == ["int8_balanced", "a2000"]
+    for source, rel in zip(got["names"][2:], ("recipes/int8_balanced.yaml", "hardware_models/a2000.yaml")):
+        # errors cite this file: it must be the installed one, a path a pip user can open
+        assert Path(source).resolve() == Path(got["dal"]).resolve().parent / "_bundled" / rel, source
     assert got["digests"] == repo_digests()
     assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= set(got["ops"])
 
@@ -150,3 +168,5 @@ def test_installed_wheel_loads_bundled_configs_and_runs_the_quickstart(venv_pyth
 def test_console_script_is_installed(venv_python, tmp_path):
     script = venv_python.parent / "dal"
     assert "usage: dal" in run([script, "--help"], cwd=tmp_path, env=clean_env())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert run([venv_python, "-m", "dal", "--version"], cwd=tmp_path, env=clean_env()).strip() == f"dal {version}"
