@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.dal-installed
 # torch / torchvision are pinned: these exact versions install from this machine's local cache.
 PINS := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test install clean asan bench
+.PHONY: demo test install clean asan bench docs
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VPY) -m pytest -q -n 2 --dist loadgroup
+
+# The documentation site (mkdocs.yml, docs/): into site/ (not in git); a warning fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(VPY) $$b || exit 1; done
