@@ -63,7 +63,7 @@ def _two_heads():
 def test_several_outputs_are_numbered_and_explicit_names_are_kept(tmp_path):
     model, x = _two_heads()
     proto = dal.export_onnx(model, (x,))
-    assert [o.name for o in proto.graph.output] == ["output_0", "output_1"]
+    assert [o.name for o in proto.graph.output] == ["output.0", "output.1"]  # dal.nest names
     proto = dal.export_onnx(model, (x,), output_names=["logits", "boxes"])
     assert [o.name for o in proto.graph.output] == ["logits", "boxes"]
     # the renamed file runs: the NPU reference and onnxruntime agree on both outputs

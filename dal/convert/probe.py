@@ -25,6 +25,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from ..nest import tensors
 from ..quantizer import FakeQuantizer
 
 #: functions the exporter writes as Relu / Clip, with their (lo, hi) from the call's arguments
@@ -151,7 +152,7 @@ def record(model: nn.Module, args: tuple, kwargs: dict, layers: list) -> tuple[l
     finally:
         for h in hooks:
             h.remove()
-    return rec.events, set(rec.read(tree_flatten(out)[0]))
+    return rec.events, set(rec.read(tensors(out)))  # any nest (dataclasses too: dal.nest)
 
 
 def plan_groups(events: list, outputs: set) -> dict[int, list[GroupPlan]]:

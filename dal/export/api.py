@@ -50,8 +50,12 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
       ``dal.requantizer`` and ``dal.sparse_24`` (plus ``metadata``, JSON-encoded when not str);
     * the model is traced in eval mode and left exactly as it was (modes, states, parameters).
 
-    Graph inputs are named ``input`` (``input_0``, ... for several) and outputs ``output``
-    (``output_0``, ...) unless ``input_names`` / ``output_names`` say otherwise.
+    The model may return any nest of tensors (dict, dataclass, HF ``ModelOutput``, lists, tuples,
+    ``None`` and other non-tensor leaves, which are no outputs): one graph output per tensor leaf,
+    depth-first in ``dal.nest``'s order (dict insertion, dataclass field, sequence position) and
+    named by ``dal.nest``: ``output`` (a lone tensor), ``output.0``, ``output.1`` (a tuple),
+    ``output.out``, ``output.aux.0`` (``{"out": t, "aux": [t2]}``). Inputs are ``input``
+    (``input_0``, ... for several), unless ``input_names`` / ``output_names`` (one per leaf) say otherwise.
 
     Raises ExportError for quantizers still observing, quantizers the exporter cannot place,
     or an opset too low; each error lists every offender.
@@ -73,7 +77,7 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
     names_out = list(output_names) if output_names else None
     try:
         with _held_stdout(enabled=not explicit):
-            proto, sites = trace(model, args, plan, opset, names_in, names_out, dynamic_batch)
+            proto, sites, leaf_names = trace(model, args, plan, opset, names_in, names_out, dynamic_batch)
     except ExportError as err:
         # The formats decide the default opset, but the float graph may need a newer one
         # (scaled_dot_product_attention: 14): torch says which; retry once at that opset.
@@ -81,7 +85,7 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
         if explicit or needed is None or needed <= opset:
             raise
         opset = needed
-        proto, sites = trace(model, args, plan, opset, names_in, names_out, dynamic_batch)
+        proto, sites, leaf_names = trace(model, args, plan, opset, names_in, names_out, dynamic_batch)
     graph = Graph(proto)
     fold_constants(graph)
     rewrite_float_casts(graph, sites)
@@ -92,7 +96,7 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
         raise ExportError(f"the exporter could not place {len(left)} quantizer node(s): {left}")
     graph.finish()
     if not output_names:
-        _name_outputs(proto, getattr(model, "output_names", None) if model is not detector else None)
+        _name_outputs(proto, (getattr(model, "output_names", None) if model is not detector else None) or leaf_names)
     _set_opset(proto, opset)
     boundary = boundary_json(detector, model)
     if boundary is not None:
@@ -157,15 +161,16 @@ def _opset_torch_asks_for(err: ExportError) -> Optional[int]:
 
 
 def _name_outputs(proto: onnx.ModelProto, names: Optional[list] = None) -> None:
-    """Name the graph outputs ``output`` (one) or ``output_0``, ``output_1``, ... (several), as the
-    inputs are named, instead of the numbers torch gives them (``375``). A name already in use,
+    """Name the graph outputs ``names`` (dal.nest's names of the output's tensor leaves, or a
+    detector NPU part's head names) instead of the numbers torch gives them (``375``); without
+    names, ``output`` (one) or ``output.0``, ``output.1``, ... (several). A name already in use,
     or an output that is a graph input passed through, is left as it is."""
     g = proto.graph
     inputs = {i.name for i in g.input}
     used = inputs | {t.name for t in g.initializer} | {x for n in g.node for x in (*n.input, *n.output)}
-    new = ["output"] if len(g.output) == 1 else [f"output_{k}" for k in range(len(g.output))]
+    new = ["output"] if len(g.output) == 1 else [f"output.{k}" for k in range(len(g.output))]
     if names and len(names) == len(g.output):
-        new = list(names)  # a detector's NPU part: its heads' own names (cls_logits, ...)
+        new = list(names)
     rename = {o.name: name for o, name in zip(g.output, new) if o.name not in inputs and name not in used}
     for node in g.node:
         node.input[:] = [rename.get(x, x) for x in node.input]

@@ -23,6 +23,7 @@ import onnx
 import torch
 from torch import nn
 
+from .. import nest
 from ..nn.modes import eval_mode
 from ..quantizer import FakeQuantizer
 from .errors import ExportError
@@ -93,6 +94,48 @@ def _placeholders(plan: ExportPlan, sites: dict[int, Site]):
             del q.forward
 
 
+@contextlib.contextmanager
+def _flat_outputs(model: nn.Module, names: list[str]):
+    """The model's output nest (dict, dataclass, ``ModelOutput``, lists, ``None`` leaves: see
+    dal.nest) as the flat tuple of its tensor leaves while tracing, so the ONNX graph's outputs
+    are those leaves in dal.nest's order whatever the TorchScript exporter would make of the
+    nest; ``names`` receives their names. A forward hook, not a wrapper module: the scope names
+    of the exported nodes and initializers stay the model's own."""
+
+    def hook(mod, args, out):
+        named = nest.named_tensors(out)
+        names[:] = [n for n, _ in named]
+        return None if isinstance(out, torch.Tensor) else tuple(t for _, t in named)
+
+    handle = model.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
+def _positional_forward(model: nn.Module):
+    """``model.forward`` seen as ``forward(*args)`` while exporting: the TorchScript exporter
+    otherwise appends the default of every parameter the example inputs do not fill, passed
+    positionally (torch.onnx ``_decide_input_format``), which Hugging Face models refuse
+    ("got multiple values for argument 'use_cache'"): their decorators pass those as keywords.
+    The model is called with exactly the example inputs, as dal.verify and dal.convert call it."""
+    had, own, bound = "forward" in model.__dict__, model.__dict__.get("forward"), model.forward
+
+    def forward(*args):
+        return bound(*args)
+
+    model.forward = forward
+    try:
+        yield
+    finally:
+        if had:
+            model.forward = own
+        else:
+            del model.forward
+
+
 class _Root(nn.Module):
     """A plain module around the model, so torch.onnx sees no ``.graph`` attribute."""
 
@@ -105,8 +148,11 @@ class _Root(nn.Module):
 
 
 def trace(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, input_names: list[str],
-          output_names: Optional[list[str]], dynamic_batch: bool) -> tuple[onnx.ModelProto, dict[int, Site]]:
-    """``torch.onnx.export`` (TorchScript, constant folding, eval mode) with placeholders.
+          output_names: Optional[list[str]], dynamic_batch: bool) -> tuple[onnx.ModelProto, dict[int, Site], list[str]]:
+    """``torch.onnx.export`` (TorchScript, constant folding, eval mode) with placeholders:
+    ``(proto, sites, leaf names)``. The graph's outputs are the tensor leaves of the model's
+    output nest in dal.nest's order; ``leaf names`` are their dal.nest names (``output``,
+    ``output.out``, ``output.aux.0``, ...), for the caller to name them by.
 
     Traced at ``min(opset, 20)`` (the TorchScript exporter's newest); the caller raises the
     opset import afterwards. Grad stays enabled: under ``no_grad`` the MHA fast path emits
@@ -117,7 +163,9 @@ def trace(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, input_nam
     if dynamic_batch:
         dynamic_axes = {n: {0: "batch"} for n in input_names + list(output_names or [])}
     buf = io.BytesIO()
-    with eval_mode(model), _placeholders(plan, sites), torch.enable_grad(), warnings.catch_warnings():
+    leaf_names: list[str] = []
+    with eval_mode(model), _placeholders(plan, sites), _flat_outputs(model, leaf_names), torch.enable_grad(), \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
         warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export.*")
@@ -126,11 +174,16 @@ def trace(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, input_nam
         # GraphModule (what prepare_qat returns when it rewrites the root) has an fx one.
         traced = _Root(model) if isinstance(model, torch.fx.GraphModule) else model
         try:
-            torch.onnx.export(traced, args, buf, dynamo=False, opset_version=min(opset, TRACE_MAX_OPSET),
-                              do_constant_folding=True, custom_opsets={PLACEHOLDER_DOMAIN: 1},
-                              input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes,
-                              training=torch.onnx.TrainingMode.EVAL, verbose=False)
+            with _positional_forward(traced):
+                torch.onnx.export(traced, args, buf, dynamo=False, opset_version=min(opset, TRACE_MAX_OPSET),
+                                  do_constant_folding=True, custom_opsets={PLACEHOLDER_DOMAIN: 1},
+                                  input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes,
+                                  training=torch.onnx.TrainingMode.EVAL, verbose=False)
         except Exception as exc:  # torch's message names the operator; say which step failed
             raise ExportError(f"torch.onnx.export (TorchScript) failed to trace {type(model).__name__}: "
                               f"{type(exc).__name__}: {exc}") from exc
-    return onnx.load_from_string(buf.getvalue()), sites
+    proto = onnx.load_from_string(buf.getvalue())
+    if output_names is not None and len(output_names) != len(proto.graph.output):
+        raise ExportError(f"output_names: {len(output_names)} name(s) {list(output_names)} for the model's "
+                          f"{len(proto.graph.output)} tensor output(s) {leaf_names} (dal.nest order)")
+    return proto, sites, leaf_names

@@ -20,6 +20,8 @@ from typing import Optional
 import numpy as np
 import onnx
 
+from ..nest import tensors
+
 #: a weight's codes in the file: ``<quantizer>.codes``, ``<quantizer>.codes_<k>`` for call k
 _CODES = re.compile(r"^(.*)\.codes(?:_\d+)?$")
 
@@ -69,12 +71,13 @@ def integer_vs_npu(torch_model, model: onnx.ModelProto, inputs: tuple, npu_outs:
         out, codes = int_model.run_with_codes(*inputs)
     except (ConvertError, ValueError, RuntimeError) as e:
         return IntegerParity(error=f"{type(e).__name__}: {str(e).splitlines()[0]}")
-    outs = [out] if not isinstance(out, (tuple, list)) else list(out)
+    outs = tensors(out)  # any nest of tensors, in the order the exporter wrote the file's outputs
     row = IntegerParity()
-    for mine, ref in zip(outs, npu_outs):
-        mine = mine.detach().cpu().numpy()
+    for k, ref in enumerate(npu_outs):
         row.elements += int(np.size(ref))
-        row.differ += int((mine.reshape(np.shape(ref)) != ref).sum()) if mine.size == np.size(ref) else int(np.size(ref))
+        mine = outs[k].detach().cpu().numpy() if k < len(outs) else None  # an output missing: all differ
+        row.differ += (int((mine.reshape(np.shape(ref)) != ref).sum()) if mine is not None and mine.size == np.size(ref)
+                       else int(np.size(ref)))
     mine_codes = {}
     for qname, calls in codes.items():
         for k, c in enumerate(calls):
