@@ -27,10 +27,14 @@ def test_readme_python_blocks_and_dal_commands_run(tmp_path, monkeypatch):
         assert out.returncode == 0, f"`{cmd}` failed:\n{out.stderr[-2000:]}"
 
 
-def test_readme_starts_with_the_two_commands():
+def test_readme_starts_with_what_dal_is_and_a_pip_users_first_commands():
     text = README.read_text()
+    intro = text.split("\n## ", 1)[0]
+    assert "PyTorch plugin" in intro  # what dal is, before any section
     first_block = re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1)
-    assert "make demo" in first_block and "make test" in first_block
+    assert "pip install" in first_block and "python -m dal.demo" in first_block
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    assert any("make demo" in b and "make test" in b for b in blocks)  # the checkout's two commands
 
 
 def test_readme_accuracy_table_is_the_benchmark_output():
