@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .fp16_region import round_once
+from .wrapped import WrapsModule
 
 #: the exported mask term's constant (dal.replace.softmax_lut.MASKED_BELOW, float32 in the file)
 MASK_OFFSET = 1e30
@@ -56,7 +57,7 @@ def half_operands(qs: list):
     return f0.torch_dtype()
 
 
-class MatMulForm(nn.Module):
+class MatMulForm(WrapsModule):
     """A ``QMatMul`` (``qat``) of two activations, computed as the NPU's float island: in
     float32, ``float32(float64 matmul)``; in an FP16 / BF16 region (both operands that format),
     ``T(float64 matmul of the T operands)``, one rounding to T (export/SPEC.md §5a, §6), then the
@@ -78,7 +79,7 @@ class MatMulForm(nn.Module):
         return q.output_quant(y) if q.output_quant is not None else y
 
 
-class SoftmaxForm(nn.Module):
+class SoftmaxForm(WrapsModule):
     """An ``NpuSoftmax`` (``qat``) as the exported graph computes it (module docstring)."""
 
     def __init__(self, qat: nn.Module, path: str):

@@ -23,6 +23,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from .errors import ConvertError
+from .wrapped import float_attribute
 
 #: the float layers that have this form: exactly these classes (a QAT subclass is an integer layer)
 FLOAT_LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -48,7 +49,10 @@ class FloatLayerForm(nn.Module):
             return super().__getattr__(name)  # parameters, buffers, submodules ("layer")
         except AttributeError:
             if name not in self.layer._parameters:
-                raise
+                found, value = float_attribute(self.layer, name)  # stride, in_features, ... (wrapped.py)
+                if not found:
+                    raise
+                return value
         # a parent that reads the layer's weight and computes with it itself (torchvision's
         # ShiftedWindowAttention: F.linear(x, self.qkv.weight, ...)) never calls this form, so the
         # integer model could not compute what the NPU's float island does: say so, by path

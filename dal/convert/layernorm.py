@@ -23,6 +23,7 @@ from torch import nn
 
 from .float_ops import mean_f64
 from .fp16_region import float32_value
+from .wrapped import WrapsModule
 
 #: the first opset with a LayerNormalization operator (torch exports it from there on)
 LAYERNORM_OPSET = 17
@@ -59,7 +60,7 @@ def _call(q, x):
     return q(x) if q is not None else x
 
 
-class LayerNormForm(nn.Module):
+class LayerNormForm(WrapsModule):
     """An ``Fp16LayerNorm`` or a float ``nn.LayerNorm`` (``qat``) as the file computes it, at
     the export's traced ``opset`` (a float one has no FP16 round trips)."""
 

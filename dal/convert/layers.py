@@ -40,6 +40,7 @@ from .errors import ConvertError
 from .fp16_region import half_dtype, half_forward
 from .probe import GroupPlan
 from .requant import FixedPoint
+from .wrapped import WrapsModule
 
 _IN_CODES = {"int8", "uint8", "int4", "uint4", "int16", "uint16"}  # 16-bit: exact in float64
 _W_CODES = {"int8", "uint8", "int4", "uint4"}
@@ -79,8 +80,9 @@ def fan_value(table: Optional[dict], x, q):
     return got[1].get(id(q), x) if got is not None and got[0] is x else x
 
 
-class IntegerLayer(nn.Module):
-    """A weighted QAT layer (``qat``) computed as the NPU does; see the module docstring."""
+class IntegerLayer(WrapsModule):
+    """A weighted QAT layer (``qat``) computed as the NPU does; see the module docstring. A parent
+    that reads the layer's attributes (``weight``, ``stride``, ...) gets the QAT layer's (wrapped.py)."""
 
     def __init__(self, qat: nn.Module, path: str, requantizer):
         super().__init__()

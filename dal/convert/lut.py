@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..formats import dequantize, quantize
+from .wrapped import WrapsModule
 
 #: the first traced opset at which torch exports GELU as one ``Gelu`` node
 GELU_OPSET = 20
@@ -106,9 +107,11 @@ def gelu_onnx(x: torch.Tensor, opset: int, approximate: str = "none") -> torch.T
     return (x * (e + 1.0)) * 0.5
 
 
-class GeluForm(nn.Module):
+class GeluForm(WrapsModule):
     """A float ``nn.GELU`` (either ``approximate``) in its exported form (:func:`gelu_onnx`); an
     FP16 island's (``Fp16GELU``) input and output quantizers round around it, as its Casts do."""
+
+    wrapped = "mod"
 
     def __init__(self, mod: nn.Module, path: str, opset: int):
         super().__init__()
@@ -134,7 +137,7 @@ def lut_form_why_not(qat: nn.Module) -> str:
     return ""
 
 
-class LutForm(nn.Module):
+class LutForm(WrapsModule):
     """A ``QLutActivation`` (``qat``) through its table (module docstring)."""
 
     def __init__(self, qat: nn.Module, path: str, opset: int):

@@ -10,7 +10,7 @@ from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_a
 from ..nn.registry import QAT_MODULES, registry_type
 from ..nn.masked_activation import install as install_masked_activations
 from ..nn.sole_input import install as install_sole_input
-from ..nn.tree import set_submodule
+from ..nn.tree import replace_everywhere, set_submodule, slots_of
 from .call_sites import install
 from .fp16_island import Fp16Function, island_module
 from .functional_ops import cat_dim, rebuild
@@ -28,6 +28,11 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
     modules get the bit-mask forward (``dal.nn.masked_activation``) and the Sequentials the loop
     that lets an input quantizer write in place (``dal.nn.sole_input.install``)."""
     by_owner: dict[str, list[Step]] = {}
+    leaf_steps = [s for s in plan if s.action in ("quantize", "fp16") and s.site is None and not s.node]
+    # The float leaves, found before the owners' rewrites: a GraphModule keeps only the names its
+    # graph calls, so a module shared under two names (timm CoaT's cpe1 = serial_blocks1.0.cpe)
+    # may have lost the name the plan knows it by; it is swapped in every slot it holds.
+    leaves = {s.path: _find(model, s.path) for s in leaf_steps}
     for step in plan:
         if step.site is not None:
             if step.action == "functional":
@@ -37,25 +42,37 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
     for owner in sorted(by_owner, key=lambda p: -(p.count(".") + bool(p))):
         mod = model.get_submodule(owner) if owner else model
         new = _rewrite(mod, cap.graphs[owner], by_owner[owner], owner)
-        if owner:
-            set_submodule(model, owner, new)
+        if owner:  # every name it has: a parent rewritten before may call it by another
+            replace_everywhere(slots_of(model), mod, new)
         else:
             model = new
-    for step in plan:
-        if step.action in ("quantize", "fp16") and step.site is None and not step.node:
+    slots = slots_of(model)
+    for step in leaf_steps:
+        mod = leaves[step.path]
+        if mod is None or id(mod) not in slots:  # not a module of the model before the rewrites
             mod = model.get_submodule(step.path)
-            if step.action == "quantize" and is_norm_act(mod):  # no conv to fold into (plan.py)
-                set_submodule(model, step.path, NormActAffine.from_norm_act(mod, step.spec, step.path))
-                continue
-            cls = _NORMS.get((step.action, type(mod)))
-            if cls is None and step.action == "fp16":  # a float op on an fp16 engine (check.py)
-                set_submodule(model, step.path, island_module(mod, step.path, step.op_class))
-                continue
-            cls = cls or QAT_MODULES[registry_type(type(mod))]
-            set_submodule(model, step.path, cls.from_float(mod, step.spec, step.path))
+        replace_everywhere(slots, mod, _leaf_module(mod, step))
     install_masked_activations(model)  # in-place ReLU / ReLU6 keep a bit mask, not their result
     install_sole_input(model)  # a Sequential's next input quantizer may write in place (dal.nn.sole_input)
     return model
+
+
+def _find(model: nn.Module, path: str):
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def _leaf_module(mod: nn.Module, step: Step) -> nn.Module:
+    """The module a leaf step puts in ``mod``'s place."""
+    if step.action == "quantize" and is_norm_act(mod):  # no conv to fold into (plan.py)
+        return NormActAffine.from_norm_act(mod, step.spec, step.path)
+    cls = _NORMS.get((step.action, type(mod)))
+    if cls is None and step.action == "fp16":  # a float op on an fp16 engine (check.py)
+        return island_module(mod, step.path, step.op_class)
+    cls = cls or QAT_MODULES[registry_type(type(mod))]
+    return cls.from_float(mod, step.spec, step.path)
 
 
 def _site_module(step: Step) -> nn.Module:
@@ -74,7 +91,19 @@ def _rewrite(mod: nn.Module, graph, steps: list[Step], owner: str) -> nn.Module:
             _island_node(mod, graph, nodes[step.node], step, prefix)
         else:
             _functional(mod, graph, nodes[step.node], step, prefix)
-    return rebuild(mod, graph)
+    return keep_attributes(rebuild(mod, graph), mod)
+
+
+def keep_attributes(gm: nn.Module, mod: nn.Module) -> nn.Module:
+    """``gm`` (the GraphModule that replaces ``mod``) with ``mod``'s own plain attributes, the
+    values a parent may read (torchvision RAFT reads ``self.update_block.hidden_state_size``):
+    every entry of ``mod.__dict__`` that is not nn.Module's state and that ``gm`` does not define.
+    Methods of ``mod``'s class are not carried."""
+    internal = nn.Module().__dict__.keys() | {"training"}
+    for key, value in mod.__dict__.items():
+        if key not in internal and key not in gm.__dict__ and not hasattr(type(gm), key):
+            gm.__dict__[key] = value
+    return gm
 
 
 def _fuse(mod: nn.Module, graph, nodes: dict, step: Step) -> None:

@@ -28,6 +28,8 @@ def is_tensor_node(node) -> bool:
     """Best effort: does this fx value hold a tensor (not a shape, int or dtype)?"""
     if not isinstance(node, fx.Node):
         return False
+    if node.op == "placeholder" and _annotated_non_tensor(node.type):  # size: Tuple[int, int] (timm CoaT)
+        return False
     if node.op == "call_method" and node.target in _NON_TENSOR_METHODS:
         return False
     if node.op == "call_function":
@@ -41,6 +43,15 @@ def is_tensor_node(node) -> bool:
         if tensor_args and not any(is_tensor_node(a) for a in tensor_args):
             return False
     return True
+
+
+def _annotated_non_tensor(annotation) -> bool:
+    """An argument annotated as an int, a float, a bool, or a tuple / list of them."""
+    if annotation in (int, float, bool):
+        return True
+    args = getattr(annotation, "__args__", None)
+    origin = getattr(annotation, "__origin__", None)
+    return origin in (tuple, list) and bool(args) and all(a in (int, float, bool, Ellipsis) for a in args)
 
 
 def _is_shape_like(node) -> bool:
