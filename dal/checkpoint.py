@@ -88,11 +88,12 @@ def load_checkpoint(path: Union[str, os.PathLike], model_factory, example_inputs
     """Build the float model, ``prepare_qat`` it with the stored recipe and hardware, load the
     weights, quantizer parameters and states; returns the QAT model in eval mode.
 
-    ``example_inputs`` are passed to ``prepare_qat``. Without them, the output quantizers the
-    example forward added at training time (the layers producing the model's outputs) are
-    recreated from the checkpoint's keys with the stored recipe; anything else the example
-    forward decided (functional ops found by call site in a forward torch.fx cannot trace) needs
-    them, and the ``ValueError`` says so. A model whose parameters differ from the checkpoint's
+    ``example_inputs`` are passed to ``prepare_qat``. Output quantizers the checkpoint holds
+    (``<layer>.output_quant.*``: added by the example forward at training time, on the layers
+    producing the model's outputs) that this prepare did not add are recreated from the stored
+    recipe, so loading needs no ``example_inputs`` for them; anything else the example forward
+    decided (functional ops found by call site in a forward torch.fx cannot trace) needs them,
+    and the ``ValueError`` says so. A model whose parameters differ from the checkpoint's
     raises ``ValueError`` naming the class that wrote it and the first parameters that differ.
     """
     import dal
@@ -116,8 +117,7 @@ def load_checkpoint(path: Union[str, os.PathLike], model_factory, example_inputs
     model = dal.prepare_qat(model, recipe=ckpt["recipe"], hardware=ckpt.get("hardware"), example_inputs=example_inputs)
     _check_structure(path, ckpt, model, built, example_inputs)
     state = ckpt["state_dict"]
-    if example_inputs is None:
-        _recreate_output_quantizers(model, state)
+    _recreate_output_quantizers(model, state)  # also when this prepare adds none (example_inputs=None, a recipe default)
     result = model.load_state_dict(state, strict=False)  # a mismatch is raised below, naming its cause
     unexpected, absent = sorted(result.unexpected_keys), sorted(result.missing_keys)
     if unexpected or absent:

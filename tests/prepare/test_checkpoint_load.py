@@ -44,6 +44,21 @@ def test_loads_without_example_inputs_with_the_output_quantizer_recreated(tmp_pa
         assert torch.equal(back(x), model(x))
 
 
+def test_output_quantizers_of_the_file_are_recreated_when_this_prepare_adds_none(tmp_path):
+    """A file written with output quantizers, loaded where the recipe no longer asks for them
+    (``quantize_outputs: false``), with example_inputs: the file's quantizers come back."""
+    if "quantize_outputs" not in {f.name for f in dataclasses.fields(dal.load_recipe("int8_balanced"))}:
+        pytest.skip("this dal's Recipe has no quantize_outputs key: every prepare with example_inputs adds them")
+    model, x = trained(tmp_path)
+    ckpt = torch.load(tmp_path / "m.pt", weights_only=False)
+    ckpt["recipe"]["quantize_outputs"] = False
+    torch.save(ckpt, tmp_path / "m.pt")
+    back = dal.load_checkpoint(tmp_path / "m.pt", MnistCNN, example_inputs=(x,))
+    assert back.head.output_quant is not None
+    with torch.no_grad():
+        assert torch.equal(back(x), model(x))
+
+
 def test_loading_into_another_model_names_the_class_that_wrote_it(tmp_path):
     trained(tmp_path)
     other = functools.partial(MnistCNN, num_classes=7)
