@@ -37,6 +37,8 @@ class QuantStep:
             try:
                 q = fn(from_numpy(np.ascontiguousarray(x)), self.scale, self.zp, self.out_code, nhwc, threads,
                        self.isa).numpy()
+                if x.ndim == 0:  # np.ascontiguousarray makes a scalar (a LayerNorm's epsilon) 1-D
+                    q = q.reshape(())
                 return {self.outputs[0]: q.view(self.dtype)}
             except RuntimeError as e:
                 if "is NaN" not in str(e):

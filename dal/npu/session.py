@@ -25,6 +25,7 @@ from . import layout
 from .errors import NPUError, UnsupportedNode
 from .graph import Graph, load_model
 from .metadata import read_requantizer, read_sparse24
+from .ranks import rank4_names
 from .dispatch import NAMES as dispatch_names, resolve as resolve_kernel
 from .validate import check_claimed_types, check_quant_nodes, precheck
 
@@ -166,7 +167,7 @@ class Session:
         self.steps = steps
         self._live = self._liveness()
         # tensors kept pixel-major between integer steps (layout.py); every one handed out is NCHW
-        self._nhwc = layout.plan(steps, self._live, g.outputs) if semantics == "integer" else set()
+        self._nhwc = layout.plan(steps, self._live, g.outputs, rank4_names(g)) if semantics == "integer" else set()
 
     def _in_types(self, n):
         out = []
