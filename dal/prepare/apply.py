@@ -10,6 +10,7 @@ from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_a
 from ..nn.registry import QAT_MODULES, registry_type
 from ..nn.masked_activation import install as install_masked_activations
 from ..nn.sole_input import install as install_sole_input
+from ..nn.fast_path import stay_on_module_path
 from ..nn.tree import replace_everywhere, set_submodule, slots_of
 from .call_sites import install
 from .fp16_island import Fp16Function, island_module
@@ -52,6 +53,7 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
         if mod is None or id(mod) not in slots:  # not a module of the model before the rewrites
             mod = model.get_submodule(step.path)
         replace_everywhere(slots, mod, _leaf_module(mod, step))
+    stay_on_module_path(model)  # no fused TransformerEncoderLayer path past the quantizers (dal.nn.fast_path)
     install_masked_activations(model)  # in-place ReLU / ReLU6 keep a bit mask, not their result
     install_sole_input(model)  # a Sequential's next input quantizer may write in place (dal.nn.sole_input)
     return model
