@@ -129,6 +129,7 @@ def build_plan(model: nn.Module, cap: Capture, resolve, extra: tuple = ()) -> li
                               + (" + relu" if relu else ""), owner, pat.conv, pat.bn, relu,
                               built="QConvBnReLU2d" if relu else "QConvBn2d"))
         steps += _functional_steps(graph, mod, prefix, owner, resolve)
+    steps = [s for s in steps if not _replaced_forward(s, fused, model, resolve)]
     for path, mod in model.named_modules():
         if path and path not in fused and not _inside_quantized(path, model):
             step = _module_step(path, mod, resolve)
@@ -137,6 +138,16 @@ def build_plan(model: nn.Module, cap: Capture, resolve, extra: tuple = ()) -> li
     order = {p: i for i, (p, _) in enumerate(model.named_modules())}
     # Modules in module order; a functional op right after the module its forward called before it.
     return sorted(steps, key=lambda s: (order[s.path], 0) if s.path in order else (order.get(s.after, -1), 1))
+
+
+def _replaced_forward(step: Step, fused: set, model: nn.Module, resolve) -> bool:
+    """A call site inside a timm BatchNormAct2d whose forward prepare replaces: folded into its
+    conv (``fused``: ActAfterFold runs drop + act only) or quantized whole (NormActAffine). Its
+    ``F.batch_norm`` never runs in the prepared model, so it is no float op to report or check."""
+    if step.site is None or not step.owner:
+        return False
+    mod = model.get_submodule(step.owner)
+    return is_norm_act(mod) and (step.owner in fused or _affine_norm_act(step.owner, mod, resolve))
 
 
 def _calls_across_graphs(model: nn.Module, cap: Capture) -> dict[int, int]:
