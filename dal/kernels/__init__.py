@@ -20,11 +20,13 @@ torch's own fake-quant ops have with ONNX, FACTS.md); an opaque op runs the same
 not, so a compiled step gives the eager step's bits.
 
 Ops: :mod:`.fake_quant` (``dal::fake_quantize``), :mod:`.observer_update` (``dal::observe_minmax_``),
-:mod:`.qparams` (``dal::minmax_qparams``), :mod:`.cast` (``dal::fp_round_trip``).
+:mod:`.qparams` (``dal::minmax_qparams``), :mod:`.cast` (``dal::fp_round_trip``), :mod:`.fold_factor`
+(``dal::fold_factor``, QConvBn2d's BN fold factor).
 """
 from .fake_quant import fake_quantize
+from .fold_factor import fold_factor
 from .cast import fp_round_trip
 from .observer_update import observe_minmax_
 from .qparams import minmax_qparams
 
-__all__ = ["fake_quantize", "fp_round_trip", "observe_minmax_", "minmax_qparams"]
+__all__ = ["fake_quantize", "fold_factor", "fp_round_trip", "observe_minmax_", "minmax_qparams"]
