@@ -32,7 +32,6 @@ import torch
 import dal
 from dal.datasets.mnist_scenes import mnist_scenes
 from dal.prepare import set_quantizer_state
-from dal.prepare.heap import retain_freed_memory
 from dal.zoo_detection import DigitDetector, detection_loss, image_batches
 from cpu import cpu_flags as _cpu_flags  # bench/cpu.py
 
@@ -246,10 +245,7 @@ def main(argv=None) -> int:
                                                                                    num_classes=11),
                                          args.reps, batch, "160x160 resized to 320x320 by its transform",
                                          args.min_seconds))
-    out += ["", f"Load average after the train steps: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
-            f"glibc heap thresholds set by prepare_qat (dal.prepare.heap, both float and QAT steps run under "
-            f"them): {retain_freed_memory()}; MALLOC_TRIM_THRESHOLD_="
-            f"{os.environ.get('MALLOC_TRIM_THRESHOLD_', 'unset')}."]
+    out += ["", f"Load average after the train steps: {' '.join(f'{v:.2f}' for v in os.getloadavg())}."]
     if not args.train_only:
         out += ["", "Inference of the exported QAT DigitDetector (QDQ ONNX), one thread each, CPU time of this process "
                 "per run (medians): dal.npu (integer semantics) vs onnxruntime with full optimizations (fused "

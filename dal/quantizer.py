@@ -33,10 +33,9 @@ from torch import nn
 from .formats import PER_TENSOR, Granularity, code_range, fake_quantize, get_format
 from .formats.autograd import pow2_scale_ste
 from .formats.fold import FoldedFakeQuantizeFunction, fold_eligible, fold_granularity, kernel_format, scale_extremes
-from .formats.track import ShareStats, fixed_kernel_params, fold_track_forward, kernel_fake_quantize, track_qparams
+from .formats.track import fixed_kernel_params, fold_track_forward, kernel_fake_quantize, track_qparams
 from .formats.qparams import MIN_SCALE, check_pow2_rounding, power_of_two_scale
 from .observers import MinMaxObserver, make_observer
-from .quantizer_bound import BoundCall
 
 
 class QState(str, enum.Enum):
@@ -120,7 +119,6 @@ class FakeQuantizer(nn.Module):
         self.power_of_two = None
         if getattr(self.observer, "power_of_two", None) is not None:
             self.constrain_power_of_two(self.observer.power_of_two)
-        self._share_stats = ShareStats()  # whether this quantizer's results are worth memoizing (share.py)
         self._mirror(QState.OBSERVE)
 
     # ---- state -------------------------------------------------------------------------
@@ -152,7 +150,7 @@ class FakeQuantizer(nn.Module):
 
     def _mirror(self, state: QState) -> None:
         """The forward's view of the state, decided once here instead of on every call."""
-        self._state, self._bound = state, None  # the bound call (quantizer_bound.py) is redone per state
+        self._state = state
         self._fake_quant = state.quantizes and self.fmt.is_scaled
         self._cast = state.quantizes and not self.fmt.is_scaled
         # QAT with a cheap observer (min-max) updates the scale each step; the observer can change
@@ -322,17 +320,12 @@ class FakeQuantizer(nn.Module):
 
     def _kernel_forward(self, x: torch.Tensor) -> Optional[torch.Tensor]:
         """This call by the C++ kernel, the observer's QAT step included (``dal.formats.track``), or
-        None: the torch path decides (it also raises for a quantizer without a scale). A per-tensor
-        QAT call, once it has taken that route, is bound to it (``dal.quantizer_bound``: same bits)."""
-        bound, stats = self.__dict__.get("_bound"), self.__dict__.get("_share_stats")  # None: pickled before
-        y = bound.run(self, x, stats) if bound and self.training and bound.holds(self) else None
-        if y is None:
-            step = self._track_step() if self._tracking() else False  # None: tracking, not by the kernel
-            y = None if step is None else kernel_fake_quantize(
-                x, self.granularity, self.fmt, self.qmin, self.qmax, self.scale, self.zero_point, step or None, stats)
-            if y is not None and step and bound is not False:  # False: binding failed, not retried
-                self._bound = BoundCall.of(self, step) or False
-        return y
+        None: the torch path decides (it also raises for a quantizer without a scale)."""
+        step = self._track_step() if self._tracking() else False  # None: tracking, not by the kernel
+        if step is None:
+            return None
+        return kernel_fake_quantize(x, self.granularity, self.fmt, self.qmin, self.qmax, self.scale, self.zero_point,
+                                    step or None)
 
     def _kernel_params(self, x: torch.Tensor, f: Optional[torch.Tensor]) -> Optional[tuple]:
         """This call's ``(s, lo, hi, mode)`` for the C++ kernel, after the observer's QAT step (of

@@ -15,9 +15,7 @@ import torch
 from torch import nn
 
 from dal.formats import native, per_channel
-from dal.formats.track_call import TrackCall
 from dal.nn import QConvBn2d, SimpleLayerSpec, SimpleTensorSpec
-from dal.nn.weight_bound import BoundWeight
 from dal.quantizer import FakeQuantizer
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no fused kernel: {native.status()}")
@@ -120,10 +118,6 @@ def taken(monkeypatch):
     # activations: the observer's step (its last argument) and the fake quantization in one call
     monkeypatch.setattr(module, "kernel_fake_quantize",
                         counting(module.kernel_fake_quantize, lambda args: args[-1] is not None))
-    # the same call once bound (dal.quantizer_bound): always the observer's step
-    monkeypatch.setattr(TrackCall, "__call__", counting(TrackCall.__call__))
-    # a QConvBn2d's folded weight once bound (dal.nn.weight_bound): the fold's observer step in C++
-    monkeypatch.setattr(BoundWeight, "__call__", counting(BoundWeight.__call__))
     return count
 
 
@@ -187,9 +181,8 @@ def test_conv_bn_fold_kernel_matches_the_op_by_op_step(taken):
         x = torch.randn(4, 4, 8, 8)
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         ya, yb = fast(xa), slow(xb)
-        # the C++ fold, per layer or bound (dal.nn.weight_bound: the weight route), against the ops
-        kernel = ("FoldedFakeQuantize", "BoundWeight")
-        assert any(_graph_has(ya, k) for k in kernel) and not any(_graph_has(yb, k) for k in kernel)
+        # the C++ fold against the ops
+        assert _graph_has(ya, "FoldedFakeQuantize") and not _graph_has(yb, "FoldedFakeQuantize")
         _same(ya.detach(), yb.detach(), f"step {step} output")
         g = torch.randn_like(ya)
         ya.backward(g)

@@ -30,9 +30,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import native
-from .first_order import first_order
 from .fused import kernel_params, plain_tensor
 from .granularity import Granularity
 from .qformat import QFormat
@@ -133,7 +133,7 @@ class FoldedFakeQuantizeFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @first_order
+    @once_differentiable
     def backward(ctx, grad_out):
         need_w, need_f = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if not (need_w or need_f):

@@ -29,9 +29,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import native
-from .first_order import first_order
 from .fused import plain_tensor
 
 _F32 = torch.float32
@@ -70,7 +70,7 @@ class FoldFactorFunction(torch.autograd.Function):
         return f
 
     @staticmethod
-    @first_order
+    @once_differentiable
     def backward(ctx, grad_f: torch.Tensor):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None

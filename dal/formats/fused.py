@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import native
-from .first_order import first_order
 from .granularity import Granularity
 from .qformat import QFormat
 
@@ -51,14 +51,17 @@ def layout(shape: torch.Size, gran: Granularity) -> tuple[int, int, int, int] | 
 
 
 def plain_tensor(x: torch.Tensor) -> bool:
-    """A plain torch.Tensor outside tracing / compiling / functorch: a raw pointer may be used."""
+    """A plain torch.Tensor with storage, outside tracing / compiling: a raw pointer may be used.
+    ``torch.func`` transforms (vmap, grad, jacrev) and functionalization wrap tensors that keep
+    ``type(x) is torch.Tensor`` but have no storage of their own: their ``data_ptr()`` raises
+    (vmap, grad) or is 0 for a non-empty tensor (functionalize)."""
     # nn.Parameter is a plain tensor too (no __torch_function__ of its own): the weights.
     if type(x) not in (torch.Tensor, torch.nn.Parameter) or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return False
     try:
-        return not torch._C._functorch.is_functorch_wrapped_tensor(x)
-    except AttributeError:  # pragma: no cover - older torch
-        return True
+        return x.data_ptr() != 0 or x.numel() == 0
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def eligible(x, scale, zero_point, fmt: QFormat, gran: Granularity) -> bool:
@@ -124,7 +127,7 @@ class FusedFakeQuantizeFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @first_order
+    @once_differentiable
     def backward(ctx, grad_out):
         grad_x = None
         if ctx.needs_input_grad[0]:
@@ -152,7 +155,7 @@ class KernelOutputFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    @first_order
+    @once_differentiable
     def backward(ctx, grad_out):
         (mask,) = ctx.saved_tensors
         g = grad_out.to(torch.float32).contiguous()
@@ -162,14 +165,3 @@ class KernelOutputFunction(torch.autograd.Function):
         native.library().dal_fq_backward(g.data_ptr(), mask.data_ptr(), grad_x.data_ptr(), ctx.rows, ctx.row_len,
                                          torch.get_num_threads())
         return grad_x, None
-
-
-class KernelInPlaceFunction(KernelOutputFunction):
-    """``KernelOutputFunction`` of a fake quantization the kernel wrote into ``x`` itself
-    (``done = (x, mask, rows, row_len)``): ``x`` is marked dirty and returned, its version bumped,
-    so a node that saved it fails at the backward instead of reading the new values."""
-
-    @staticmethod
-    def forward(ctx, x, done):
-        ctx.mark_dirty(x)
-        return KernelOutputFunction.forward(ctx, x, done)

@@ -32,7 +32,7 @@ import tempfile
 from typing import Optional
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "fake_quant.cpp")
-_ABI_VERSION = 8
+_ABI_VERSION = 9
 _status = "not built yet (the fused kernel is built on the first eligible fake_quantize call)"
 
 
@@ -220,10 +220,6 @@ def load_library(source: str) -> tuple[Optional[ctypes.CDLL], str]:
     lib.dal_fold_factor.restype = None
     lib.dal_fold_factor_backward.argtypes = [p, p, p, i64, p]
     lib.dal_fold_factor_backward.restype = None
-    lib.dal_relu_mask_forward.argtypes = [p, p, i64, f32, i32]
-    lib.dal_relu_mask_forward.restype = None
-    lib.dal_relu_mask_backward.argtypes = [p, p, p, i64, i32]
-    lib.dal_relu_mask_backward.restype = None
     return lib, "built and loaded"
 
 

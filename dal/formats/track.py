@@ -16,9 +16,7 @@ the sign of a zero extreme included, in about half its time), the observer step,
 fake quantization. A quantizer whose scale does not move (``frozen``, or ``quantize`` with a
 calibrated observer) is one call too (:func:`fixed_fake_quantize`: the kernel's bounds are
 computed in C++, no parameter tensors). Parameters are read at every call, never cached: code may
-write a scale through ``.data``, which no version counter sees. A per-tensor call on a tensor that
-another quantizer of the same state has just quantized takes that call's result (``share.py``:
-the same bits, every buffer written as the call would).
+write a scale through ``.data``, which no version counter sees.
 """
 from __future__ import annotations
 
@@ -26,13 +24,23 @@ import functools
 from typing import Optional
 
 import torch
+from torch.autograd.graph import increment_version
 
 from . import native
 from .fold import scale_extremes
 from .fused import FusedFakeQuantizeFunction, KernelOutputFunction, kernel_layout, kernel_mode, kernel_params
 from .granularity import Granularity
 from .qformat import QFormat
-from .share import ShareStats, bump_versions, share_or_compute
+
+
+def bump_versions(tensors: tuple) -> None:
+    """Autograd's version counter of each tensor += 1 (buffers a C++ call wrote in place, as ``copy_``
+    would bump them), in one call where torch takes a tuple (>= 2.5), else one call per tensor."""
+    try:
+        increment_version(tensors)
+    except TypeError:  # torch 2.4 takes one tensor
+        for t in tensors:
+            increment_version(t)
 
 
 def _f32(t: torch.Tensor, n: int) -> bool:
@@ -132,8 +140,7 @@ def fixed_kernel_params(scale: torch.Tensor, zero_point: torch.Tensor, fmt: QFor
 
 
 def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin, qmax, scale: torch.Tensor,
-                         zero_point: torch.Tensor, step: Optional[tuple],
-                         stats: Optional[ShareStats] = None) -> Optional[torch.Tensor]:
+                         zero_point: torch.Tensor, step: Optional[tuple]) -> Optional[torch.Tensor]:
     """A quantizer's fake quantization of ``x`` by the C++ kernel (the straight-through
     estimator): with ``step`` (an observer's ``track_step()``, the QAT step of a min-max
     quantizer) its observer update and new scale first, as ``track_qparams``; without, the
@@ -143,26 +150,15 @@ def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin,
     Returns the output (an autograd node whose backward is ``grad * mask`` when ``x`` needs a
     gradient), or None, having changed nothing, where the torch path must decide: no kernel,
     a tensor or parameters the kernel does not take, a scale not yet calibrated, and every case
-    where ``track_qparams`` declines (NaN, zeros of both signs at an extreme, ...). ``stats``: the
-    calling quantizer's record for the share memo (``share.ShareStats``)."""
+    where ``track_qparams`` declines (NaN, zeros of both signs at an extreme, ...)."""
     lay = kernel_layout(x, gran)
     if lay is None:
         return None
     need = x.requires_grad and torch.is_grad_enabled()
     if step is None:
-        if lay[3] == 1 and _f32(scale, 1) and zero_point.dtype == torch.int32 and zero_point.numel() == 1 \
-                and zero_point.is_cpu:
-            # per tensor: a second quantizer of this tensor with the same scale shares the result (share.py)
-            done = share_or_compute(x, (fmt, qmin, qmax, need), (scale, zero_point), None, lambda: fixed_fake_quantize(
-                x, lay, scale, zero_point, fmt, qmin, qmax, need), stats)
-        else:
-            done = fixed_fake_quantize(x, lay, scale, zero_point, fmt, qmin, qmax, need)
+        done = fixed_fake_quantize(x, lay, scale, zero_point, fmt, qmin, qmax, need)
     elif gran.axis is None:
-        if scale.numel() == 1 and zero_point.is_cpu and buffers_ok(step[0], step[1], step[2], scale, zero_point):
-            done = share_or_compute(x, (fmt, qmin, qmax, need) + step[3:], (step[0], step[1], scale, zero_point),
-                                    step[2], lambda: _track_fq(x, *step, scale, zero_point, need), stats)
-        else:
-            done = None
+        done = track_fake_quantize(x, *step, scale, zero_point, need) if zero_point.is_cpu else None
     else:  # per channel / group: the range pass and the observer step, then the fused kernel
         rows = scale_extremes(x, gran)
         kp = None if rows is None else track_qparams(*rows, *step, scale, zero_point)

@@ -13,8 +13,6 @@ from ..formats.bias import bias_fake_quantize
 from ..quantizer import FakeQuantizer
 from .adopt import adopt, release
 from .spec import make_quantizer, per_channel_variant, role_specs
-from .weight_bound import bound_weight
-from .weight_memo import quantized_once
 
 
 def apply_activation(y: torch.Tensor, activation) -> torch.Tensor:
@@ -96,19 +94,10 @@ class QATModule(nn.Module):
         self.output_quant = make_quantizer(out_spec, None, f"{name}.output_quant")
 
     def quantized_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """The weight as the matrix engine sees it: masked (2:4), then fake-quantized; once per
-        forward of a module that calls this layer several times (``dal.nn.weight_memo``); in QAT
-        by the layer's bound C++ route where it applies (``dal.nn.weight_bound``, the same bits)."""
-        return quantized_once(self, weight, self.weight_quant, self._mask_and_quantize)
-
-    def _mask_and_quantize(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight as the matrix engine sees it: masked (2:4), then fake-quantized."""
         mask = getattr(self, "weight_mask", None)
         if mask is not None:
             weight = weight * mask.to(weight.dtype)
-        elif self.training and weight is self._parameters.get("weight") and "bn" not in self._modules:
-            bound = bound_weight(self)  # QAT: the C++ route bound once (dal.nn.weight_bound), same bits
-            if bound is not None:
-                return bound
         return self.weight_quant(weight) if self.weight_quant is not None else weight
 
     def bias_scale(self) -> Optional[torch.Tensor]:

@@ -14,9 +14,9 @@ plain division.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..formats import native
-from ..formats.first_order import first_order
 from ..formats.fused import plain_tensor
 
 
@@ -47,7 +47,7 @@ class ChannelDivideFunction(torch.autograd.Function):
         return y / fb
 
     @staticmethod
-    @first_order
+    @once_differentiable
     def backward(ctx, grad_out):
         y, f = ctx.saved_tensors
         need_y, need_f = ctx.needs_input_grad

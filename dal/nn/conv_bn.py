@@ -20,9 +20,7 @@ bits (``dal.nn.channel_divide``).
 Where the weight quantizer fake-quantizes with the straight-through estimator on CPU float32,
 ``fq_w(W * f) [/ f]`` and its backward are one C++ pass each over the weight, the observer's
 per-channel range included (``FakeQuantizer.fold_quantize``, ``dal.formats.fold``): the same
-bits as the ops one by one, in about a quarter of their memory traffic. In training with the
-1/f on the weight, a layer binds that route once (``dal.nn.weight_bound``): the same C++ calls
-behind one autograd node, without re-deciding the route at every call.
+bits as the ops one by one, in about a quarter of their memory traffic.
 
 Eval, or after ``freeze_bn()``: exactly the folded layer the hardware runs,
 
@@ -36,17 +34,10 @@ import torch
 from torch import nn
 
 from ..formats.fold_factor import fold_factor
-from ..formats.relu_mask import relu6_in_place, relu_in_place
 from .adopt import adopt, release
 from .base import QATModule
 from .channel_divide import channel_divide
 from .own_forward import folds_as_batchnorm
-from .weight_bound import bound_weight
-
-
-# the bit-mask node, which does not keep its result, so the next layer's input quantizer may
-# write into it (dal.formats.relu_mask, dal.nn.sole_input); the bits are torch.relu_'s / F.hardtanh_'s
-_IN_PLACE = {"relu": relu_in_place, "relu6": relu6_in_place}
 
 
 class QConvBn2d(QATModule, nn.Conv2d):
@@ -132,17 +123,8 @@ class QConvBn2d(QATModule, nn.Conv2d):
                 if self.bias is not None:
                     y = y + self.bias.reshape(1, -1, 1, 1)
             else:
-                w = bound_weight(self)  # the C++ route bound once (dal.nn.weight_bound), else per layer
-                if w is None:
-                    w = self._folded_weight(self._training_fold_factor(), True)
-                y = self._conv_forward(x, w, self.bias)
+                y = self._conv_forward(x, self._folded_weight(self._training_fold_factor(), True), self.bias)
             y = self.bn(y)
-            if self.activation in _IN_PLACE:
-                # BN's output is fresh and no autograd node saved it (BN keeps its input): the
-                # activation may overwrite it, as nn.ReLU(inplace=True) does in the float model,
-                # instead of allocating another full-size tensor. Same values and gradient.
-                y = _IN_PLACE[self.activation](y)
-                return self.output_quant(y) if self.output_quant is not None else y
         else:
             f = self._fold_factor()
             y = self._conv_forward(x, self._folded_weight(f, False), self.quantized_bias(self._folded_bias(f)))

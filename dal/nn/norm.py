@@ -24,7 +24,6 @@ from torch import nn
 from ..formats.fold_factor import fold_factor
 from ..quantizer import FakeQuantizer
 from .base import QATModule
-from .weight_memo import quantized_once
 
 
 class QBatchNorm2d(QATModule, nn.BatchNorm2d):
@@ -113,9 +112,8 @@ class _Fp16Norm(QATModule):
                 if (quant := getattr(self, k, None)) is not None}
 
     def _wb(self):
-        # once per forward of a head that calls this norm per pyramid level (dal.nn.weight_memo)
-        w = quantized_once(self, self.weight, self.weight_quant, self.weight_quant) if self.weight is not None else None
-        b = quantized_once(self, self.bias, self.bias_quant, self.bias_quant) if self.bias is not None else None
+        w = self.weight_quant(self.weight) if self.weight is not None else None
+        b = self.bias_quant(self.bias) if self.bias is not None else None
         return w, b
 
 

@@ -25,7 +25,6 @@ from .boundary import guard, host_steps, is_detector
 from .check import check_plan
 from .constraints import apply_constraints, check_constraints
 from .handle import Prepared, attach
-from .heap import retain_freed_memory
 from .plan import build_plan, capture
 from .report import LayerRow, PrepareReport, rows_from_plan
 from .scales_only import freeze_all_but_quantizers
@@ -71,15 +70,13 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     :class:`PrepareReport` (every module and functional op: quantized, fp16, passthrough, or
     float with the reason). When the root's own forward contains functional ops the returned
     object is a ``torch.fx.GraphModule`` sharing the same parameters (use the returned model).
-    Quantizers start in the ``observe`` state: call ``dal.calibrate`` next. Once per process it sets
-    glibc's heap thresholds (``heap.retain_freed_memory``: freed memory is not faulted back each step).
+    Quantizers start in the ``observe`` state: call ``dal.calibrate`` next.
     """
     from ..hardware import load_hardware
     from ..recipe import load_recipe
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"prepare_qat needs an nn.Module, got {type(model).__name__}")
-    retain_freed_memory()
     rec = load_recipe(recipe)
     hw_name = hardware if hardware is not None else rec.hardware
     hw = load_hardware(hw_name) if hw_name is not None else None

@@ -8,8 +8,6 @@ from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
 from ..nn.norm import FP16_NORMS, QBatchNorm2d
 from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_act
 from ..nn.registry import QAT_MODULES, registry_type
-from ..nn.masked_activation import install as install_masked_activations
-from ..nn.sole_input import install as install_sole_input
 from ..nn.fast_path import stay_on_module_path
 from ..nn.tree import replace_everywhere, set_submodule, slots_of
 from .call_sites import install
@@ -25,9 +23,7 @@ _NORMS = {("quantize", nn.BatchNorm2d): QBatchNorm2d, **{("fp16", t): c for t, c
 def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
     """Rewrite ``model`` per ``plan``; returns the root (a GraphModule when the root's own forward
     was rewritten). Owners are rewritten deepest first, so a parent's rebuild sees its
-    children's final modules; leaves are swapped afterwards, by path; then in-place ReLU / ReLU6
-    modules get the bit-mask forward (``dal.nn.masked_activation``) and the Sequentials the loop
-    that lets an input quantizer write in place (``dal.nn.sole_input.install``)."""
+    children's final modules; leaves are swapped afterwards, by path."""
     by_owner: dict[str, list[Step]] = {}
     leaf_steps = [s for s in plan if s.action in ("quantize", "fp16") and s.site is None and not s.node]
     # The float leaves, found before the owners' rewrites: a GraphModule keeps only the names its
@@ -54,8 +50,6 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
             mod = model.get_submodule(step.path)
         replace_everywhere(slots, mod, _leaf_module(mod, step))
     stay_on_module_path(model)  # no fused TransformerEncoderLayer path past the quantizers (dal.nn.fast_path)
-    install_masked_activations(model)  # in-place ReLU / ReLU6 keep a bit mask, not their result
-    install_sole_input(model)  # a Sequential's next input quantizer may write in place (dal.nn.sole_input)
     return model
 
 

@@ -27,18 +27,14 @@ A site called again in a later call of the same owner (an owner module shared be
 reuses the same key and so the same quantizers: one set of statistics per call site of the
 owner's code, as for a module called several times (see ``FakeQuantizer.forward``).
 
-Cost: while an owner runs, every torch call of its own forward reaches the mode. The modules
-it calls take the mode off the stack while they run (``_pause`` / ``_resume`` hooks on the
-owner's callees: no call inside them is the owner's own), or each torch call of their
-convolutions and quantizers would pay torch's dispatch to a Python mode too (~0.8 us a call,
-about 7,000 per fcos_resnet50_fpn train step). A call whose name cannot be a routed kind goes
-straight through, before any frame is read. The owner's forward is also the scope in which a layer it calls
-per pyramid level fake-quantizes its weight once (``dal.nn.weight_memo``).
+Cost: while an owner runs, every torch call of its own forward, and of the modules it calls,
+reaches the mode (torch's dispatch to a Python mode, about 1 us a call). A call whose name cannot
+be a routed kind goes straight through, before any frame is read.
 """
 from __future__ import annotations
 
+import inspect
 import os
-import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,7 +42,6 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..nn.weight_memo import enter_scope, exit_scope
 from .float_ops import FloatOp, classify_node
 
 #: frames of torch's own dispatch wrappers between a user's call and the mode
@@ -81,9 +76,10 @@ class Site:
         return f"{self.owner}.{SITES_ATTR}.{self.key}" if self.owner else f"{SITES_ATTR}.{self.key}"
 
 
-def _caller(depth: int = 2):
-    """The frame that made the call the mode is handling, past torch's dispatch wrappers."""
-    f = sys._getframe(depth)
+def _caller():
+    """The frame that made the call the mode is handling (the caller of the mode's
+    ``__torch_function__``, which calls this), past torch's dispatch wrappers."""
+    f = inspect.currentframe().f_back.f_back
     while f is not None and f.f_code.co_filename in _WRAPPER_FILES:
         f = f.f_back
     return f
@@ -116,11 +112,15 @@ def classify_call(func, args, kwargs) -> tuple[Optional[str], Optional[FloatOp],
     return None, op, 0, 0
 
 
+#: the classes whose methods are tensor methods (torch.Tensor and its C base class), not ``object``
+_TENSOR_CLASSES = tuple(c for c in torch.Tensor.__mro__ if c is not object)
+
+
 class _Stub:
     """An fx-node look-alike, so that ``float_ops.classify_node`` (one table) decides."""
 
     def __init__(self, func, name, args, kwargs):
-        is_method = getattr(func, "__objclass__", None) is torch._C.TensorBase or \
+        is_method = getattr(func, "__objclass__", None) in _TENSOR_CLASSES or \
             getattr(torch.Tensor, name, None) is func
         self.op = "call_method" if is_method else "call_function"
         self.target = name if is_method else func
@@ -179,7 +179,6 @@ class _SiteMode(TorchFunctionMode):
 def _enter(module, args):
     mode = _SiteMode(module, getattr(module, "dal_site_path", ""))
     module.__dict__.setdefault("dal_site_modes", []).append(mode)
-    enter_scope()  # a layer the owner calls per pyramid level quantizes its weight once (dal.nn.weight_memo)
     mode.__enter__()
 
 
@@ -187,7 +186,6 @@ def _exit(module, args, output):
     modes = module.__dict__.get("dal_site_modes")
     if modes:
         modes.pop().__exit__(None, None, None)
-        exit_scope()
     return None
 
 
@@ -200,7 +198,6 @@ def discover(model: nn.Module, owners: list[str], run) -> list[Site]:
     def pre(module, args, path):
         mode = _SiteMode(module, path, record)
         module.__dict__.setdefault("dal_site_modes", []).append(mode)
-        enter_scope()  # _exit closes one (dal.nn.weight_memo), as for _enter
         mode.__enter__()
 
     for path in owners:
@@ -225,45 +222,4 @@ def install(model: nn.Module, site: Site, qmod: nn.Module) -> None:
         owner.dal_site_path = site.owner
         owner.register_forward_pre_hook(_enter)
         owner.register_forward_hook(_exit, always_call=True)
-        for callee in _callees(owner):
-            if "dal_site_pauses" not in callee.__dict__:  # once, if two owners call it
-                callee.__dict__["dal_site_pauses"] = []
-                callee.register_forward_pre_hook(_pause)
-                callee.register_forward_hook(_resume, always_call=True)
     sites[site.key] = qmod
-
-
-def _callees(owner: nn.Module) -> list:
-    """The modules the owner's forward can call itself: its children, and the items of its
-    ModuleList / ModuleDict children (containers without a forward), not its ``dal_sites``."""
-    found, todo = [], [m for k, m in owner._modules.items() if k != SITES_ATTR and m is not None]
-    while todo:
-        m = todo.pop()
-        if type(m) in (nn.ModuleList, nn.ModuleDict):
-            todo += [c for c in m._modules.values() if c is not None]
-        else:
-            found.append(m)
-    return found
-
-
-def _pause(module, args):
-    """Take an owner's mode off the stack while a module it calls runs (``_resume`` puts it
-    back): a call inside that module is never the owner's own (module doc), and each torch call
-    dispatched to a Python mode costs ~0.8 us -- about 3,500 calls per SSDlite train step in
-    its heads' convolution blocks and their quantizers, before any of them is routed. Only a
-    site mode on top of the stack is taken, so the stack is always restored in order."""
-    n = torch._C._len_torch_function_stack()
-    top = torch._C._get_function_stack_at(n - 1) if n else None
-    if isinstance(top, _SiteMode):
-        torch._C._pop_torch_function_stack()
-    else:
-        top = None
-    module.__dict__["dal_site_pauses"].append(top)
-
-
-def _resume(module, args, output):
-    pauses = module.__dict__.get("dal_site_pauses")
-    mode = pauses.pop() if pauses else None
-    if mode is not None:
-        torch._C._push_on_torch_function_stack(mode)
-    return None

@@ -2,8 +2,8 @@
 writes one Clip (or Relu) and dal.npu fuses ``DQ -> Conv -> Clip -> Q`` into an integer group, so
 dal.convert must read the same bounds from the torch call and fuse the layer too. A layer it
 leaves in float instead rounds twice (float32 conv, then + bias) and lands one code off dal.npu
-at a near-tie: SSDlite's heads did, 1 code in 13 M, once its ``nn.ReLU6(inplace=True)`` took
-``F.hardtanh_`` (dal.nn.masked_activation's fallback before it ran the module's own forward)."""
+at a near-tie: SSDlite's heads did, 1 code in 13 M, when its ``nn.ReLU6(inplace=True)`` was read
+as ``F.hardtanh_``."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,7 +11,6 @@ from torch import nn
 
 import dal
 from convert_common import assert_bit_exact, build, npu_fused_groups, random_batches
-from dal.nn import masked_activation
 
 torch.set_num_threads(1)
 SHAPE = (2, 3, 12, 12)
@@ -43,8 +42,7 @@ class TwoConvs(nn.Module):
 
 
 @pytest.mark.parametrize("spelling", list(SPELLINGS))
-def test_every_spelling_of_the_activation_is_one_integer_group_as_in_dal_npu(spelling, monkeypatch):
-    monkeypatch.setattr(masked_activation, "MIN_ELEMENTS", 0)  # the module forms: masked at any size
+def test_every_spelling_of_the_activation_is_one_integer_group_as_in_dal_npu(spelling):
     torch.manual_seed(0)
     qat, proto, sess = build(TwoConvs(SPELLINGS[spelling]), torch.randn(SHAPE) * 2, "a2000")
     assert {"Clip", "Relu"} & {n.op_type for n in proto.graph.node}

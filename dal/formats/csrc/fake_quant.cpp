@@ -19,8 +19,7 @@
 // on QConvBn2d's conv output (dal_channel_divide_backward, dal.nn.channel_divide), and the int32
 // bias with its scale s_in * s_w (dal_bias_fq_forward, dal.formats.bias).
 // And the FP16 / BF16 cast round trip of an FP16 island (dal_fp_cast_round_trip, dal.formats.fp_cast), and
-// QConvBn2d's training fold factor gamma / sqrt(var + eps) (dal_fold_factor, dal.formats.fold_factor),
-// and a ReLU in place that keeps a bit mask for its backward (dal_relu_mask_*, dal.formats.relu_mask).
+// and QConvBn2d's training fold factor gamma / sqrt(var + eps) (dal_fold_factor, dal.formats.fold_factor).
 //
 // Plain C ABI (called through ctypes): no torch headers, so it builds in about a second.
 #include <cmath>
@@ -790,68 +789,6 @@ void dal_fp_cast_round_trip(const float* x, float* out, int64_t n, int dtype, in
     }
 }
 
-// ---- ReLU / ReLU6 in place, keeping a bit mask instead of the result (dal.formats.relu_mask) ----
-// top <= 0: torch.relu's values, x < 0 -> +0, else x (-0 and NaN kept). Mask bit i = !(result <= 0),
-// the condition of torch's threshold_backward(grad, result, 0).
-// top > 0: torch.hardtanh_(x, 0, top)'s values (torch.clamp: x < 0 -> +0, x > top -> top, -0 and
-// NaN kept). Mask bit i = (result > 0) & (result < top), the condition of the vector body of
-// torch's hardtanh_backward(grad, result, 0, top) (its scalar tail lets a NaN's gradient through).
-// grad_in = bit ? grad : +0. The mask layout is the fake quantization's (one byte per 8 elements,
-// bit j -> element j, chunks of kChunk).
-void dal_relu_mask_forward(float* x, uint8_t* mask, int64_t n, float top, int nthreads) {
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-    const bool clip = top > 0.0f;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 4)
-    for (int64_t k = 0; k < chunks; ++k) {
-        int64_t i = k * kChunk, end = i + kChunk < n ? i + kChunk : n;
-#ifdef __AVX2__
-        const __m256 zero = _mm256_setzero_ps(), vtop = _mm256_set1_ps(top);
-        for (; i + 8 <= end; i += 8) {
-            __m256 v = _mm256_loadu_ps(x + i);
-            __m256 y = _mm256_andnot_ps(_mm256_cmp_ps(v, zero, _CMP_LT_OQ), v);  // x < 0 -> +0 (not -0, NaN)
-            if (clip) {
-                y = _mm256_blendv_ps(y, vtop, _mm256_cmp_ps(y, vtop, _CMP_GT_OQ));
-                __m256 inside = _mm256_and_ps(_mm256_cmp_ps(y, zero, _CMP_GT_OQ), _mm256_cmp_ps(y, vtop, _CMP_LT_OQ));
-                mask[i >> 3] = (uint8_t)_mm256_movemask_ps(inside);
-            } else {
-                mask[i >> 3] = (uint8_t)~_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_LE_OQ));  // r <= 0 <=> x <= 0
-            }
-            _mm256_storeu_ps(x + i, y);
-        }
-#endif
-        for (; i < end; i += 8) {
-            uint8_t byte = 0;
-            int64_t stop = i + 8 < end ? i + 8 : end;
-            for (int64_t j = i; j < stop; ++j) {
-                float v = x[j];
-                float y = v < 0.0f ? 0.0f : v;
-                if (clip) y = y > top ? top : y;
-                x[j] = y;
-                bool keep = clip ? (y > 0.0f && y < top) : !(v <= 0.0f);
-                byte |= (uint8_t)(keep << (j - i));
-            }
-            mask[i >> 3] = byte;
-        }
-    }
-}
-
-// grad_in = mask bit ? grad : +0 (threshold_backward's select; gin may be grad).
-void dal_relu_mask_backward(const float* g, const uint8_t* mask, float* gin, int64_t n, int nthreads) {
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 4)
-    for (int64_t k = 0; k < chunks; ++k) {
-        int64_t i = k * kChunk, end = i + kChunk < n ? i + kChunk : n;
-#ifdef __AVX2__
-        for (; i + 8 <= end; i += 8) {
-            __m256 keep = _mm256_cmp_ps(_mm256_load_ps(kMaskRows.v[mask[i >> 3]]), _mm256_setzero_ps(), _CMP_NEQ_OQ);
-            _mm256_storeu_ps(gin + i, _mm256_and_ps(_mm256_loadu_ps(g + i), keep));
-        }
-#endif
-        for (; i < end; ++i)
-            gin[i] = (mask[i >> 3] >> (i & 7)) & 1 ? g[i] : 0.0f;
-    }
-}
-
-int dal_fq_abi_version() { return 8; }
+int dal_fq_abi_version() { return 9; }
 
 }  // extern "C"
