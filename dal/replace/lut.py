@@ -35,6 +35,7 @@ from ..nn.adopt import adopt
 from ..nn.base import QATModule
 from ..nn.registry import register_qat_module
 from ..nn.spec import SimpleTensorSpec, make_quantizer, role_specs
+from .activation_probe import probe_activation
 from .registry import rule
 
 #: torch.nn type -> (function name as hardware models spell it in ``lut_ops``)
@@ -174,10 +175,20 @@ class QLutActivation(QATModule, LutActivation):
         return f"{super().extra_repr()}, table={'on' if self.uses_table() else 'off'}"
 
 
+def function_of(module: nn.Module) -> Optional[tuple[str, str]]:
+    """``(fn, approximate)`` of a module that computes a LUT activation: torch's own classes by
+    type, any other (timm's, transformers') by what it computes (``activation_probe``); else None."""
+    fn = _TYPES.get(type(module))
+    if fn is not None:
+        return fn, getattr(module, "approximate", "none")
+    return probe_activation(module)
+
+
 @rule("lut_activation")
 class LutActivationRule:
     """GELU / SiLU / Sigmoid / Tanh / Hardswish / Hardsigmoid modules -> LutActivation, for the
-    functions the hardware lists in ``lut_ops`` (all of them without a hardware model)."""
+    functions the hardware lists in ``lut_ops`` (all of them without a hardware model): torch's
+    classes and any library's module that computes one of them (:func:`function_of`)."""
 
     def _allowed(self, hardware) -> tuple:
         if hardware is None:
@@ -185,22 +196,28 @@ class LutActivationRule:
         return tuple(f for f in FUNCTIONS if f in (hardware.lut_ops or ()))
 
     def match(self, module: nn.Module, name: str, hardware=None) -> bool:
-        fn = _TYPES.get(type(module))
-        return fn is not None and fn in self._allowed(hardware)
+        found = function_of(module)
+        return found is not None and found[0] in self._allowed(hardware)
 
     def build(self, module: nn.Module, hardware) -> nn.Module:
-        fn = _TYPES[type(module)]
+        found = function_of(module)
+        if found is None:
+            raise ValueError(f"{type(module).__name__} computes none of {', '.join(FUNCTIONS)}")
+        fn, approximate = found
         if fn not in self._allowed(hardware):
             raise ValueError(f"hardware {hardware.name} has no lookup table for {fn} (lut_ops: {hardware.lut_ops})")
         size = getattr(hardware, "lut_size", None) or 256
-        lut = LutActivation(fn, getattr(module, "approximate", "none"), size)
+        lut = LutActivation(fn, approximate, size)
         lut.train(module.training)
         return lut
 
     def describe(self, module: nn.Module, name: str) -> str:
-        return f"{_TYPES[type(module)]} through a lookup table (exports as DQ -> f -> Q)"
+        fn, approximate = function_of(module)
+        how = "" if type(module) in _TYPES else f" (what {type(module).__name__} computes)"
+        approx = f" approximate={approximate}" if fn == "gelu" and approximate != "none" else ""
+        return f"{fn}{approx}{how} through a lookup table (exports as DQ -> f -> Q)"
 
     def why_nothing(self, hardware) -> Optional[str]:
         if hardware is not None and not hardware.lut_ops:
             return f"hardware {hardware.name} lists no lut_ops"
-        return f"no {'/'.join(t.__name__ for t in _TYPES)} module"
+        return f"no {'/'.join(t.__name__ for t in _TYPES)} module, nor one that computes such a function"

@@ -5,8 +5,9 @@ The module's forward is traced with torch.fx (its submodules as leaves); each SD
 child (explicit matmuls, the hardware's softmax). The result is an instance of a subclass of the
 module's own class whose ``forward`` is the rewritten graph (same Parameters, submodules and
 attributes; ``isinstance`` still holds), so prepare keeps rewriting its other functional ops.
-Not feasible (left alone): forwards that do not trace, SDPA arguments computed at run time
-(e.g. ``dropout_p=self.p if self.training else 0``), ``enable_gqa=True``.
+An ``is_causal`` that is the forward's own argument (timm's ``Attention``) is passed to the
+NpuSDPA at run time. Not feasible (left alone): forwards that do not trace, other SDPA arguments
+computed at run time, ``enable_gqa=True``.
 """
 from __future__ import annotations
 
@@ -60,8 +61,11 @@ class NpuSDPA(nn.Module):
         self.is_causal = bool(is_causal)
         self.core = NpuAttentionCore(scale, float(dropout_p), softmax_mode, name="core")
 
-    def forward(self, q, k, v, attn_mask=None):
-        out, _ = self.core(q, k, v, None, _sdpa_mask(q, k, attn_mask, self.is_causal))
+    def forward(self, q, k, v, attn_mask=None, is_causal=None):
+        """``is_causal``: the call's own value when the forward passes its argument through (timm's
+        ``Attention.forward(x, attn_mask=None, is_causal=False)``), else the traced constant."""
+        causal = self.is_causal if is_causal is None else bool(is_causal)
+        out, _ = self.core(q, k, v, None, _sdpa_mask(q, k, attn_mask, causal))
         return out
 
     def extra_repr(self) -> str:
@@ -75,8 +79,9 @@ def _sdpa_call(node: fx.Node) -> Optional[dict]:
     args = dict(zip(_SDPA_ARGS, node.args))
     args.update(node.kwargs)
     for const in ("dropout_p", "is_causal", "scale", "enable_gqa"):
-        if isinstance(args.get(const), fx.Node):
-            return None
+        value = args.get(const)
+        if isinstance(value, fx.Node) and not (const == "is_causal" and value.op == "placeholder"):
+            return None  # is_causal may be the forward's own argument: NpuSDPA takes it at run time
     if args.get("enable_gqa"):
         return None
     return args
@@ -105,9 +110,13 @@ def replace_sdpa(mod: nn.Module, softmax_mode: Union[str, bool] = "fp16") -> nn.
         name = "npu_sdpa" if i == 0 else f"npu_sdpa_{i}"
         while hasattr(mod, name) or name in added:
             name += "_"
-        added[name] = NpuSDPA(a.get("dropout_p", 0.0) or 0.0, a.get("is_causal", False), a.get("scale"), softmax_mode)
+        causal = a.get("is_causal", False)
+        runtime = isinstance(causal, fx.Node)
+        added[name] = NpuSDPA(a.get("dropout_p", 0.0) or 0.0, False if runtime else causal, a.get("scale"),
+                              softmax_mode)
+        call_args = (a["query"], a["key"], a["value"], a.get("attn_mask")) + ((causal,) if runtime else ())
         with graph.inserting_after(node):
-            new = graph.call_module(name, (a["query"], a["key"], a["value"], a.get("attn_mask")))
+            new = graph.call_module(name, call_args)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
     graph.lint()

@@ -1,0 +1,101 @@
+"""Which LUT activation a module computes, found by running it, not by its class.
+
+Libraries define their own activation classes (timm's ``GELU`` / ``SiLU`` / ``HardSwish`` /
+``Sigmoid``, transformers' ``GELUActivation`` / ``NewGELUActivation`` / ``SiLUActivation``), so
+``lut_activation`` cannot list them. A module is the activation ``f`` when
+
+* it is a leaf with no parameters or buffers, defined outside torch and dal (torch's own classes
+  are matched by type, ``lut._TYPES``), and
+* run once, under ``torch.no_grad`` on a fixed probe (8193 points from -32 to 32, beyond a
+  clipped GELU's usual +-10, as a ``[1, 1, 8193]`` tensor), it calls only elementwise torch
+  functions (seen by a ``TorchFunctionMode``; a matmul, conv, reduction or random op rules it
+  out) and returns a tensor
+  of the probe's shape within ``1e-5 * (1 + |f(x)|)`` of ``f(x)`` at every point, for exactly one
+  candidate ``f`` (GELU exact or tanh, SiLU, Sigmoid, Tanh, HardSwish, HardSigmoid).
+
+GELU's exact and tanh forms differ by up to 5e-4 on the probe, HardSwish's torch and ONNX
+formulas by an ulp, so the tolerance tells the forms apart and accepts a library's own spelling
+of the same function (NewGELUActivation's explicit tanh formula).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import torch
+
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+#: (function, GELU approximate) candidates, in the order tried
+CANDIDATES = (("gelu", "none"), ("gelu", "tanh"), ("silu", "none"), ("sigmoid", "none"), ("tanh", "none"),
+              ("hardswish", "none"), ("hardsigmoid", "none"))
+TOLERANCE = 1e-5
+#: calls that are not elementwise: any of them means the module is not a pointwise activation
+_NOT_POINTWISE = ("matmul", "mm", "bmm", "linear", "conv", "sum", "mean", "softmax", "norm", "rand", "dropout",
+                  "max", "min", "cat", "stack", "view", "reshape", "flatten", "permute", "transpose", "index")
+_CACHE: "weakref.WeakKeyDictionary[nn.Module, Optional[tuple[str, str]]]" = weakref.WeakKeyDictionary()
+
+
+def _probe() -> torch.Tensor:
+    return torch.linspace(-32.0, 32.0, 8193, dtype=torch.float32).reshape(1, 1, -1)
+
+
+class _Calls(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def candidate(module: nn.Module) -> bool:
+    """A module worth probing: a parameter- and buffer-free leaf of a class outside torch and dal."""
+    mod = type(module).__module__
+    return (not mod.startswith(("torch.", "dal.")) and not module._modules and not module._parameters
+            and not module._buffers)
+
+
+def probe_activation(module: nn.Module) -> Optional[tuple[str, str]]:
+    """``(fn, approximate)`` when ``module`` computes one LUT activation (module doc), else None.
+    The answer is kept per module object."""
+    if module in _CACHE:
+        return _CACHE[module]
+    found = _probe_once(module) if candidate(module) else None
+    _CACHE[module] = found
+    return found
+
+
+def _probe_once(module: nn.Module) -> Optional[tuple[str, str]]:
+    from .lut import apply_function
+
+    x = _probe()
+    calls = _Calls()
+    try:
+        with torch.no_grad(), calls:
+            y = module(x.clone())
+    except Exception:  # noqa: BLE001 - a module that does not take one tensor is no activation
+        return None
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape or y.dtype != x.dtype or not torch.isfinite(y).all():
+        return None
+    if not calls.names or any(bad in name.lower() for name in calls.names for bad in _NOT_POINTWISE):
+        return None
+    hits = []
+    for fn, approximate in CANDIDATES:
+        want = apply_function(fn, x, approximate)
+        if bool(((y - want).abs() <= TOLERANCE * (1 + want.abs())).all()):
+            hits.append((fn, approximate))
+    return hits[0] if len(hits) == 1 else None
+
+
+def function_calls(module: nn.Module) -> list[str]:
+    """The torch functions ``module`` calls on the probe, in order (for reports)."""
+    calls = _Calls()
+    with torch.no_grad(), calls:
+        module(_probe())
+    return calls.names
+
+
+
