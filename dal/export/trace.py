@@ -26,6 +26,7 @@ from torch import nn
 from .. import nest
 from ..nn.modes import eval_mode
 from ..quantizer import FakeQuantizer
+from .data_flow import check_static
 from .errors import ExportError
 from .plan import TRACE_MAX_OPSET, ExportPlan, QuantizerEntry
 
@@ -165,8 +166,8 @@ def trace(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, input_nam
     buf = io.BytesIO()
     leaf_names: list[str] = []
     with eval_mode(model), _placeholders(plan, sites), _flat_outputs(model, leaf_names), torch.enable_grad(), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
+            warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", category=torch.jit.TracerWarning)  # judged below (data_flow.py)
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
         warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export.*")
         warnings.filterwarnings("ignore", message=r".*custom_opsets.*|.*dal::Q.*")
@@ -182,8 +183,24 @@ def trace(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, input_nam
         except Exception as exc:  # torch's message names the operator; say which step failed
             raise ExportError(f"torch.onnx.export (TorchScript) failed to trace {type(model).__name__}: "
                               f"{type(exc).__name__}: {exc}") from exc
+    _after_trace(model, args, plan, seen)
     proto = onnx.load_from_string(buf.getvalue())
     if output_names is not None and len(output_names) != len(proto.graph.output):
         raise ExportError(f"output_names: {len(output_names)} name(s) {list(output_names)} for the model's "
                           f"{len(proto.graph.output)} tensor output(s) {leaf_names} (dal.nest order)")
     return proto, sites, leaf_names
+
+
+def _after_trace(model, args, plan, seen) -> None:
+    """The trace's warnings: any other than a TracerWarning is shown as it would have been; a
+    TracerWarning (control flow on a traced tensor: on a shape, static for this input size, or on
+    a value) has one more forward decide whether a value drives the flow (data_flow.py)."""
+    traced_flow = False
+    for w in seen:
+        if issubclass(w.category, torch.jit.TracerWarning):
+            traced_flow = True
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    if traced_flow:
+        with eval_mode(model), torch.enable_grad():
+            check_static(model, args, lambda: _placeholders(plan, {}))
