@@ -119,7 +119,8 @@ def _verify_input(path: str):
 
 
 def cmd_verify(args) -> int:
-    """``dal verify FILE``: NPU reference vs onnxruntime (and torch with --model); --strict sets the status."""
+    """``dal verify FILE``: NPU reference vs onnxruntime (and torch with --model); with --strict the exit status
+    is 1 when ``ParityReport.verdict()`` fails (the verdict the printed report states first), else 0."""
     import torch
 
     import dal
@@ -134,7 +135,7 @@ def cmd_verify(args) -> int:
     model = load_model(args.model, args.checkpoint, (x,)) if args.model else None
     report = dal.verify(args.onnx, model, (x,))
     print(report)
-    if args.strict and not report.verdict():  # integer model == NPU, layer by layer <= 1e-5 at 1 LSB
+    if args.strict and not report.verdict():  # the one verdict: integer model == NPU, near-ties only layer by layer
         return 1
     return 0
 

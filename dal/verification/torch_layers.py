@@ -57,9 +57,20 @@ def _wrapper_prefix(modules: dict, points: dict) -> str:
 
 
 def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, inputs: tuple,
-                         file_values: dict) -> list[LayerParity]:
+                         file_values: dict, feed: Optional[dict] = None,
+                         requantizer: Optional[dict] = None) -> list[LayerParity]:
     """One row per activation quantizer: torch's codes vs ``file_values`` (the NPU reference's
-    integer tensors, by name), torch teacher-forced to the file's values as it runs."""
+    integer tensors, by name), torch teacher-forced to the file's values as it runs. Each row's
+    differing codes are judged (layer_verdict.judge_codes: near-ties or failures, from the NPU's
+    codes and ``feed``, the graph inputs), its ``layer`` named and its ``cosine`` (float64, of the
+    dequantized tensors) given."""
+    from .layer_verdict import dequantized_cosine, judge_codes, layer_of
+    from .near_tie import LayerEvaluator
+    from .onnx_tools import producers
+
+    made_by = producers(model)
+    evaluator = LayerEvaluator(model, {k: v for k, v in file_values.items() if np.asarray(v).dtype.kind in "iu"},
+                               feed or {}, requantizer)
     modules = dict(torch_model.named_modules())
     by_quantizer = activation_points(model)
     prefix = _wrapper_prefix(modules, by_quantizer)
@@ -84,8 +95,15 @@ def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, i
             d = np.abs(mine - theirs)
             label = qname if len(points) == 1 else f"{qname}[{k}]"
             node = f"{qname}/QuantizeLinear" + (f"_{k}" if k else "")
-            rows.append(LayerParity(f"{label} (torch)", node, "QuantizeLinear",
-                                    int(d.size), int((d != 0).sum()), float(d.max(initial=0))))
+            row = LayerParity(f"{label} (torch)", node, "QuantizeLinear", int(d.size), int((d != 0).sum()),
+                              float(d.max(initial=0)))
+            q_node = made_by.get(tensor)
+            if q_node is not None:
+                row.layer = layer_of(model, q_node, made_by)
+                row.cosine = dequantized_cosine(mine, theirs, zp)
+                if row.differ:
+                    row.near_ties, _, row.note = judge_codes(evaluator, q_node, mine, theirs)
+            rows.append(row)
             forced = ((theirs - zp).astype(np.float32) * np.float32(scale)).astype(np.float32)
             return torch.from_numpy(forced).to(device=out.device, dtype=out.dtype)
         hooks.append(mod.register_forward_hook(hook))
@@ -96,3 +114,33 @@ def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, i
         for h in hooks:
             h.remove()
     return rows
+
+
+def float_points(torch_model: torch.nn.Module, model: onnx.ModelProto, inputs: tuple) -> dict:
+    """``{QuantizeLinear output: float64 array}``: the torch model with every quantizer off (the
+    float model) at each activation quantizer of the file, as it runs on ``inputs`` end to end."""
+    from ..quantizer import quantizer_states
+
+    modules = dict(torch_model.named_modules())
+    by_quantizer = activation_points(model)
+    prefix = _wrapper_prefix(modules, by_quantizer)
+    found: dict = {}
+    hooks = []
+    for qname, points in by_quantizer.items():
+        mod = modules.get(prefix + qname)
+        if mod is None:
+            continue
+
+        def hook(mod, args, out, points=points, calls=[0]):
+            k = calls[0]
+            calls[0] += 1
+            if k < len(points) and torch.is_tensor(out):
+                found[points[k][0]] = out.detach().double().cpu().numpy()
+        hooks.append(mod.register_forward_hook(hook))
+    try:
+        with quantizer_states(torch_model, "off"), eval_mode(torch_model), torch.no_grad():
+            torch_model(*inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return found

@@ -92,4 +92,4 @@ def test_without_onnxruntime_the_extra_is_named(exported, monkeypatch):
     with pytest.raises(ImportError, match=r"pip install 'dal\[ort\]'"):
         dal.verify(root / "fixed.onnx", q, (torch.randn(2, 1, 28, 28),))
     report = dal.verify(root / "fixed.onnx", q, (torch.randn(2, 1, 28, 28),), onnxruntime=False)
-    assert list(report.outputs["output"]) == ["npu_vs_torch"]
+    assert list(report.outputs["output"]) == ["npu_vs_torch", "npu_vs_float"]
