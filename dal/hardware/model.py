@@ -110,8 +110,9 @@ class OpSupport:
         for role in ROLES:
             _formats(self, f"{role}_formats", problems)
         if self.op_class not in OP_CLASS_ROLES:
-            problems.append(Problem(f"unknown op class {self.op_class!r}{did_you_mean(self.op_class, OP_CLASSES)} "
-                                    f"(known: {', '.join(OP_CLASSES)})"))
+            known = tuple(OP_CLASS_ROLES)
+            problems.append(Problem(f"unknown op class {self.op_class!r}{did_you_mean(self.op_class, known)} "
+                                    f"(known: {', '.join(known)})"))
         else:
             roles = OP_CLASS_ROLES[self.op_class]
             for role in ROLES:

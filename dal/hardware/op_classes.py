@@ -28,11 +28,30 @@ OP_CLASS_ROLES: dict[str, tuple[str, ...]] = {
     "layernorm": ("input", "output"),
     "resize": ("input", "output"),
 }
+#: The op classes every bundled hardware model describes (its NPU's operators).
 OP_CLASSES: tuple[str, ...] = tuple(OP_CLASS_ROLES)
+
+#: Op classes of operators a typical NPU has no engine for: ``nonzero`` (an output whose shape
+#: depends on the values: nonzero, argwhere, masked_select, unique), ``compare`` (compares of
+#: integer or bool tensors: a mask built from positions), ``gather`` (elements picked by a tensor
+#: of indices: GatherElements), ``scan`` (running sums and products: CumSum), ``conv3d``
+#: (3-D convolution). A hardware model runs one only if it lists it under ``ops:``; otherwise
+#: prepare lists each with its source line as "host" (run on the host CPU), and ``strict=True``
+#: refuses them.
+HOST_OP_CLASS_ROLES: dict[str, tuple[str, ...]] = {
+    "nonzero": ("input", "output"),
+    "compare": ("input", "output"),
+    "gather": ("input", "output"),
+    "scan": ("input", "output"),
+    "conv3d": ("weight", "input", "output"),
+}
+HOST_OP_CLASSES: tuple[str, ...] = tuple(HOST_OP_CLASS_ROLES)
 
 #: Op classes whose multiplication may skip N:M sparse zeros: those with weights, and matmul
 #: (one of its operands). Sparsity asked for any other op class is meaningless and dropped.
 SPARSIFIABLE: tuple[str, ...] = tuple(c for c, r in OP_CLASS_ROLES.items() if "weight" in r) + ("matmul",)
+
+OP_CLASS_ROLES.update(HOST_OP_CLASS_ROLES)  # a hardware model may list them under ops:
 
 #: Element-wise non-linear functions a vector engine may run in fp16 or through a table.
 ACTIVATION_FUNCTIONS: tuple[str, ...] = (
@@ -92,6 +111,6 @@ def check_op_class(op_class: str) -> str:
     if op_class not in OP_CLASS_ROLES:
         from dal.config.fields import did_you_mean
 
-        raise ValueError(f"op_class={op_class!r} is not a known op class{did_you_mean(op_class, OP_CLASSES)} "
-                         f"(known: {', '.join(OP_CLASSES)})")
+        raise ValueError(f"op_class={op_class!r} is not a known op class{did_you_mean(op_class, tuple(OP_CLASS_ROLES))} "
+                         f"(known: {', '.join(OP_CLASS_ROLES)})")
     return op_class

@@ -22,7 +22,7 @@ from ..nn.tree import set_submodule
 from ..quantizer import quantizer_states
 from .apply import apply_plan
 from .boundary import guard, host_steps, is_detector
-from .check import check_plan
+from .check import check_plan, refuse_host
 from .constraints import apply_constraints, check_constraints
 from .handle import Prepared, attach
 from .plan import build_plan, capture
@@ -49,8 +49,8 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
             outputs get output quantizers (so the exported graph ends in integers), and QAT
             modules whose forward never runs go back to float.
         inplace: modify ``model`` (default) or a deep copy.
-        strict: raise for modules with parameters that no QAT module handles, instead of
-            leaving them in float and listing them in the report.
+        strict: raise for modules with parameters no QAT module handles and for ops the hardware
+            has no engine for (report status "host": nonzero, integer compares, cumsum, ...).
 
     Forwards: with ``example_inputs``, prepare runs the model twice — once in float before any
     change (so bad inputs are named before anything is touched) and once after the swap with
@@ -121,6 +121,7 @@ def _resolver(rec):
 
 
 def _refuse_unknown(plan, strict: bool) -> None:
+    refuse_host(plan, strict)  # ops of a class the hardware has no engine for (check.py)
     unknown = [s for s in plan if s.action == "float" and s.float_op is not None and s.float_op.op_class == "custom"]
     if strict and unknown:
         listing = "\n".join(f"  {s.path}: {s.type_name} -> @dal.register_qat_module({s.type_name}) on a QAT class"

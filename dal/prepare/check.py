@@ -13,6 +13,7 @@ from ..config.problems import Problem
 from ..recipe import check_against_hardware
 from ..recipe.errors import RecipeError
 from ..nn.norm import FP16_NORMS
+from ..hardware.op_classes import HOST_OP_CLASSES
 from .float_ops import hardware_verdict
 from .fp16_island import is_island
 from .plan import Step
@@ -36,6 +37,10 @@ def check_plan(plan: list[Step], recipe, hw) -> list[Step]:
         if _fp16_norm(step, hw):
             checked.append(dataclasses.replace(step, action="fp16", built=FP16_NORM_NAMES[step.type_name], reason=_join(
                 step.reason, f"runs in FP16 on {hw.name}'s vector engine (its FP16 layer norm; dal.nn.norm)")))
+            continue
+        if step.action == "float" and step.float_op is not None and step.float_op.op_class in HOST_OP_CLASSES \
+                and not hw.supports_op(step.float_op.op_class):
+            checked.append(on_host(step, hw))
             continue
         if step.action == "float" and step.float_op is not None and step.float_op.kind == "float":
             runs, how = hardware_verdict(hw, step.float_op)
@@ -66,6 +71,24 @@ def check_plan(plan: list[Step], recipe, hw) -> list[Step]:
     if problems:
         raise RecipeError(problems, what=f"recipe {recipe.name!r} for hardware {hw.name!r}")
     return checked
+
+
+def on_host(step: Step, hw) -> Step:
+    """A step of a host op class (op_classes.HOST_OP_CLASSES) that ``hw`` does not list under
+    ``ops:``: action "host", the reason saying what it is and what becomes of it."""
+    op = step.float_op
+    return dataclasses.replace(step, action="host", reason=_join(step.reason, (
+        f"{hw.name} has no {op.op_class} op ({op.function}): it runs on the host CPU, not the NPU; the exported "
+        f"file still holds it and dal.npu, the NPU reference, cannot run it: compute it outside the model, or "
+        f"replace it with ops {hw.name} runs")))
+
+
+def refuse_host(plan, strict: bool) -> None:
+    """``strict=True``: a ValueError naming every host step (path, op, source line)."""
+    host = [s for s in plan if s.action == "host"]
+    if strict and host:
+        listing = "\n".join(f"  {s.path}: {s.type_name} ({s.op_class}); {s.reason}" for s in host)
+        raise ValueError(f"prepare_qat(strict=True): {len(host)} op(s) the hardware cannot run:\n{listing}")
 
 
 def _fp16_norm(step: Step, hw) -> bool:

@@ -69,6 +69,25 @@ _FLOAT_FUNCTIONS = {
 }
 _FLOAT_METHODS = {"sigmoid": ("activation", "sigmoid"), "tanh": ("activation", "tanh"),
                   "exp": ("activation", "exp"), "softmax": ("softmax", "softmax"), "mean": ("pool", "average")}
+#: ops of the host op classes (dal.hardware.op_classes.HOST_OP_CLASSES): function -> (op class, name)
+_HOST_FUNCTIONS = {
+    torch.nonzero: ("nonzero", "nonzero"), torch.argwhere: ("nonzero", "argwhere"),
+    torch.masked_select: ("nonzero", "masked_select"), torch.unique: ("nonzero", "unique"),
+    torch.gather: ("gather", "gather"), torch.take_along_dim: ("gather", "take_along_dim"),
+    torch.cumsum: ("scan", "cumsum"), torch.cumprod: ("scan", "cumprod"), torch.cummax: ("scan", "cummax"),
+    torch.cummin: ("scan", "cummin"), F.conv3d: ("conv3d", "conv3d"), torch.conv3d: ("conv3d", "conv3d"),
+}
+_HOST_METHODS = {"nonzero": ("nonzero", "nonzero"), "argwhere": ("nonzero", "argwhere"),
+                 "masked_select": ("nonzero", "masked_select"), "unique": ("nonzero", "unique"),
+                 "gather": ("gather", "gather"), "take_along_dim": ("gather", "take_along_dim"),
+                 "cumsum": ("scan", "cumsum"), "cumprod": ("scan", "cumprod")}
+#: compares: a host op (``compare``) when an operand is an integer or bool tensor (integer_operand)
+_COMPARE_FUNCTIONS = {operator.lt: "lt", operator.le: "le", operator.gt: "gt", operator.ge: "ge",
+                      operator.eq: "eq", operator.ne: "ne", torch.lt: "lt", torch.le: "le", torch.gt: "gt",
+                      torch.ge: "ge", torch.eq: "eq", torch.ne: "ne", torch.less: "lt", torch.less_equal: "le",
+                      torch.greater: "gt", torch.greater_equal: "ge", torch.not_equal: "ne"}
+_COMPARE_METHODS = {m: m.strip("_") for m in ("lt", "le", "gt", "ge", "eq", "ne", "__lt__", "__le__", "__gt__",
+                                                "__ge__", "__eq__", "__ne__")}
 _RELU_LIKE = {"relu", "relu6", "hardtanh"}
 
 
@@ -86,6 +105,8 @@ def classify_module(mod: nn.Module) -> Optional[FloatOp]:
     """The :class:`FloatOp` of a leaf module prepare leaves as it is; None for containers."""
     if isinstance(mod, PASSTHROUGH_MODULES):
         return FloatOp("passthrough", "passthrough", type(mod).__name__)
+    if isinstance(mod, (nn.Conv3d, nn.ConvTranspose3d)):
+        return FloatOp("float", "conv3d", type(mod).__name__)
     if isinstance(mod, nn.Upsample):
         mode = str(mod.mode)
         return FloatOp("passthrough" if mode == "nearest" else "float", "resize", mode)
@@ -100,7 +121,11 @@ def classify_module(mod: nn.Module) -> Optional[FloatOp]:
 
 def classify_node(node) -> Optional[FloatOp]:
     """The :class:`FloatOp` of a traced ``call_function`` / ``call_method`` node (None: not a
-    tensor op worth listing, e.g. ``size()``)."""
+    tensor op worth listing, e.g. ``size()``). ``node`` may also be a call-site stub whose
+    arguments are real tensors (call_sites.py)."""
+    host = _host_op(node)
+    if host is not None:
+        return host
     if node.op == "call_function":
         target = node.target
         if target in _PASSTHROUGH_FUNCTIONS:
@@ -117,6 +142,98 @@ def classify_node(node) -> Optional[FloatOp]:
         if node.target in _FLOAT_METHODS:
             return FloatOp("float", *_FLOAT_METHODS[node.target])
     return None
+
+
+def _host_op(node) -> Optional[FloatOp]:
+    """The FloatOp of a host op class (nonzero, gather, scan, conv3d; a compare with an integer
+    or bool operand), else None."""
+    if node.op == "call_function":
+        found = _HOST_FUNCTIONS.get(node.target) if _hashable(node.target) else None
+        compare = _COMPARE_FUNCTIONS.get(node.target) if _hashable(node.target) else None
+    elif node.op == "call_method":
+        found, compare = _HOST_METHODS.get(node.target), _COMPARE_METHODS.get(node.target)
+    else:
+        return None
+    if found is not None:
+        return FloatOp("float", *found)
+    if compare is not None and any(integer_operand(a) for a in node.args[:2]):
+        return FloatOp("float", "compare", compare)
+    return None
+
+
+def _hashable(target) -> bool:
+    try:
+        hash(target)
+    except TypeError:
+        return False
+    return True
+
+
+#: calls whose result is an integer tensor whatever their inputs
+_INT_RESULT_FUNCTIONS = {torch.arange, torch.argmax, torch.argmin, torch.argsort, torch.nonzero, torch.argwhere}
+_INT_RESULT_METHODS = {"long", "int", "short", "bool", "argmax", "argmin", "argsort", "nonzero"}
+#: calls whose result is integer when every tensor input is
+_INT_KEEPING = {"__getitem__", "unsqueeze", "squeeze", "view", "reshape", "expand", "expand_as", "flatten",
+                "permute", "transpose", "t", "contiguous", "clone", "repeat", "flip", "add", "sub", "mul",
+                "__add__", "__sub__", "__mul__", "__radd__", "__rsub__", "__rmul__", "neg", "abs"}
+_INTEGER_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool}
+
+
+def integer_operand(value) -> bool:
+    """Is ``value`` an integer or bool tensor computed from the model's inputs? A real tensor (a
+    call-site stub's argument) by its dtype; an fx node by what computes it: ``arange`` of a size,
+    ``argmax`` / ``argsort`` / ``nonzero``, ``.long()`` / ``.bool()``, and indexing, reshapes and
+    integer arithmetic of those (a compare of constants is folded by the exporter, so it is not
+    one)."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype in _INTEGER_DTYPES
+    if not (hasattr(value, "op") and hasattr(value, "target") and hasattr(value, "args")):
+        return False
+    return _integer_node(value, {}) and _reads_input(value, {})
+
+
+def _node_args(node):
+    out = []
+    for a in list(node.args) + list(node.kwargs.values()):
+        if isinstance(a, (list, tuple)):
+            out += [x for x in a if hasattr(x, "op")]
+        elif hasattr(a, "op"):
+            out.append(a)
+    return out
+
+
+def _integer_node(node, memo) -> bool:
+    if node in memo:
+        return memo[node]
+    memo[node] = False
+    dtype = node.kwargs.get("dtype")
+    if node.op == "call_function" and _hashable(node.target) and node.target in _INT_RESULT_FUNCTIONS:
+        ok = dtype is None or dtype in _INTEGER_DTYPES
+        if node.target is torch.arange:  # a float start / end / step makes a float arange
+            ok = ok and not any(isinstance(a, float) for a in node.args)
+    elif node.op == "call_method" and node.target in _INT_RESULT_METHODS:
+        ok = True
+    elif node.op == "call_method" and node.target == "to":
+        ok = any(a in _INTEGER_DTYPES for a in list(node.args[1:]) + [dtype])
+    elif node.op in ("call_function", "call_method"):
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        name = "__getitem__" if name == "getitem" else name
+        ins = [a for a in _node_args(node) if a.op != "get_attr"]
+        ok = name in _INT_KEEPING and bool(ins) and all(_integer_node(a, memo) for a in ins[:1])
+    else:
+        ok = False
+    memo[node] = ok
+    return ok
+
+
+def _reads_input(node, memo) -> bool:
+    """``node`` depends on a placeholder (the forward's arguments), not only on constants."""
+    if node in memo:
+        return memo[node]
+    memo[node] = node.op == "placeholder"
+    if node.op not in ("placeholder", "get_attr"):
+        memo[node] = any(_reads_input(a, memo) for a in _node_args(node))
+    return memo[node]
 
 
 def hardware_verdict(hw, op: FloatOp) -> tuple[bool, str]:

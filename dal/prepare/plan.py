@@ -16,7 +16,10 @@ A :class:`Step` has an ``action``:
   vector engine (``dal.nn.norm``), or a float op on an engine with ``compute: fp16`` (an FP16
   island, ``fp16_island.py``), decided by the hardware check;
 * ``float`` — left in float, with the reason (no rule quantizes it, no QAT module, a float op
-  such as SiLU or an unfolded BatchNorm; ``hardware_verdict`` says whether the chip runs it).
+  such as SiLU or an unfolded BatchNorm; ``hardware_verdict`` says whether the chip runs it);
+* ``host`` — an op of a class the hardware model does not list (``HOST_OP_CLASSES``: nonzero,
+  integer compares, gathers by index, cumsum, 3-D conv), decided by the hardware check, with
+  its source line; ``strict=True`` refuses it.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from typing import Optional
 import torch.fx as fx
 from torch import nn
 
+from ..hardware.op_classes import HOST_OP_CLASSES
 from ..nn.base import QATModule
 from ..nn.norm_act import is_norm_act
 from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
@@ -33,9 +37,10 @@ from ..nn.registry import OP_CLASSES, QAT_MODULES, op_class_of, registry_type
 from ..quantizer import FakeQuantizer
 from .float_ops import FloatOp, classify_module, classify_node
 from .functional_ops import functional_kind, is_tensor_node
+from .source_lines import node_lines
 
 FUNCTIONAL_CLASSES = {"add": "QAdd", "mul": "QMul", "matmul": "QMatMul", "cat": "QCat"}
-ACTIONS = ("quantize", "fuse", "functional", "ready-made", "passthrough", "fp16", "float")
+ACTIONS = ("quantize", "fuse", "functional", "ready-made", "passthrough", "fp16", "float", "host")
 
 
 @dataclass(frozen=True)
@@ -197,7 +202,7 @@ def _inside_quantized(path: str, model: nn.Module) -> bool:
 
 def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, resolve) -> list[Step]:
     steps = []
-    after = owner
+    after, lines = owner, None
     for node in graph.nodes:
         if node.op == "call_module":
             after = prefix + str(node.target)
@@ -215,9 +220,14 @@ def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, 
                                   built=FUNCTIONAL_CLASSES[kind], after=after))
             continue
         op = classify_node(node)
-        if op is not None and is_tensor_node(node):  # not x.shape[0] and the like
-            steps.append(Step(name, op.function, op.op_class, op.kind, None,
-                              "exact on integer codes" if op.kind == "passthrough" else "", owner, node.name,
+        # not x.shape[0] and the like; a host op's operands were checked by classify_node
+        # (an arange of a size is a tensor there, not for is_tensor_node)
+        if op is not None and (is_tensor_node(node) or op.op_class in HOST_OP_CLASSES):
+            reason = "exact on integer codes" if op.kind == "passthrough" else ""
+            if op.op_class in HOST_OP_CLASSES:  # the report names where (source_lines.py)
+                lines = lines if lines is not None else node_lines(mod)
+                reason = f"called at {lines[node.name]}" if node.name in lines else ""
+            steps.append(Step(name, op.function, op.op_class, op.kind, None, reason, owner, node.name,
                               float_op=op, after=after))
     return steps
 

@@ -1,10 +1,11 @@
 """The prepare report: every module and functional op prepare saw, rendered from its plan:
-quantized (with formats), fp16, passthrough (exact on codes), or left in float (with why)."""
+quantized (with formats), fp16, passthrough (exact on codes), left in float (with why), or on the
+host (an op the hardware has no engine for: dal.hardware.op_classes.HOST_OP_CLASSES)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-STATUSES = ("quantized", "fp16", "passthrough", "float")
+STATUSES = ("quantized", "fp16", "passthrough", "float", "host")
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,11 @@ class PrepareReport:
         return self.by_status("quantized") + self.by_status("fp16")
 
     def summary(self) -> str:
-        """``N quantized, N fp16, N passthrough, N left in float``."""
+        """``N quantized, N fp16, N passthrough, N left in float`` (``, N on the host`` when there are
+        ops the hardware has no engine for)."""
         counts = {s: len(self.by_status(s)) for s in STATUSES}
         return (f"{counts['quantized']} quantized, {counts['fp16']} fp16, {counts['passthrough']} passthrough, "
-                f"{counts['float']} left in float")
+                f"{counts['float']} left in float" + (f", {counts['host']} on the host" if counts["host"] else ""))
 
     def __str__(self) -> str:
         head = f"dal.prepare_qat: recipe={self.recipe} hardware={self.hardware}: {self.summary()}"
@@ -76,6 +78,6 @@ def rows_from_plan(plan) -> list[LayerRow]:
             status = "fp16" if s.fp16 else "quantized"
             detail = "; ".join(x for x in (s.reason, describe(s.spec)) if x)
         else:
-            status, detail = s.action, s.reason  # passthrough, fp16 (a normalisation), float
+            status, detail = s.action, s.reason  # passthrough, fp16 (a normalisation), float, host
         rows.append(LayerRow(s.path, s.shown_type, s.op_class, status, detail))
     return rows
