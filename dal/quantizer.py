@@ -18,6 +18,7 @@ scales and put them back; :func:`quantizer_states` switches a whole model for a 
 
 The state is a buffer (``state_code``): ``state_dict`` round-trips it with scale and zero point; the
 forward reads a Python mirror of it, chosen once per state change (``use_kernel``).
+Under ``torch.compile`` it is ``dal.quantizer_ops.ops_forward`` (dal.kernels' ops, the same bits).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from .formats.fold import FoldedFakeQuantizeFunction, fold_eligible, fold_granul
 from .formats.track import fixed_kernel_params, fold_track_forward, kernel_fake_quantize, track_qparams
 from .formats.qparams import MIN_SCALE, check_pow2_rounding, power_of_two_scale
 from .observers import MinMaxObserver, make_observer
+from .quantizer_ops import ops_forward
 
 
 class QState(str, enum.Enum):
@@ -159,6 +161,8 @@ class FakeQuantizer(nn.Module):
         self._tracks_range = state is QState.QUANTIZE and self.fmt.is_scaled and not self.learnable
         self._kernel = self._fake_quant and not self.learnable and kernel_format(self.fmt) \
             and self.__dict__.get("_use_kernel", True)
+        # under torch.compile: dal.kernels' ops (dal.quantizer_ops), except for a learnable scale
+        self._ops = not self.learnable and (self._fake_quant or self._cast or state is QState.OBSERVE)
 
     def use_kernel(self, enabled: bool = True) -> "FakeQuantizer":
         """False: every call takes the torch path (observer, set_qparams, fake_quantize), the fast paths' reference."""
@@ -293,6 +297,8 @@ class FakeQuantizer(nn.Module):
     # ---- forward -----------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One branch per state, chosen at the state change (_mirror); per call only what depends on the tensor.
+        if self._ops and torch.compiler.is_compiling():
+            return ops_forward(self, x)
         if self._kernel:
             y = self._kernel_forward(x)
             if y is not None:

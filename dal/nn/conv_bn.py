@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .. import kernels
 from ..formats.fold_factor import fold_factor
 from .adopt import adopt, release
 from .base import QATModule
@@ -64,7 +65,17 @@ class QConvBn2d(QATModule, nn.Conv2d):
     def freeze_bn(self, frozen: bool = True) -> "QConvBn2d":
         """Stop updating BN statistics and train with the eval-mode folding from now on."""
         self.bn_frozen.fill_(bool(frozen))
+        self.bn_frozen_flag = bool(frozen)
         return self
+
+    def _bn_is_frozen(self) -> bool:
+        """``bn_frozen``'s value. Under torch.compile its Python mirror ``bn_frozen_flag`` (kept by
+        ``freeze_bn``, ``train`` and each eager forward): reading the buffer would break the graph."""
+        flag = self.__dict__.get("bn_frozen_flag")
+        if flag is not None and torch.compiler.is_compiling():
+            return flag
+        self.bn_frozen_flag = flag = bool(self.bn_frozen)
+        return flag
 
     def _fold_factor(self) -> torch.Tensor:
         """``gamma / sqrt(running_var + eps)`` per output channel, each operation correctly rounded
@@ -81,6 +92,10 @@ class QConvBn2d(QATModule, nn.Conv2d):
         finite, and gamma's gradient from BN is the float model's. Eval and export keep f = 0
         (the folded weight is 0 and the bias beta, which is exact). Other channels: the same bits."""
         bn = self.bn
+        if torch.compiler.is_compiling():
+            # One op whose result autograd saves (dal.kernels.fold_factor: BN updates running_var in this
+            # forward, and AOTAutograd would recompute torch ops from the updated value in the backward).
+            return kernels.fold_factor(bn.weight if bn.affine else None, bn.running_var, bn.eps, ones_for_zero=True)
         return fold_factor(bn.weight if bn.affine else None, bn.running_var, bn.eps, ones_for_zero=True)
 
     def folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +129,7 @@ class QConvBn2d(QATModule, nn.Conv2d):
     def forward(self, x):
         if self.input_quant is not None:
             x = self.input_quant(x)
-        if self.training and not bool(self.bn_frozen):
+        if self.training and not self._bn_is_frozen():
             # The weight quantizer must see the folded weight W * f (the grid the hardware uses);
             # the 1/f that undoes the folding goes where it costs less (module doc).
             if self._divide_output(x):
@@ -143,7 +158,7 @@ class QConvBn2d(QATModule, nn.Conv2d):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        if mode and bool(getattr(self, "bn_frozen", torch.tensor(False))):
+        if mode and "bn_frozen" in self._buffers and self._bn_is_frozen():
             self.bn.eval()  # frozen BN keeps its running statistics
         return self
 

@@ -1,0 +1,65 @@
+"""A FakeQuantizer's forward under ``torch.compile``: the registered ops of ``dal.kernels``.
+
+No ``.item()``, no ctypes call, no Python branch on a tensor's value, so dynamo traces it without
+a graph break, and each op runs the same code compiled or not:
+
+* observing in QAT (``quantize``, training, a min-max observer): ``dal::observe_minmax_`` ->
+  ``dal::minmax_qparams`` (also written into ``scale`` / ``zero_point``) -> ``dal::fake_quantize``;
+* ``frozen`` (or ``quantize`` in eval): ``dal::fake_quantize`` with the stored parameters;
+* FP16 / BF16: ``dal::fp_round_trip``;  ``observe`` (calibration): ``dal::observe_minmax_``.
+
+The same bits as the eager forward (tests/kernels/test_compile.py). Eagerly the C++ paths of
+``dal.formats`` stay, which fuse the observer's step with the fake quantization in one pass.
+Observers the ops do not cover (histogram, percentile, a fixed scale, several processes that
+all-reduce, buffers not created yet) run their own code here too, with graph breaks.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import kernels
+from .observers.distributed import world_size
+from .observers.minmax import MinMaxObserver, MovingAverageMinMaxObserver
+
+
+def ops_forward(q, x: torch.Tensor) -> torch.Tensor:
+    """``q(x)`` for a FakeQuantizer ``q`` whose state has ops (``q._ops``, decided at its state change)."""
+    if q._fake_quant:
+        scale, zero_point = q.scale, q.zero_point
+        if q._tracking():
+            scale, zero_point = ops_observe(q, x, True)
+        elif not q.initialized:
+            raise RuntimeError(f"quantizer {q.name or '<unnamed>'} has no scale: calibrate first")
+        return kernels.fake_quantize(x, scale, zero_point, q.fmt, q.granularity, q.narrow_range)
+    if q._cast:
+        return kernels.fp_round_trip(x, q.fmt.torch_dtype())
+    if q.observer is not None:
+        ops_observe(q, x, False)
+    return x
+
+
+def ops_observe(q, x: torch.Tensor, qparams: bool) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The observer's step on ``x`` by ``dal::observe_minmax_`` and, with ``qparams``, this call's
+    ``(scale, zero_point)`` by ``dal::minmax_qparams``, also written into ``q``'s buffers: the eager
+    ``observer(x); compute_qparams()``. Observers the ops do not cover run their own code."""
+    o = q.observer
+    if type(o) not in (MinMaxObserver, MovingAverageMinMaxObserver) or o.fixed_scale is not None \
+            or "min_val" not in o._buffers or world_size() > 1:
+        o(x)
+        if not qparams:
+            return None
+        q.compute_qparams()
+        return q.scale.clone(), q.zero_point.clone()
+    kernels.observe_minmax_(x, o.min_val, o.max_val, o.batches_seen, o.nonfinite_count,
+                            getattr(o, "averaging_constant", 0.0), q.granularity.normalized_axis(x.dim()),
+                            q.granularity.block_size)
+    if not qparams:
+        return None
+    scale, zero_point = kernels.minmax_qparams(o.min_val, o.max_val, q.fmt.name, q.symmetric, q.narrow_range,
+                                               o.power_of_two)
+    with torch.no_grad():
+        q.scale.copy_(scale)
+        q.zero_point.copy_(zero_point)
+    return scale, zero_point

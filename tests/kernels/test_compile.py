@@ -1,0 +1,164 @@
+"""torch.compile of a prepared model's training step: no graph break inside dal, and the compiled
+step's numbers are the eager step's bit for bit (torch.equal: outputs, loss, every gradient, the
+observers' buffers, scales and zero points), quantizers observing ("quantize"), frozen or observing
+only ("observe"). Compiles are slow: one small model, few cases.
+
+The eager reference is the quantizers' torch path (``use_kernel(False)``). Against the default
+eager path (the C++ kernels of dal.formats) everything is equal too except BatchNorm's gamma
+gradients of folded layers: the eager C++ fold accumulates d/d f in float64 (dal.formats.fold), the
+compiled step in float32 torch reductions; gamma's gradient is a difference of two such sums, so
+they differ by up to a few hundred float32 ulps (measured here: 1 to 176) on most channels.
+
+backend="aot_eager" runs the traced graphs op by op, so it isolates what tracing does. Under
+"inductor" the float layers (BatchNorm, the loss) are inductor's own C++ with another summation
+order, so a whole step is not the eager one bit for bit; test_inductor_quantizer_step compiles
+the quantizers alone with inductor and gets the eager bits.
+"""
+import copy
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dal
+from dal.quantizer import quantizers
+from dal.zoo import MnistCNN
+
+DAL_DIR = os.path.dirname(dal.__file__)
+
+
+def _prepared(state: str):
+    torch.manual_seed(0)
+    model = MnistCNN(width=4)
+    x = torch.randn(4, 1, 28, 28)
+    model = dal.prepare_qat(model, recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    dal.calibrate(model, [torch.randn(4, 1, 28, 28) for _ in range(2)], progress=False)
+    for _, q in quantizers(model):
+        q.set_state(state)
+    return model.train()
+
+
+def _step(model, x, y):
+    out = model(x)
+    loss = F.cross_entropy(out, y)
+    loss.backward()
+    return out.detach(), loss.detach()
+
+
+def _dal_breaks(explained) -> list[str]:
+    """The graph breaks whose user stack passes through a file of dal."""
+    found = []
+    for r in explained.break_reasons:
+        frames = [f"{f.filename}:{f.lineno}" for f in r.user_stack if f.filename.startswith(DAL_DIR)]
+        if frames:
+            found.append(f"{frames[-1]}: {r.reason.splitlines()[0]}")
+    return found
+
+
+@pytest.mark.parametrize("state", ["quantize", "frozen", "observe"])
+def test_no_graph_break_inside_dal(state):
+    model = _prepared(state)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(torch.randn(4, 1, 28, 28))
+    assert _dal_breaks(explained) == []
+
+
+def _assert_same_step(eager, compiled, x, y, tag, skip_grads=()):
+    o1, l1 = _step(eager, x, y)
+    o2, l2 = compiled(x, y)
+    assert torch.equal(o1, o2) and torch.equal(l1, l2), f"{tag}: outputs differ"
+    grads = [n for (n, p), (_, q) in zip(eager.named_parameters(), compiled.model.named_parameters())
+             if n not in skip_grads and ((p.grad is None) != (q.grad is None)
+                                         or (p.grad is not None and not torch.equal(p.grad, q.grad)))]
+    assert grads == [], f"{tag}: gradients differ"
+    bufs = [n for (n, b), (_, c) in zip(eager.named_buffers(), compiled.model.named_buffers()) if not torch.equal(b, c)]
+    assert bufs == [], f"{tag}: buffers differ (observer ranges, scales, zero points, BN statistics)"
+
+
+class _Eager:
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, x, y):
+        return _step(self.model, x, y)
+
+
+class _Compiled:
+    def __init__(self, model, backend):
+        self.model = model
+        self.fn = torch.compile(_step, backend=backend)
+
+    def __call__(self, x, y):
+        return self.fn(self.model, x, y)
+
+
+@pytest.mark.parametrize("state", ["quantize", "frozen", "observe", "quantize+frozen_bn"])
+def test_compiled_step_is_the_eager_step(state):
+    torch._dynamo.reset()
+    model = _prepared(state.split("+")[0])
+    if state.endswith("frozen_bn"):
+        for m in model.modules():
+            if hasattr(m, "freeze_bn"):
+                m.freeze_bn()
+        model.train()
+    eager, default, compiled = copy.deepcopy(model), copy.deepcopy(model), _Compiled(copy.deepcopy(model), "aot_eager")
+    for _, q in quantizers(eager):
+        q.use_kernel(False)
+    gammas = {n for n, _ in model.named_parameters() if n.endswith("bn.weight")}
+    y = torch.tensor([3, 1, 4, 1])
+    for i in range(2):  # the second step reads the buffers the first one wrote
+        x = torch.randn(4, 1, 28, 28) * (1 + i)
+        for m in (eager, default, compiled.model):
+            m.zero_grad(set_to_none=True)
+        eager_before = copy.deepcopy(eager)
+        _assert_same_step(eager, compiled, x, y, f"{state} step {i}")
+        # and the torch path is the default (C++) eager step's, gammas aside (module doc): so is the compiled step
+        _assert_same_step(default, _Eager(copy.deepcopy(eager_before)), x, y, f"{state} step {i} (C++ eager)",
+                          skip_grads=gammas)
+
+
+class _QuantizersOnly(torch.nn.Module):
+    """An activation quantizer (per tensor, affine uint8) and a weight quantizer (per channel, int8)
+    around elementwise float ops, whose results are correctly rounded under any compiler."""
+
+    def __init__(self, act, wq, weight):
+        super().__init__()
+        self.act, self.wq, self.weight = act, wq, torch.nn.Parameter(weight)
+
+    def forward(self, x):
+        return self.act(x) * self.wq(self.weight)
+
+
+def _quantizers_step(m, x, t):
+    y = m(x)
+    (y * t).sum().backward()
+    return y.detach()
+
+
+def test_inductor_quantizer_step():
+    """Both quantizers observing (QAT), three steps: outputs, input and weight gradients, observer
+    ranges, scales and zero points of inductor's compiled step equal the eager step's."""
+    from dal.formats import per_channel
+    from dal.quantizer import FakeQuantizer
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    act = FakeQuantizer("uint8", symmetric=False, observer="moving_average")
+    wq = FakeQuantizer("int8", per_channel(0))
+    mod = _QuantizersOnly(act, wq, torch.randn(8, 16))
+    mod(torch.randn(8, 16) * 3)
+    for q in (act, wq):
+        q.end_observation("quantize")
+    eager, compiled = copy.deepcopy(mod).train(), copy.deepcopy(mod).train()
+    for q in (eager.act, eager.wq):
+        q.use_kernel(False)
+    step = torch.compile(_quantizers_step, backend="inductor")
+    for i in range(3):
+        x = (torch.randn(8, 16) * (2 + i)).requires_grad_()
+        t = torch.randn(8, 16)
+        x2 = x.detach().clone().requires_grad_()
+        y1, y2 = _quantizers_step(eager, x, t), step(compiled, x2, t)
+        assert torch.equal(y1, y2)
+        assert torch.equal(x.grad, x2.grad) and torch.equal(eager.weight.grad, compiled.weight.grad)
+        for (n, b), (_, c) in zip(eager.named_buffers(), compiled.named_buffers()):
+            assert torch.equal(b, c), n
