@@ -18,7 +18,7 @@ scales and put them back; :func:`quantizer_states` switches a whole model for a 
 
 The state is a buffer (``state_code``): ``state_dict`` round-trips it with scale and zero point; the
 forward reads a Python mirror of it, chosen once per state change (``use_kernel``).
-Under ``torch.compile`` it is ``dal.quantizer_ops.ops_forward`` (dal.kernels' ops, the same bits).
+Under ``torch.compile``, and for bf16 / fp16 input, it is ``dal.quantizer_ops.ops_forward`` (dal.kernels' ops).
 """
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ class QState(str, enum.Enum):
 
 
 STATES = tuple(s.value for s in QState)
+_HALF = (torch.bfloat16, torch.float16)  # inputs (autocast) that take dal.kernels' ops eagerly too
 _CODES = {s: i for i, s in enumerate(QState)}
 _BY_CODE = tuple(QState)
 
@@ -297,7 +298,7 @@ class FakeQuantizer(nn.Module):
     # ---- forward -----------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One branch per state, chosen at the state change (_mirror); per call only what depends on the tensor.
-        if self._ops and torch.compiler.is_compiling():
+        if self._ops and (torch.compiler.is_compiling() or x.dtype in _HALF):  # ops: scales, rounding in float32
             return ops_forward(self, x)
         if self._kernel:
             y = self._kernel_forward(x)

@@ -1,4 +1,6 @@
-"""A FakeQuantizer's forward under ``torch.compile``: the registered ops of ``dal.kernels``.
+"""A FakeQuantizer's forward under ``torch.compile`` (and for bfloat16 / float16 input, as under
+autocast: scales and rounding in float32, output in the input's dtype): the registered ops of
+``dal.kernels``.
 
 No ``.item()``, no ctypes call, no Python branch on a tensor's value, so dynamo traces it without
 a graph break, and each op runs the same code compiled or not:
