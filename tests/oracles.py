@@ -233,23 +233,6 @@ def compare_codes(mine: dict, theirs: dict, names) -> dict:
     return {"tensors": len(names), "elements": elements, "differ": differ, "max_lsb": max_lsb}
 
 
-def _cpu_vendor() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-#: An AMD host (MKL takes other code paths there than on the Intel hosts these figures were set
-#: on): trained nets, sensitivity rankings and one near-tie differ. The tests marked with it run
-#: and report xfail / xpass there; the figures measured are in each reason (2026-12-02, AMD EPYC).
-ON_AMD_HOST = _cpu_vendor() == "AuthenticAMD"
-
-
 def nearest_float(exact: fractions.Fraction, dtype) -> np.ndarray:
     """``exact`` rounded to ``dtype``, to nearest, ties to even (a sum of two floats can be a tie):
     float(exact) and its neighbours, compared exactly."""
