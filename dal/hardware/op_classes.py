@@ -34,7 +34,8 @@ OP_CLASSES: tuple[str, ...] = tuple(OP_CLASS_ROLES)
 #: Op classes of operators a typical NPU has no engine for: ``nonzero`` (an output whose shape
 #: depends on the values: nonzero, argwhere, masked_select, unique), ``compare`` (compares of
 #: integer or bool tensors: a mask built from positions), ``gather`` (elements picked by a tensor
-#: of indices: GatherElements), ``scan`` (running sums and products: CumSum), ``conv3d``
+#: of indices: GatherElements), ``scan`` (running sums and products: CumSum), ``sort`` (sort,
+#: argsort, topk: TopK), ``conv3d``
 #: (3-D convolution). A hardware model runs one only if it lists it under ``ops:``; otherwise
 #: prepare lists each with its source line as "host" (run on the host CPU), and ``strict=True``
 #: refuses them.
@@ -43,6 +44,7 @@ HOST_OP_CLASS_ROLES: dict[str, tuple[str, ...]] = {
     "compare": ("input", "output"),
     "gather": ("input", "output"),
     "scan": ("input", "output"),
+    "sort": ("input", "output"),
     "conv3d": ("weight", "input", "output"),
 }
 HOST_OP_CLASSES: tuple[str, ...] = tuple(HOST_OP_CLASS_ROLES)

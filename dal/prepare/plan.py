@@ -18,7 +18,7 @@ A :class:`Step` has an ``action``:
 * ``float`` — left in float, with the reason (no rule quantizes it, no QAT module, a float op
   such as SiLU or an unfolded BatchNorm; ``hardware_verdict`` says whether the chip runs it);
 * ``host`` — an op of a class the hardware model does not list (``HOST_OP_CLASSES``: nonzero,
-  integer compares, gathers by index, cumsum, 3-D conv), decided by the hardware check, with
+  integer compares, gathers by index, cumsum, top-k, 3-D conv), decided by the hardware check, with
   its source line; ``strict=True`` refuses it.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Ops the NPU cannot run surface at prepare, not at verify: torch.nonzero, compares of integer
 tensors (exported LessOrEqual / GreaterOrEqual on int64), gathers by a tensor of indices
-(GatherElements), running sums (CumSum) and 3-D convolution. Each is a row of prepare's report
+(GatherElements), running sums (CumSum), top-k (TopK) and 3-D convolution. Each is a row of prepare's report
 with status "host" and its source line; ``strict=True`` raises naming them; a hardware model
 that lists the op class under ``ops:`` runs it instead (dal.hardware.op_classes.HOST_OP_CLASSES).
 
@@ -73,6 +73,15 @@ class CumSum(nn.Module):
         return torch.cumsum(self.fc(x), dim=-1)
 
 
+class TopK(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(x).topk(3, dim=-1).values
+
+
 class Conv3d(nn.Module):
     def __init__(self):
         super().__init__()
@@ -109,6 +118,7 @@ CASES = [
     (GreaterEqual, (2, 8), "compare", "ge", "torch.ge(torch.arange"),
     (Gather, (2, 8), "gather", "gather", "torch.gather(y, 1"),
     (CumSum, (2, 8), "scan", "cumsum", "torch.cumsum(self.fc(x)"),
+    (TopK, (2, 8), "sort", "topk", "self.fc(x).topk(3"),
     (Conv3d, (1, 2, 5, 5, 5), "conv3d", "Conv3d", None),
 ]
 
