@@ -172,3 +172,18 @@ def test_opcheck(fmt, gran):
     xb = xt.to(torch.bfloat16)
     torch.library.opcheck(torch.ops.dal.fake_quantize.default, (xb, torch.from_numpy(scale), torch.from_numpy(zp),
                                                                  *a, False))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("fmt", FORMATS_Q, ids=lambda f: f.name)
+@pytest.mark.parametrize("gid,shape,gran,axis,block", GRANULARITIES, ids=[g[0] for g in GRANULARITIES])
+def test_cuda_generic_equals_cpu_kernel(fmt, gid, shape, gran, axis, block):
+    """The device-generic implementation on CUDA gives the CPU kernel's bits (IEEE division, half-even
+    rounding, saturating FP8 casts), mask included; NaN / inf as on the CPU."""
+    x, scale, zp = case(fmt, shape, gran, seed=11, nonfinite=True)
+    xt, st, zt = torch.from_numpy(x), torch.from_numpy(scale), torch.from_numpy(zp)
+    a = _args(fmt, gran, xt)
+    cpu_y, cpu_m = FQ._cpu(xt, st, zt, *a, True)
+    gpu_y, gpu_m = torch.ops.dal.fake_quantize(xt.cuda(), st.cuda(), zt.cuda(), *a, True)
+    assert_bits_equal(gpu_y.cpu(), cpu_y)
+    assert torch.equal(gpu_m.cpu(), cpu_m)
