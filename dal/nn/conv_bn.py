@@ -112,14 +112,12 @@ class QConvBn2d(QATModule, nn.Conv2d):
         """Whether the 1/f of training goes on the conv output rather than the weight (module doc):
         only where the weight holds more than ``32 * out + 2**19`` values, ``out`` the output's.
 
-        Measured per layer (forward + backward on the layer's real input, both routes;
-        bench/results/detection_speed.md, session 13): the weight won on every layer of
-        SSDlite320 at batch 2 and 8 (the largest weight 131 K values) and of FCOS-ResNet50 at batch
-        8; the output won only on FCOS's largest weights at batch 2 (2.4 M weights against 26 K
-        outputs, by ~1%). The old rule, "the output when it has fewer values than the weight",
-        cost SSDlite's batch-2 step 1-4 ms and FCOS's 10-14 ms (in-process A/B). Without the C++
-        fold (``_folded_weight``'s torch fallback, no compiler) the weight's division is a torch
-        op of its own; the rule was not measured there. The output's size is estimated as
+        Measured per layer (forward + backward on the layer's real input, both routes): the
+        weight won on every layer of SSDlite320 at batch 2 and 8 (the largest weight 131 K values)
+        and of FCOS-ResNet50 at batch 8; the output won only on FCOS's largest weights at batch 2
+        (2.4 M weights against 26 K outputs, by ~1%). Without the C++ fold (``_folded_weight``'s
+        torch fallback, no compiler) the weight's division is a torch op of its own; the rule was
+        not measured there. The output's size is estimated as
         ``N * C_out * H * W / (stride_h * stride_w)`` (padding ignored): the choice only moves
         float rounding, never the formula.
         """
