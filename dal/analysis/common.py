@@ -7,6 +7,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from ..nest import tensors
 from ..nn.base import QATModule
 from ..nn.modes import eval_mode
 from ..quantizer import FakeQuantizer, quantizer_states, quantizers
@@ -53,11 +54,6 @@ def switch(qs, state: str) -> None:
 
 
 def flat_outputs(out) -> list[torch.Tensor]:
-    """The tensors of a model output (a tensor, a tuple / list, or a dict of them), in order."""
-    if torch.is_tensor(out):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in flat_outputs(v)]
-    if isinstance(out, (list, tuple)):
-        return [t for v in out for t in flat_outputs(v)]
-    return []
+    """The tensors of a model output, any nest (tensor, tuple / list, dict, dataclass, HF
+    ``ModelOutput``), in dal.nest's order: the order of the exported file's outputs."""
+    return tensors(out)

@@ -128,6 +128,27 @@ def test_list_of_dict_and_tuple(tmp_path):
     assert _check(q, proto, report, im, (x,)) == ["output.0.a", "output.1.0"]
 
 
+def test_analysis_cosine_reads_every_tensor_of_a_dataclass_output():
+    """dal.analysis's end-to-end metric over a nest: the cosine of all tensor leaves (quantizers
+    on) against the same model with quantizers off, checked against torch's own cosine."""
+    from dal.analysis.common import evaluating
+    from dal.analysis.evaluator import Evaluator
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    batches = [torch.randn(2, 3, 8, 8, generator=g) for _ in range(2)]
+    q = dal.prepare_qat(NestNet(), recipe="int8_balanced", hardware="a2000", example_inputs=(batches[0],))
+    dal.calibrate(q, batches, progress=False)
+    with evaluating(q):
+        got = Evaluator(q, batches, "cosine")()
+        mine = torch.cat([t.double().flatten() for b in batches for t in nest.tensors(q(b))])
+        with dal.quantizer_states(q, "off"):
+            ref = torch.cat([t.double().flatten() for b in batches for t in nest.tensors(q(b))])
+    assert mine.numel() == 2 * 2 * (5 + 4 * 64 + 2 * 64)  # logits, seg and aux of both batches
+    want = float(torch.nn.functional.cosine_similarity(mine, ref, dim=0))
+    assert got == pytest.approx(want, abs=1e-9) and want < 1.0
+
+
 def test_output_names_of_the_wrong_count_are_refused(tmp_path):
     torch.manual_seed(0)
     x = torch.randn(1, 3, 8, 8)
