@@ -18,7 +18,7 @@ from dal.config.problems import Problem
 from dal.config.vocabulary import GRANULARITIES
 from dal.formats.qformat import QFormat, get_format
 from dal.hardware.errors import HardwareModelError
-from dal.hardware.op_classes import (ACTIVATION_FUNCTIONS, OP_CLASS_ROLES, OP_CLASSES, RESIZE_MODES,
+from dal.hardware.op_classes import (ACTIVATION_FUNCTIONS, ALL_OP_CLASSES, OP_CLASS_ROLES, OP_CLASSES, RESIZE_MODES,
                                      ROLES)
 
 NARROW_RANGE = ("required", "allowed", "forbidden")
@@ -110,9 +110,8 @@ class OpSupport:
         for role in ROLES:
             _formats(self, f"{role}_formats", problems)
         if self.op_class not in OP_CLASS_ROLES:
-            known = tuple(OP_CLASS_ROLES)
-            problems.append(Problem(f"unknown op class {self.op_class!r}{did_you_mean(self.op_class, known)} "
-                                    f"(known: {', '.join(known)})"))
+            problems.append(Problem(f"unknown op class {self.op_class!r}{did_you_mean(self.op_class, ALL_OP_CLASSES)} "
+                                    f"(known: {', '.join(ALL_OP_CLASSES)})"))
         else:
             roles = OP_CLASS_ROLES[self.op_class]
             for role in ROLES:

@@ -54,6 +54,8 @@ HOST_OP_CLASSES: tuple[str, ...] = tuple(HOST_OP_CLASS_ROLES)
 SPARSIFIABLE: tuple[str, ...] = tuple(c for c, r in OP_CLASS_ROLES.items() if "weight" in r) + ("matmul",)
 
 OP_CLASS_ROLES.update(HOST_OP_CLASS_ROLES)  # a hardware model may list them under ops:
+#: every op class a hardware model or a recipe may name
+ALL_OP_CLASSES: tuple[str, ...] = tuple(OP_CLASS_ROLES)
 
 #: Element-wise non-linear functions a vector engine may run in fp16 or through a table.
 ACTIVATION_FUNCTIONS: tuple[str, ...] = (
@@ -113,6 +115,6 @@ def check_op_class(op_class: str) -> str:
     if op_class not in OP_CLASS_ROLES:
         from dal.config.fields import did_you_mean
 
-        raise ValueError(f"op_class={op_class!r} is not a known op class{did_you_mean(op_class, tuple(OP_CLASS_ROLES))} "
-                         f"(known: {', '.join(OP_CLASS_ROLES)})")
+        raise ValueError(f"op_class={op_class!r} is not a known op class{did_you_mean(op_class, ALL_OP_CLASSES)} "
+                         f"(known: {', '.join(ALL_OP_CLASSES)})")
     return op_class
