@@ -95,3 +95,15 @@ def test_torchscript_exporter_flattens_a_dict_output_in_the_same_order():
     assert len(got) == len(want) == 4
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_hugging_face_model_output_is_walked_as_its_dict_and_rebuilt_as_itself():
+    """A ModelOutput is an OrderedDict and a dataclass: its None fields are not in the dict."""
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+    value = outputs.BaseModelOutputWithPooling(last_hidden_state=_t(2, 3), pooler_output=_t(2))
+    assert nest.names(value) == ["output.last_hidden_state", "output.pooler_output"]
+    assert [n for n, _ in nest.leaves(value)] == ["output.last_hidden_state", "output.pooler_output"]
+    out = nest.map_tensors(lambda t: -t, value)
+    assert type(out) is type(value) and list(out.keys()) == ["last_hidden_state", "pooler_output"]
+    assert torch.equal(out.pooler_output, -_t(2)) and torch.equal(out["last_hidden_state"], -_t(2, 3))
+    assert out.hidden_states is None and torch.equal(value.pooler_output, _t(2))
