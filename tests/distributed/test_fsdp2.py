@@ -1,0 +1,112 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``, two gloo processes on CPU) trains a prepared model.
+
+MnistCNN (int8_balanced, a2000) is prepared and calibrated, then sharded per QAT layer plus the
+root, or on the root only, and trained for a few SGD steps on rank-dependent batches; the same run
+under DDP is the reference. What is checked:
+
+* FSDP2 shards the weights (a rank holds half of each) but all-gathers them before a module's
+  forward: every weight quantizer is called with the full weight, and its per-channel buffers
+  (scale, zero point, observer min / max) have one entry per output channel of the full weight —
+  not the shard's (the trap: per-channel buffers at full length next to a sharded weight).
+* Quantizer buffers are identical on every rank (FSDP2 does not broadcast buffers; the observers'
+  all-reduces keep them equal).
+* The trained state (weights, scales, observer ranges) equals DDP's bit for bit.
+* The full state dict loads into a freshly prepared model, which exports.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from ddp_common import differing, free_port, is_bn_running_stat
+from fsdp2_workers import LAYERS, STEPS, fsdp2_worker
+
+pytestmark = [pytest.mark.xdist_group("ddp"), pytest.mark.slow]
+
+FSDP2 = ["fsdp2-per-layer", "fsdp2-root"]
+QUANT_BUFFERS = (".scale", ".zero_point", ".observer.min_val", ".observer.max_val")
+
+
+@pytest.fixture(scope="session")
+def out(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fsdp2")
+    mp.spawn(fsdp2_worker, args=(2, free_port(), str(path)), nprocs=2, join=True)
+    return path
+
+
+def _load(out, mode, name):
+    return torch.load(out / mode / name, weights_only=False)
+
+
+@pytest.mark.parametrize("mode", FSDP2)
+def test_weights_are_sharded_but_quantizers_see_full_weights(out, mode):
+    full = _load(out, mode, "full_rank0.pt")
+    for rank in (0, 1):
+        trace = _load(out, mode, f"trace_rank{rank}.pt")
+        for name in LAYERS:
+            w = full[f"{name}.weight"]
+            # between forwards a rank holds half of the output channels (dim 0) ...
+            assert trace["local_shapes"][f"{name}.weight"] == (w.shape[0] // 2, *w.shape[1:])
+            # ... yet every call of the weight quantizer (calibration, then each step) got all of them
+            assert trace["seen"][name] == [tuple(w.shape)] * len(trace["seen"][name])
+            assert len(trace["seen"][name]) >= STEPS
+            for suffix in QUANT_BUFFERS:
+                assert full[f"{name}.weight_quant{suffix}"].shape == (w.shape[0],), suffix
+
+
+@pytest.mark.parametrize("mode", FSDP2)
+def test_weight_observer_range_is_that_of_the_full_weights(out, mode):
+    """Oracle from torch's own reductions: the head's (running) min-max weight observer saw the
+    calibration weight and the weight before each of the steps (all the same full tensors on every
+    rank, gathered here with ``DTensor.full_tensor``): its range is their per-row amin / amax."""
+    for rank in (0, 1):
+        full = _load(out, mode, f"full_rank{rank}.pt")
+        ws = torch.stack(_load(out, mode, f"trace_rank{rank}.pt")["head_weights"])  # (STEPS, 10, 288)
+        assert ws.shape[0] == STEPS and not torch.equal(ws[0], ws[-1])  # the weights did train
+        assert torch.equal(full["head.weight_quant.observer.min_val"], ws.amin(dim=(0, 2)))
+        assert torch.equal(full["head.weight_quant.observer.max_val"], ws.amax(dim=(0, 2)))
+
+
+@pytest.mark.parametrize("mode", FSDP2)
+def test_ranks_hold_identical_quantizer_buffers(out, mode):
+    r0, r1 = _load(out, mode, "full_rank0.pt"), _load(out, mode, "full_rank1.pt")
+    quant = [k for k in r0 if k.endswith(QUANT_BUFFERS)]
+    assert len(quant) >= 4 * (2 * len(LAYERS) + 2)  # input and weight quantizers, the add's two inputs
+    assert all(r0[k].numel() for k in quant)  # calibrated: no lazy buffer left empty
+    # Everything but BN running statistics agrees; those are each rank's own (FSDP2, like DDP
+    # with broadcast_buffers=False, does not synchronise buffers), and do differ.
+    assert differing(r0, r1, skip=is_bn_running_stat) == []
+    assert differing(r0, r1) != []
+
+
+@pytest.mark.parametrize("mode", FSDP2)
+def test_fsdp2_trains_exactly_as_ddp(out, mode):
+    """Bit for bit, every tensor of the state dict on each rank, DDP(broadcast_buffers=False) as
+    the reference. Exact because each rank runs the same forward / backward on the same batch
+    with the same full weights (FSDP2 all-gathers them), and with two ranks the gradient mean
+    (g0 + g1) / 2 is one commutative rounding and an exact halving whichever collective computes
+    it; observers then see identical tensors. (Not compared with one process over the union of
+    the batches: BN normalises by each rank's own batch statistics in both DDP and FSDP2.)"""
+    for rank in (0, 1):
+        f, d = _load(out, mode, f"full_rank{rank}.pt"), _load(out, "ddp", f"full_rank{rank}.pt")
+        assert differing(f, d) == []
+        assert any(k.endswith("weight_quant.scale") for k in f)
+
+
+def test_full_state_dict_loads_into_a_fresh_model_and_exports(out, tmp_path):
+    import dal
+    from dal.zoo import MnistCNN
+
+    sd = _load(out, "fsdp2-per-layer", "full_rank0.pt")
+    x = torch.randn(2, 1, 28, 28)
+    model = dal.prepare_qat(MnistCNN(width=8), "int8_balanced", "a2000", example_inputs=(x,))
+    model.load_state_dict(sd)
+    assert differing(sd, model.state_dict()) == []
+    model.eval()
+    proto = dal.export_onnx(model, (x,), tmp_path / "fsdp2.onnx")
+    inits = [np.asarray(i.float_data if i.float_data else np.frombuffer(i.raw_data, np.float32))
+             for i in proto.graph.initializer if i.data_type == 1]
+    head_scale = sd["head.weight_quant.scale"].numpy()
+    assert any(a.shape == head_scale.shape and np.array_equal(a, head_scale) for a in inits)
