@@ -12,9 +12,9 @@ from typing import Any, Optional
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from ..formats import quantize
+from ..nest import tensors
 from ..nn.base import QATModule, QWeightedModule
 from ..nn.conv_bn import QConvBn2d
 from ..nn.norm import QBatchNorm2d
@@ -95,8 +95,8 @@ def _refuse_nan(args: tuple, kwargs: dict) -> None:
     of NaN undefined, and mapping it to a zero point would be a silently wrong result."""
     named = [(f"input {i}", a) for i, a in enumerate(args)] + [(f"input {k!r}", v) for k, v in kwargs.items()]
     for name, value in named:
-        for j, t in enumerate(tree_flatten(value)[0]):
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and bool(torch.isnan(t).any()):
+        for j, t in enumerate(tensors(value)):  # any nest (dal.nest), dataclasses too
+            if t.is_floating_point() and bool(torch.isnan(t).any()):
                 where = "" if j == 0 and isinstance(value, torch.Tensor) else f" (tensor {j} in it)"
                 n = int(torch.isnan(t).sum())
                 raise ConvertError(f"integer model: {name}{where} holds {n} NaN of {t.numel()} elements; "
@@ -112,7 +112,9 @@ def _slice_batch(args: tuple) -> tuple:
 
 
 class IntegerModel(nn.Module):
-    """The converted model; ``forward`` takes and returns what the QAT model's does."""
+    """The converted model; ``forward`` takes and returns what the QAT model's does: the same
+    nest (dict, dataclass, ``ModelOutput``, lists, non-tensor leaves), tensor leaves in the
+    order of the exported file's outputs (dal.nest)."""
 
     def __init__(self, net: nn.Module, layers: dict, requantizer: Requantizer, forms: Optional[dict] = None,
                  opset: Optional[int] = None, explicit_opset: bool = False):
