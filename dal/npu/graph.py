@@ -150,6 +150,17 @@ class Graph:
             return None
         return c[0]
 
+    def through_identity(self, name):
+        """The tensor an ai.onnx Identity chain ending in ``name`` copies (``name`` when no
+        Identity produces it). The TorchScript exporter writes one initializer for equal
+        tensors (BN-folded biases of zeros) and an Identity per further reader; onnxruntime's
+        quantize_static keeps them, so a Conv's bias can be Identity(DequantizeLinear(int32))."""
+        p = self._producer.get(name)
+        while p is not None and p.op_type == "Identity" and p.domain in ("", "ai.onnx"):
+            name = p.input[0]  # the graph is acyclic (toposort), so the chain ends
+            p = self._producer.get(name)
+        return name
+
     def const(self, name):
         return self.consts.get(name)
 

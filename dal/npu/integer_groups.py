@@ -414,7 +414,7 @@ def _plan_bias(g, node, plan, xs, ws, channels) -> bool:
     plan["bias_q"] = plan["bias_f"] = None
     if not (len(node.input) > 2 and node.input[2]):
         return True
-    bname = node.input[2]
+    bname = g.through_identity(node.input[2])
     dqb = g.producer(bname)
     if _is_dq(dqb):
         bq, bs, bz = g.const(dqb.input[0]), g.const(dqb.input[1]), g.const_opt(dqb, 2)
