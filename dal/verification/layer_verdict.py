@@ -21,7 +21,8 @@ from .near_tie import LayerEvaluator, NoBound, distance_to_tie
 from .onnx_tools import producers
 
 #: ops a quantizer's input passes through unchanged in kind: the layer is the op before them
-PASS_THROUGH = {"Relu", "Clip", "MaxPool", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
+PASS_THROUGH = {"Relu", "Clip", "MaxPool", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity",
+                "Cast"}  # Cast: an FP16 island's output rounding (float16 and back), not its computation
 
 
 def judge_codes(evaluator: Optional[LayerEvaluator], q_node, mine, theirs) -> tuple[int, int, str]:
@@ -61,7 +62,8 @@ def judge_codes(evaluator: Optional[LayerEvaluator], q_node, mine, theirs) -> tu
 def layer_of(model: onnx.ModelProto, q_node, made_by: Optional[dict] = None) -> str:
     """The layer whose own computation a quantizer's codes are: its weight quantizer's path for a
     Conv / Gemm / MatMul (``conv`` of ``conv.weight_quant.codes``), else the module path in the
-    computing node's name (``/model/add/Add`` -> ``add``), else that node's name."""
+    computing node's name (``/model/add/Add`` -> ``add``, ``/model/blocks.8/mlp/act/Mul_1`` ->
+    ``blocks.8.mlp.act``), else that node's name."""
     made_by = made_by if made_by is not None else producers(model)
     node = made_by.get(q_node.input[0])
     while node is not None and node.op_type in PASS_THROUGH:
@@ -73,9 +75,13 @@ def layer_of(model: onnx.ModelProto, q_node, made_by: Optional[dict] = None) -> 
         if w is not None and w.op_type == "DequantizeLinear" and ".weight_quant.codes" in w.input[0]:
             return w.input[0].split(".weight_quant.codes")[0]
     parts = [p for p in node.name.split("/") if p]
-    if len(parts) >= 3 and parts[0] == "model":
-        return parts[-2]
-    return node.name
+    if len(parts) < 3 or parts[0] != "model":
+        return node.name
+    path = parts[-2]  # torch's scopes: "/model/stem/stem.0/Conv", "/model/blocks.8/mlp/act/Mul_1"
+    for scope in reversed(parts[1:-2]):
+        if not path.startswith(scope + "."):
+            path = f"{scope}.{path}"
+    return path
 
 
 def dequantized_cosine(mine, theirs, zp) -> float:

@@ -26,9 +26,13 @@ Everything here is computed in float64 from the integer codes both engines were 
            * Add / Sub: ``e_a + e_b + u (|a| + |b| + e_a + e_b)``; Mul: ``|a| e_b + |b| e_a + e_a e_b + u |ab|'``;
            * AveragePool / GlobalAveragePool / ReduceMean (``n`` terms): ``mean(e) + gamma_{n+1} mean(|x| + e)``;
            * Relu, Clip, MaxPool, Max / Min (1-Lipschitz, exact in float): ``e`` carried (MaxPool: the
-             window's largest ``e``); Flatten, Reshape, Transpose, (Un)Squeeze, Identity, Concat: moved with the values;
-           * Sigmoid, Tanh, HardSigmoid, HardSwish: ``L e + 8 u |f(x)|`` (``L`` the function's Lipschitz
-             constant: 1/4, 1, alpha, 3/2; 8 ulp for a vectorised float32 implementation);
+             window's largest ``e``); Flatten, Reshape, Transpose, (Un)Squeeze, Identity, Concat, Split,
+             Slice, Expand, Gather: moved with the values (shape operands read from the engines' integers);
+           * Sigmoid, Tanh, HardSigmoid, HardSwish, Erf: ``L e + 8 u |f(x)|`` (``L`` the function's Lipschitz
+             constant: 1/4, 1, alpha, 3/2, 2/sqrt(pi); 8 ulp for a vectorised float32 implementation);
+             Div ``(e_a + |a/b| e_b) / (|b| - e_b) + u |a/b|``; Sqrt ``min(sqrt(e), e / (sqrt(x - e) + sqrt(x))) + u sqrt(x)``;
+             Pow 2 ``2 |x| e + e^2 + u (|x| + e)^2``; Exp ``exp(x) expm1(e) + 8 u exp(x + e)``;
+             Softmax over ``n``: ``1.01 y expm1(2 max e + 10 u + u |x - max x| + gamma_{n+1})``;
            * Cast to float16 / float32: ``e + 2^-11 |v|`` / ``e + u |v|``;
 
            then the output quantizer's float32 division: ``E_float = e / s_y + 2 u |v - zp_y|``.
@@ -58,7 +62,8 @@ U64 = 2.0 ** -53  # float64 unit roundoff
 U16 = 2.0 ** -11  # float16 unit roundoff
 
 LIPSCHITZ = {"Sigmoid": 0.25, "Tanh": 1.0, "HardSwish": 1.5}
-SHAPE_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Concat"}
+SHAPE_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Concat", "Split", "Slice",
+             "Expand", "Gather"}
 
 
 def gamma(n: int, u: float = U) -> float:
@@ -221,6 +226,11 @@ class LayerEvaluator:
             return Exact(v, U * v.abs(), v.abs())
         if op in ("Conv", "Gemm", "MatMul"):
             return self._linear(node)
+        if op in ("Shape", "Size", "ConstantOfShape"):  # integers known exactly: no rounding error
+            v = _t(self._int_value(name))
+            return Exact(v, torch.zeros_like(v), v.abs())
+        if op in SHAPE_OPS:  # only the data operand is a value; the others are shapes, axes, indices
+            return self._shape(node, [self._eval(node.input[0])] + [None] * (len(node.input) - 1), name)
         ins = [self._eval(i) if i else None for i in node.input]
         a = ins[0]
         if op in ("Add", "Sub"):
@@ -250,8 +260,6 @@ class LayerEvaluator:
             return self._pool(node, a, "max")
         if op in ("AveragePool", "GlobalAveragePool", "ReduceMean"):
             return self._pool(node, a, "mean")
-        if op in SHAPE_OPS:
-            return self._shape(node, ins)
         if op in LIPSCHITZ or op == "HardSigmoid":
             f = {"Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "HardSwish": F.hardswish}.get(op)
             if op == "HardSigmoid":
@@ -260,6 +268,8 @@ class LayerEvaluator:
             else:
                 v, lip = f(a.v), LIPSCHITZ[op]
             return Exact(v, lip * a.e + 8 * U * v.abs(), torch.maximum(v.abs(), a.mag))
+        if op in ("Div", "Erf", "Sqrt", "Pow", "Exp", "Softmax"):
+            return _smooth(node, op, ins)
         if op == "Cast":
             to = _attr(node, "to", 0)
             if to == onnx.TensorProto.FLOAT16:
@@ -331,6 +341,25 @@ class LayerEvaluator:
         e = F.avg_pool2d(a.e, **kw) + gamma(n + 1) * F.avg_pool2d(a.v.abs() + a.e, **kw)
         return Exact(F.avg_pool2d(a.v, **kw), e, F.avg_pool2d(a.mag, **kw))
 
+    def _int_value(self, name: str) -> np.ndarray:
+        """A shape / axes / index operand: a constant, the engines' own integers, or computed here from
+        Shape and the integer ops after it (onnx.reference), the shape being the evaluated tensor's."""
+        if name in self.consts:
+            return self.consts[name]
+        if name in self.codes:
+            return np.asarray(self.codes[name])
+        node = self.made_by.get(name)
+        if node is None:
+            raise NoBound(f"tensor {name!r}: an operand with no value")
+        if node.op_type == "Shape":
+            shape = np.array(self._eval(node.input[0]).v.shape, dtype=np.int64)
+            start, end = _attr(node, "start", 0), _attr(node, "end", None)
+            return shape[start:end]
+        args = [self._int_value(i) if i else None for i in node.input]
+        if any(a is not None and a.dtype.kind == "f" for a in args):
+            raise NoBound(f"{node.name} ({node.op_type}): a float operand where a shape was expected")
+        return _run_one(node, args, self.opset, list(node.output).index(name), keep_type=True)
+
     def _global_axes(self, node, a: Exact):
         axes = _attr(node, "axes", None)
         if axes is None and len(node.input) > 1 and node.input[1] in self.consts:
@@ -339,34 +368,74 @@ class LayerEvaluator:
             raise NoBound(f"{node.name} (ReduceMean): no axes")
         return tuple(sorted(int(d) % a.v.dim() for d in axes))
 
-    def _shape(self, node, ins) -> Exact:
-        """Apply a data-movement op to the value, its bound and its magnitude alike (onnx.reference)."""
-        data = list(ins)
-        extra = [self.consts.get(n) if n in self.consts else (self._eval(n).v.numpy() if n else None)
-                 for n in node.input]
+    def _shape(self, node, ins, name: str) -> Exact:
+        """Apply a data-movement op to the value, its bound and its magnitude alike (onnx.reference);
+        every input of a Concat is data, of the others only the first (the rest: integer operands)."""
+        data_inputs = len(node.input) if node.op_type == "Concat" else 1
+        values = [(ins[k] if ins[k] is not None else self._eval(n)) if n else None
+                  for k, n in enumerate(node.input[:data_inputs])]
+        operands = [self._int_value(n).astype(np.int64) if n else None for n in node.input[data_inputs:]]
+        index = list(node.output).index(name)
         outs = []
         for field_ in ("v", "e", "mag"):
-            args = []
-            for k, name in enumerate(node.input):
-                if node.op_type == "Concat" or k == 0:
-                    args.append(getattr(data[k], field_).numpy())
-                else:  # shape / axes / perm operands: integers, as given
-                    args.append(np.asarray(extra[k]).astype(np.int64) if extra[k] is not None else None)
-            outs.append(_t(_run_one(node, args, self.opset)))
+            args = [getattr(x, field_).numpy() if x is not None else None for x in values] + operands
+            outs.append(_t(_run_one(node, args, self.opset, index)))
         return Exact(*outs)
 
 
-def _run_one(node, args, opset: int) -> np.ndarray:
-    """One ONNX node on float64 numpy inputs, with onnx.reference (an implementation dal did not write)."""
+def _run_one(node, args, opset: int, index: int = 0, keep_type: bool = False) -> np.ndarray:
+    """Output ``index`` of one ONNX node on float64 numpy inputs, with onnx.reference (an
+    implementation dal did not write); an empty optional input stays empty."""
     from onnx.reference import ReferenceEvaluator
 
-    inputs = [f"i{k}" for k in range(len(args))]
-    n = helper.make_node(node.op_type, inputs, ["o"], **{a.name: helper.get_attribute_value(a) for a in node.attribute})
+    inputs = [f"i{k}" if a is not None else "" for k, a in enumerate(args)]
+    outs = [f"o{k}" for k in range(len(node.output))]
+    n = helper.make_node(node.op_type, inputs, outs, **{a.name: helper.get_attribute_value(a) for a in node.attribute})
     vis = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype), None)
-           for name, a in zip(inputs, args)]
-    graph = helper.make_graph([n], "one", vis, [helper.make_tensor_value_info("o", onnx.TensorProto.DOUBLE, None)])
+           for name, a in zip(inputs, args) if name]
+    graph = helper.make_graph([n], "one", vis, [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+                                                for o in outs])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    return np.asarray(ReferenceEvaluator(model).run(None, dict(zip(inputs, args)))[0], dtype=np.float64)
+    feed = {name: a for name, a in zip(inputs, args) if name}
+    out = np.asarray(ReferenceEvaluator(model).run(None, feed)[index])
+    return out if keep_type else out.astype(np.float64)
+
+
+def _smooth(node, op: str, ins: list) -> Exact:
+    """Div, Erf, Sqrt, Pow (exponent 2), Exp, Softmax: the value in float64 and the float32 bound
+    (module docstring): the function's change over the input's error interval, plus 8 ulp of the result."""
+    a = ins[0]
+    if op == "Div":
+        b = ins[1]
+        room = b.v.abs() - b.e
+        if not bool((room > 0).all()):
+            raise NoBound(f"{node.name} (Div): the divisor's error bound reaches 0")
+        v = a.v / b.v
+        return Exact(v, (a.e + v.abs() * b.e) / room + U * v.abs(), a.mag / room)
+    if op == "Erf":
+        v = torch.erf(a.v)
+        return Exact(v, 2 / np.sqrt(np.pi) * a.e + 8 * U * v.abs(), torch.ones_like(v))
+    if op == "Sqrt":
+        v = a.v.clamp_min(0).sqrt()
+        lo = (a.v - a.e).clamp_min(0)
+        e = torch.minimum(a.e.sqrt(), a.e / (lo.sqrt() + v).clamp_min(1e-300))
+        return Exact(v, e + U * v.abs(), a.mag.sqrt())
+    if op == "Pow":
+        p = ins[1].v
+        if p.numel() != 1 or float(p) != 2.0:
+            raise NoBound(f"{node.name} (Pow): only the exponent 2 is modelled")
+        v = a.v * a.v
+        return Exact(v, 2 * a.v.abs() * a.e + a.e * a.e + U * (a.v.abs() + a.e) ** 2, a.mag * a.mag)
+    if op == "Exp":
+        v = torch.exp(a.v)
+        return Exact(v, v * torch.expm1(a.e) + 8 * U * v * torch.exp(a.e), torch.exp(a.v + a.e))
+    axis = _attr(node, "axis", -1)
+    v = torch.softmax(a.v, dim=axis)
+    n = a.v.shape[axis]
+    worst_in = a.e.amax(dim=axis, keepdim=True)
+    spread = (a.v - a.v.amax(dim=axis, keepdim=True)).abs()
+    rel = 2 * worst_in + 10 * U + U * spread + gamma(n + 1)
+    return Exact(v, 1.01 * v * torch.expm1(rel) + 1e-300, torch.ones_like(v))
 
 
 def _attr(node, name: str, default):
