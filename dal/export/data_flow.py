@@ -79,12 +79,26 @@ class _ValueFlow(TorchFunctionMode):
         return out
 
 
+@contextlib.contextmanager
+def _no_mha_fast_path():
+    """torch's fused attention path off for this forward, as in the trace (which runs with grad
+    enabled for that reason): its checks read mask values inside torch. The forward itself runs
+    without grad, so a module caching a tensor in eval (timm LeViT's attention biases) keeps a
+    leaf that ``copy.deepcopy`` (dal.convert) accepts."""
+    was = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(was)
+
+
 def value_dependent_lines(model, args: tuple, context: Callable = contextlib.nullcontext) -> list[str]:
     """``file:line: <conversion> of a value computed from the inputs (n calls): <source>`` for each
     place ``model(*args)``, run inside ``context()``, hands a value computed from its inputs to
     Python; [] when there is none."""
     inputs = nest.tensors(args)
-    with context(), _ValueFlow(inputs) as flow:
+    with context(), torch.no_grad(), _no_mha_fast_path(), _ValueFlow(inputs) as flow:
         model(*args)
     lines = []
     for (path, lineno, how), n in flow.found.items():

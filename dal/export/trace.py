@@ -202,5 +202,5 @@ def _after_trace(model, args, plan, seen) -> None:
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
     if traced_flow:
-        with eval_mode(model), torch.enable_grad():
+        with eval_mode(model):
             check_static(model, args, lambda: _placeholders(plan, {}))

@@ -114,3 +114,36 @@ def test_plain_model_exports_without_warnings(tmp_path):
         warnings.simplefilter("always")
         dal.export_onnx(model, (x,), str(tmp_path / "m.onnx"))
     assert not [str(w.message) for w in seen]
+
+
+class CachesInEval(nn.Module):
+    """timm LeViT's pattern: in eval (not tracing) a tensor computed from a parameter is cached."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.bias = nn.Parameter(torch.randn(4))
+        self.cache = {}
+
+    def forward(self, x):
+        if x.shape[1] != 3:  # flow on a shape: torch warns while tracing, the value check runs
+            raise ValueError("three tokens")
+        if torch.jit.is_tracing() or self.training:
+            b = self.bias * 2
+        else:
+            b = self.cache.setdefault("b", self.bias * 2)
+        return self.fc(x) + b
+
+
+def test_the_value_check_leaves_no_graph_in_the_model():
+    """The check's forward runs without grad: a cached tensor stays a leaf, the model deep-copies
+    (dal.convert copies it)."""
+    import copy
+    x = torch.randn(2, 3, 4)
+    model = _prepared(CachesInEval(), x)
+    owner = next(m for m in model.modules() if hasattr(m, "cache"))
+    owner.cache.clear()  # prepare's and calibrate's forwards filled it
+    dal.export_onnx(model, (x,))
+    assert owner.cache  # the value check's forward filled it again
+    assert all(t.grad_fn is None for t in owner.cache.values())
+    copy.deepcopy(model)
