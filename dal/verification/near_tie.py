@@ -141,7 +141,7 @@ class LayerEvaluator:
         zp = self.consts.get(q_node.input[2]) if len(q_node.input) > 2 and q_node.input[2] else np.zeros(())
         if scale is None or zp is None:
             raise NoBound(f"{q_node.name}: its scale or zero point is not a constant")
-        axis = _attr(q_node, "axis", 1)
+        axis = attr(q_node, "axis", 1)
         rank = x.v.dim()
         s, z = _axis_shape(scale, rank, axis), _axis_shape(zp, rank, axis)
         codes = x.v.numpy() / s
@@ -168,8 +168,16 @@ class LayerEvaluator:
             m, n = fixed_point_params(mult, bits)
             rel.append(abs(m * 2.0 ** -n / mult - 1.0))
         rel_a = np.asarray(rel)
-        rel_t = rel_a.reshape(()) if rel_a.size == 1 else rel_a.reshape([1, -1] + [1] * (rank - 2))
+        channel_last = self._group_op(q_node) != "Conv"  # Gemm / MatMul: output channels last
+        shape = [1] * (rank - 1) + [-1] if channel_last else [1, -1] + [1] * (rank - 2)
+        rel_t = rel_a.reshape(()) if rel_a.size == 1 else rel_a.reshape(shape)
         return (rel_t + 2 * U) * abs_codes
+
+    def _group_op(self, q_node) -> str:
+        node = self.made_by.get(q_node.input[0])
+        while node is not None and node.op_type in ("Relu", "Clip"):
+            node = self.made_by.get(node.input[0])
+        return node.op_type if node is not None else ""
 
     def _group_scales(self, q_node):
         """(s_x, s_w, s_y) when ``q_node`` ends a DQ -> Conv/Gemm/MatMul [-> Relu/Clip] -> Q group."""
@@ -219,7 +227,7 @@ class LayerEvaluator:
             q = self._integer(node.input[0])
             if q.dtype.kind not in "iu":
                 raise NoBound(f"{node.name}: DequantizeLinear of {q.dtype} (not integer codes)")
-            rank, axis = q.ndim, _attr(node, "axis", 1)
+            rank, axis = q.ndim, attr(node, "axis", 1)
             s = _axis_shape(self.consts[node.input[1]], rank, axis)
             z = _axis_shape(self.consts[node.input[2]], rank, axis) if len(node.input) > 2 and node.input[2] else 0
             v = _t((q.astype(np.float64) - z) * s)
@@ -246,8 +254,8 @@ class LayerEvaluator:
         if op == "Relu":
             return Exact(a.v.clamp_min(0), a.e, a.mag)
         if op == "Clip":
-            lo = ins[1].v if len(ins) > 1 and ins[1] is not None else _attr(node, "min", None)
-            hi = ins[2].v if len(ins) > 2 and ins[2] is not None else _attr(node, "max", None)
+            lo = ins[1].v if len(ins) > 1 and ins[1] is not None else attr(node, "min", None)
+            hi = ins[2].v if len(ins) > 2 and ins[2] is not None else attr(node, "max", None)
             v = a.v
             v = torch.maximum(v, torch.as_tensor(lo, dtype=torch.float64)) if lo is not None else v
             v = torch.minimum(v, torch.as_tensor(hi, dtype=torch.float64)) if hi is not None else v
@@ -263,15 +271,17 @@ class LayerEvaluator:
         if op in LIPSCHITZ or op == "HardSigmoid":
             f = {"Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "HardSwish": F.hardswish}.get(op)
             if op == "HardSigmoid":
-                alpha, beta = _attr(node, "alpha", 0.2), _attr(node, "beta", 0.5)
+                alpha, beta = attr(node, "alpha", 0.2), attr(node, "beta", 0.5)
                 v, lip = (alpha * a.v + beta).clamp(0, 1), abs(alpha)
             else:
                 v, lip = f(a.v), LIPSCHITZ[op]
             return Exact(v, lip * a.e + 8 * U * v.abs(), torch.maximum(v.abs(), a.mag))
         if op in ("Div", "Erf", "Sqrt", "Pow", "Exp", "Softmax"):
-            return _smooth(node, op, ins)
+            from .near_tie_smooth import smooth_bound
+
+            return smooth_bound(node, op, ins)
         if op == "Cast":
-            to = _attr(node, "to", 0)
+            to = attr(node, "to", 0)
             if to == onnx.TensorProto.FLOAT16:
                 return Exact(a.v, a.e + U16 * (a.v.abs() + a.e), a.mag)
             if to == onnx.TensorProto.FLOAT:
@@ -283,24 +293,24 @@ class LayerEvaluator:
         x, w = self._eval(node.input[0]), self._eval(node.input[1])
         b = self._eval(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if op == "Conv":
-            if _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            if attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
                 raise NoBound(f"{node.name} (Conv): auto_pad is not modelled")
             nd = x.v.dim() - 2
             conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}.get(nd)
             if conv is None:
                 raise NoBound(f"{node.name} (Conv): {nd}-D convolution is not modelled")
-            pads = list(_attr(node, "pads", [0] * (2 * nd)))
+            pads = list(attr(node, "pads", [0] * (2 * nd)))
             if pads[:nd] != pads[nd:]:
                 raise NoBound(f"{node.name} (Conv): asymmetric pads are not modelled")
-            kw = dict(stride=tuple(_attr(node, "strides", [1] * nd)), padding=tuple(pads[:nd]),
-                      dilation=tuple(_attr(node, "dilations", [1] * nd)), groups=_attr(node, "group", 1))
+            kw = dict(stride=tuple(attr(node, "strides", [1] * nd)), padding=tuple(pads[:nd]),
+                      dilation=tuple(attr(node, "dilations", [1] * nd)), groups=attr(node, "group", 1))
             fn = lambda a, c: conv(a, c, None, **kw)  # noqa: E731
             n = int(np.prod(w.v.shape[1:]))
             bshape = [1, -1] + [1] * nd
         else:
-            ta, tb = (_attr(node, "transA", 0), _attr(node, "transB", 0)) if op == "Gemm" else (0, 0)
-            alpha = _attr(node, "alpha", 1.0) if op == "Gemm" else 1.0
-            if op == "Gemm" and (alpha != 1.0 or _attr(node, "beta", 1.0) != 1.0):
+            ta, tb = (attr(node, "transA", 0), attr(node, "transB", 0)) if op == "Gemm" else (0, 0)
+            alpha = attr(node, "alpha", 1.0) if op == "Gemm" else 1.0
+            if op == "Gemm" and (alpha != 1.0 or attr(node, "beta", 1.0) != 1.0):
                 raise NoBound(f"{node.name} (Gemm): alpha / beta other than 1 are not modelled")
             fa = (lambda t: t.transpose(-1, -2)) if ta else (lambda t: t)
             fb = (lambda t: t.transpose(-1, -2)) if tb else (lambda t: t)
@@ -320,23 +330,23 @@ class LayerEvaluator:
         nd = a.v.dim() - 2
         if op == "GlobalAveragePool" or (op == "ReduceMean" and self._global_axes(node, a)):
             dims = tuple(range(2, a.v.dim())) if op == "GlobalAveragePool" else self._global_axes(node, a)
-            keep = True if op == "GlobalAveragePool" else bool(_attr(node, "keepdims", 1))
+            keep = True if op == "GlobalAveragePool" else bool(attr(node, "keepdims", 1))
             n = int(np.prod([a.v.shape[d] for d in dims]))
             mean = lambda t: t.mean(dim=dims, keepdim=keep)  # noqa: E731
             return Exact(mean(a.v), mean(a.e) + gamma(n + 1) * mean(a.v.abs() + a.e), mean(a.mag))
-        if nd != 2 or _attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        if nd != 2 or attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             raise NoBound(f"{node.name} ({op}): only 2-D pooling with explicit pads is modelled")
-        k = tuple(_attr(node, "kernel_shape", None))
-        pads = list(_attr(node, "pads", [0] * 4))
+        k = tuple(attr(node, "kernel_shape", None))
+        pads = list(attr(node, "pads", [0] * 4))
         if pads[:2] != pads[2:]:
             raise NoBound(f"{node.name} ({op}): asymmetric pads are not modelled")
-        kw = dict(kernel_size=k, stride=tuple(_attr(node, "strides", [1, 1])), padding=tuple(pads[:2]),
-                  ceil_mode=bool(_attr(node, "ceil_mode", 0)))
+        kw = dict(kernel_size=k, stride=tuple(attr(node, "strides", [1, 1])), padding=tuple(pads[:2]),
+                  ceil_mode=bool(attr(node, "ceil_mode", 0)))
         if how == "max":
-            if tuple(_attr(node, "dilations", [1, 1])) != (1, 1):
+            if tuple(attr(node, "dilations", [1, 1])) != (1, 1):
                 raise NoBound(f"{node.name} (MaxPool): dilations are not modelled")
             return Exact(F.max_pool2d(a.v, **kw), F.max_pool2d(a.e, **kw), F.max_pool2d(a.mag, **kw))
-        kw["count_include_pad"] = bool(_attr(node, "count_include_pad", 0))
+        kw["count_include_pad"] = bool(attr(node, "count_include_pad", 0))
         n = int(np.prod(k))
         e = F.avg_pool2d(a.e, **kw) + gamma(n + 1) * F.avg_pool2d(a.v.abs() + a.e, **kw)
         return Exact(F.avg_pool2d(a.v, **kw), e, F.avg_pool2d(a.mag, **kw))
@@ -353,7 +363,7 @@ class LayerEvaluator:
             raise NoBound(f"tensor {name!r}: an operand with no value")
         if node.op_type == "Shape":
             shape = np.array(self._eval(node.input[0]).v.shape, dtype=np.int64)
-            start, end = _attr(node, "start", 0), _attr(node, "end", None)
+            start, end = attr(node, "start", 0), attr(node, "end", None)
             return shape[start:end]
         args = [self._int_value(i) if i else None for i in node.input]
         if any(a is not None and a.dtype.kind == "f" for a in args):
@@ -361,7 +371,7 @@ class LayerEvaluator:
         return _run_one(node, args, self.opset, list(node.output).index(name), keep_type=True)
 
     def _global_axes(self, node, a: Exact):
-        axes = _attr(node, "axes", None)
+        axes = attr(node, "axes", None)
         if axes is None and len(node.input) > 1 and node.input[1] in self.consts:
             axes = self.consts[node.input[1]].reshape(-1).tolist()
         if axes is None:
@@ -401,44 +411,8 @@ def _run_one(node, args, opset: int, index: int = 0, keep_type: bool = False) ->
     return out if keep_type else out.astype(np.float64)
 
 
-def _smooth(node, op: str, ins: list) -> Exact:
-    """Div, Erf, Sqrt, Pow (exponent 2), Exp, Softmax: the value in float64 and the float32 bound
-    (module docstring): the function's change over the input's error interval, plus 8 ulp of the result."""
-    a = ins[0]
-    if op == "Div":
-        b = ins[1]
-        room = b.v.abs() - b.e
-        if not bool((room > 0).all()):
-            raise NoBound(f"{node.name} (Div): the divisor's error bound reaches 0")
-        v = a.v / b.v
-        return Exact(v, (a.e + v.abs() * b.e) / room + U * v.abs(), a.mag / room)
-    if op == "Erf":
-        v = torch.erf(a.v)
-        return Exact(v, 2 / np.sqrt(np.pi) * a.e + 8 * U * v.abs(), torch.ones_like(v))
-    if op == "Sqrt":
-        v = a.v.clamp_min(0).sqrt()
-        lo = (a.v - a.e).clamp_min(0)
-        e = torch.minimum(a.e.sqrt(), a.e / (lo.sqrt() + v).clamp_min(1e-300))
-        return Exact(v, e + U * v.abs(), a.mag.sqrt())
-    if op == "Pow":
-        p = ins[1].v
-        if p.numel() != 1 or float(p) != 2.0:
-            raise NoBound(f"{node.name} (Pow): only the exponent 2 is modelled")
-        v = a.v * a.v
-        return Exact(v, 2 * a.v.abs() * a.e + a.e * a.e + U * (a.v.abs() + a.e) ** 2, a.mag * a.mag)
-    if op == "Exp":
-        v = torch.exp(a.v)
-        return Exact(v, v * torch.expm1(a.e) + 8 * U * v * torch.exp(a.e), torch.exp(a.v + a.e))
-    axis = _attr(node, "axis", -1)
-    v = torch.softmax(a.v, dim=axis)
-    n = a.v.shape[axis]
-    worst_in = a.e.amax(dim=axis, keepdim=True)
-    spread = (a.v - a.v.amax(dim=axis, keepdim=True)).abs()
-    rel = 2 * worst_in + 10 * U + U * spread + gamma(n + 1)
-    return Exact(v, 1.01 * v * torch.expm1(rel) + 1e-300, torch.ones_like(v))
-
-
-def _attr(node, name: str, default):
+def attr(node, name: str, default):
+    """An ONNX node attribute's value, or ``default``."""
     for a in node.attribute:
         if a.name == name:
             return helper.get_attribute_value(a)
