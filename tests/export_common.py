@@ -98,7 +98,7 @@ def calibrated_mixed(seed: int = 0) -> tuple[MixedNet, torch.Tensor]:
 
 def prepared(model: nn.Module, x: torch.Tensor, recipe: str, hardware=None, batches: int = 2) -> nn.Module:
     """prepare_qat + calibrate on random data (same shape as ``x``), eval mode."""
-    model = dal.prepare_qat(model, recipe=recipe, hardware=hardware, example_inputs=(x,))
+    model = dal.prepare_qat(model, recipe=recipe, hardware=hardware, example_inputs=(x,), quantize_outputs=True)
     g = torch.Generator().manual_seed(1)
     dal.calibrate(model, [torch.randn(x.shape, generator=g) for _ in range(batches)], progress=False)
     return model.eval()

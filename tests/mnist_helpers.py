@@ -35,7 +35,8 @@ def prepared(model, recipe=W4A8, example=None):
     import dal
 
     x = example if example is not None else torch.zeros(2, 1, 28, 28)
-    return dal.prepare_qat(copy.deepcopy(model), recipe=recipe, hardware="a2000", example_inputs=(x,))
+    return dal.prepare_qat(copy.deepcopy(model), recipe=recipe, hardware="a2000",
+                           example_inputs=(x,), quantize_outputs=True)
 
 
 def accuracy(model, batches) -> float:

@@ -62,9 +62,12 @@ class QATCallback(Callback):
             ({student_module: teacher_module}, names after prepare_qat), ``feature_weight``,
             ``projection`` (learnable projections, registered on the LightningModule as
             ``dal_feature_proj`` so ``self.parameters()`` covers them).
-        example_inputs: a tensor or tuple for ``prepare_qat`` (output quantizers) and export;
-            default: the LightningModule's ``example_input_array``, else (export only) one sample
-            of the first calibration batch.
+        example_inputs: a tensor or tuple for ``prepare_qat`` and export; default: the
+            LightningModule's ``example_input_array``, else (export only) one sample of the first
+            calibration batch.
+        quantize_outputs: as for ``prepare_qat`` (needs ``example_inputs``): output quantizers on
+            the model's outputs; None: the recipe's ``quantize_outputs`` (default False: the
+            outputs feed the loss and stay float).
         model_attr: which attribute of the LightningModule holds the network. Default: ``"model"``
             if present, else the first child module with parameters (the teacher excluded),
             else the LightningModule itself (``""`` forces that). When the network's forward
@@ -86,7 +89,8 @@ class QATCallback(Callback):
                  freeze_observers_at_epoch: Optional[int] = None, freeze_bn_at_epoch: Optional[int] = None,
                  export_path=None, verify: bool = True, teacher: Optional[nn.Module] = None,
                  example_inputs=None, model_attr: Optional[str] = None, distill: Optional[Mapping] = None,
-                 calibrate_input_fn: Optional[Callable] = None, export_kwargs: Optional[dict] = None):
+                 calibrate_input_fn: Optional[Callable] = None, export_kwargs: Optional[dict] = None,
+                 quantize_outputs: Optional[bool] = None):
         super().__init__()
         from ..hardware import load_hardware
         from ..recipe import load_recipe
@@ -102,6 +106,7 @@ class QATCallback(Callback):
         self.export_path = export_path
         self.verify = verify
         self.example_inputs = as_tuple(example_inputs)
+        self.quantize_outputs = quantize_outputs
         self.model_attr = model_attr
         self.calibrate_input_fn = calibrate_input_fn
         self.export_kwargs = dict(export_kwargs or {})
@@ -132,7 +137,7 @@ class QATCallback(Callback):
             self.example_inputs = as_tuple(getattr(pl_module, "example_input_array", None))
         if not any(True for _ in quantizers(net)):  # a second fit / test on the same module: already prepared
             prepared = prepare_qat(net, recipe=self.recipe, hardware=self.hardware,
-                                   example_inputs=self.example_inputs)
+                                   example_inputs=self.example_inputs, quantize_outputs=self.quantize_outputs)
             set_target(pl_module, self._attr, prepared)
             if stage == "fit":  # only a fit calibrates (and trains) under the wrapper
                 _refuse_learnable_under_ddp(trainer, prepared)
@@ -207,7 +212,8 @@ class QATCallback(Callback):
         # example_inputs must be exactly what prepare_qat saw (they decide the output quantizers);
         # the export example is kept apart so an export after resuming has an input too.
         checkpoint[KEY] = make_payload(self.recipe, self.hardware, self._attr,
-                                       first_sample(self.example_inputs) if self.example_inputs else None)
+                                       first_sample(self.example_inputs) if self.example_inputs else None,
+                                       self.quantize_outputs)
         checkpoint[KEY]["export_example"] = self._export_example
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:

@@ -3,7 +3,8 @@
 ``checkpoint["dal"]`` (written by ``QATCallback.on_save_checkpoint``)::
 
     {"version": dal.__version__, "recipe": Recipe.to_dict(), "hardware": HardwareModel.to_dict() | None,
-     "model_attr": "model" | None, "example_inputs": (one CPU sample per input,) | None}
+     "model_attr": "model" | None, "example_inputs": (one CPU sample per input,) | None,
+     "quantize_outputs": True | False | None}
 
 That is everything ``prepare_qat`` needs to rebuild the same module tree (same quantizers,
 same output quantizers) before ``load_state_dict`` restores scales, zero points, observer
@@ -19,12 +20,13 @@ from torch import nn
 KEY = "dal"
 
 
-def make_payload(recipe, hardware, model_attr: Optional[str], example_inputs) -> dict:
+def make_payload(recipe, hardware, model_attr: Optional[str], example_inputs,
+                 quantize_outputs: Optional[bool] = None) -> dict:
     import dal
 
     return {"version": dal.__version__, "recipe": recipe.to_dict(),
             "hardware": hardware.to_dict() if hardware is not None else None,
-            "model_attr": model_attr, "example_inputs": example_inputs}
+            "model_attr": model_attr, "example_inputs": example_inputs, "quantize_outputs": quantize_outputs}
 
 
 def check_payload(payload: Optional[dict], recipe, hardware, where: str) -> None:
@@ -66,7 +68,8 @@ def restore_qat_checkpoint(pl_module: nn.Module, checkpoint, strict: bool = True
     attr = payload.get("model_attr")
     inner = get_target(pl_module, attr)
     prepared = prepare_qat(inner, recipe=payload["recipe"], hardware=payload["hardware"],
-                           example_inputs=payload.get("example_inputs"))
+                           example_inputs=payload.get("example_inputs"),
+                           quantize_outputs=payload.get("quantize_outputs"))
     set_target(pl_module, attr, prepared)
     pl_module.load_state_dict(ckpt["state_dict"], strict=strict)
     return pl_module

@@ -9,6 +9,7 @@ before anything but the replacement changed), and the plan carried out. The repo
 from __future__ import annotations
 
 import copy
+from typing import Optional
 
 import torch
 from torch import nn
@@ -33,7 +34,7 @@ from .sparsity_step import attach_sparsity
 
 
 def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example_inputs=None,
-                inplace: bool = True, strict: bool = False) -> nn.Module:
+                inplace: bool = True, strict: bool = False, quantize_outputs: Optional[bool] = None) -> nn.Module:
     """Turn ``model`` into a QAT model: fuse, swap, quantize functional ops; return the model.
 
     Args:
@@ -45,9 +46,14 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
             NPU, an unfolded BatchNorm, an LSTM), is refused with every offender listed, each with
             its fix (a replacement rule such as ``lut_activation``, or a ``skip: true`` rule that
             keeps it off the NPU on purpose).
-        example_inputs: a tuple of example inputs; with them, the layers producing the model's
-            outputs get output quantizers (so the exported graph ends in integers), and QAT
-            modules whose forward never runs go back to float.
+        example_inputs: a tuple of example inputs; with them, QAT modules whose forward never
+            runs go back to float, and the layers producing the model's outputs are found (see
+            ``quantize_outputs``).
+        quantize_outputs: whether those output layers get output quantizers, so the exported
+            graph ends in integer codes (None: the recipe's ``quantize_outputs``, default False).
+            Off by default: outputs feed the loss, and a quantizer calibrated on an untrained
+            model would clip the logits to its small range, which a clipped straight-through
+            gradient never widens. The report's notes name the outputs either way.
         inplace: modify ``model`` (default) or a deep copy.
         strict: raise for modules with parameters no QAT module handles and for ops the hardware
             has no engine for (report status "host": nonzero, integer compares, cumsum, ...).
@@ -103,7 +109,8 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     if is_detector(model):
         guard(model)  # detector(images, targets): a wrong format is named in one line
     if example_inputs is not None:
-        _after_example_forward(model, example_inputs, resolve, report)
+        _after_example_forward(model, example_inputs, resolve, report,
+                               rec.quantize_outputs if quantize_outputs is None else bool(quantize_outputs))
     attach_sparsity(model, rec, hw, report)
     apply_constraints(model, hw, report)
     if rec.train == "scales_only":  # recipe key train: scales_only (dal/prepare/scales_only.py)
@@ -130,11 +137,14 @@ def _refuse_unknown(plan, strict: bool) -> None:
                          f"module:\n{listing}")
 
 
-def _after_example_forward(model: nn.Module, example_inputs: tuple, resolve, report: PrepareReport) -> None:
+def _after_example_forward(model: nn.Module, example_inputs: tuple, resolve, report: PrepareReport,
+                           quantize_outputs: bool) -> None:
     """One forward with every quantizer off (no observer counts the example, often zeros, as a
     calibration batch, and nothing all-reduces under DDP): QAT modules that never run go back
-    to float (their weights are used functionally elsewhere), and the QAT layers whose results
-    are the model's outputs get an output quantizer, so exported outputs are integers."""
+    to float (their weights are used functionally elsewhere). The QAT layers whose results are
+    the model's outputs get an output quantizer only when the recipe says ``quantize_outputs:
+    true`` (exported outputs are then integers); by default those outputs stay float, because
+    they feed the loss, and the report's notes name them either way."""
     called, produced = set(), {}
     hooks = []
     for name, mod in model.named_modules():
@@ -166,10 +176,15 @@ def _after_example_forward(model: nn.Module, example_inputs: tuple, resolve, rep
         spec = resolve(name, float_type_name(mod), op_class_of(mod))
         if getattr(mod, "output_quant", None) is None and hasattr(mod, "output_quant") and spec is not None \
                 and spec.input is not None and not spec.fallback_fp16:
-            mod.output_quant = make_quantizer(spec.input, None, f"{name}.output_quant")
+            if quantize_outputs:
+                mod.output_quant = make_quantizer(spec.input, None, f"{name}.output_quant")
             names.append(name)
-    if names:
-        report.notes.append(f"output quantizer added to {', '.join(names)} (model outputs)")
+    if names and quantize_outputs:
+        report.notes.append(f"output quantizer added to {', '.join(names)} (model outputs; recipe "
+                            "quantize_outputs: true)")
+    elif names:
+        report.notes.append(f"model outputs left in float: {', '.join(names)} (they feed the loss; recipe "
+                            "quantize_outputs: true quantizes them)")
 
 
 def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:

@@ -16,7 +16,7 @@ from dal.recipe.rule import Rule
 from dal.recipe.spec import OBSERVERS, TensorSpec, role_defaults
 
 TOP_KEYS = ("name", "description", "hardware", "calibration", "replace", "sparsity_schedule", "ptq", "train",
-            "rules")
+            "quantize_outputs", "rules")
 CALIBRATION_KEYS = ("method", "num_batches", "args")
 RULE_KEYS = ("match", "type", "position", "weight", "input", "output", "fallback", "skip", "sparsity", "replace")
 SPEC_KEYS = ("format", "granularity", "axis", "group_size", "symmetric", "narrow_range", "observer",
@@ -44,6 +44,8 @@ def parse_recipe(doc: YamlDoc) -> Recipe:
         kw["ptq"] = _ptq(c, data["ptq"])
     if data.get("train") is not None:
         kw["train"] = c.string(data["train"], ("train",), TRAIN_MODES)
+    if data.get("quantize_outputs") is not None:
+        kw["quantize_outputs"] = c.boolean(data["quantize_outputs"], ("quantize_outputs",))
     kw["rules"] = _rules(c, data.get("rules"), doc)
     c.raise_if_any(RecipeError, doc)
     c.build((), Recipe, source=doc.source, **kw)

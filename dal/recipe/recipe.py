@@ -60,6 +60,11 @@ class Recipe:
         ptq: names of PTQ steps (``PTQ_STEPS``) that ``dal.ptq.quantize_ptq`` runs, in order.
         train: ``"all"`` or ``"scales_only"`` (``prepare_qat`` freezes every weight, bias and BN
             statistic; only the ``learnable: true`` quantizers' scales and zero points train).
+        quantize_outputs: False (the default): the model's outputs stay in float (they feed the
+            loss; an output quantizer calibrated on an untrained model clips the logits to its
+            small range and, with a straight-through gradient of zero outside it, training never
+            widens it). True: with ``example_inputs``, the QAT layers whose results are the
+            model's outputs get an output quantizer, so the exported outputs are integer codes.
         rules: ``Rule`` objects; the first that matches a layer decides for it.
         source: file it was loaded from (not compared: a saved and reloaded recipe is equal).
     """
@@ -72,6 +77,7 @@ class Recipe:
     sparsity_schedule: str | tuple | None = None
     ptq: tuple[str, ...] = ()
     train: str = "all"
+    quantize_outputs: bool = False
     rules: tuple[Rule, ...] = ()
     source: str | None = field(default=None, compare=False, repr=False)
     sparsity_schedule_at: str | None = field(default=None, compare=False, repr=False)  # "file:line"
@@ -224,6 +230,8 @@ class Recipe:
             out["ptq"] = list(self.ptq)
         if self.train != "all":
             out["train"] = self.train
+        if self.quantize_outputs:
+            out["quantize_outputs"] = True
         out["rules"] = [r.to_dict() for r in self.rules]
         return out
 

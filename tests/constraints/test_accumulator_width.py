@@ -36,7 +36,7 @@ def _prepared(bits=24, overflow="saturate"):
         warnings.simplefilter("always")
         m = dal.prepare_qat(net, recipe="pow2_int8", hardware=pow2_hw(name="pow2_int8_acc24", accumulator_bits=bits,
                                                                        accumulator_overflow=overflow),
-                            example_inputs=(x,))
+                            example_inputs=(x,), quantize_outputs=True)
     return m, x, [str(w.message) for w in caught if "accumulator" in str(w.message)]
 
 

@@ -100,7 +100,7 @@ def test_fixed_scale_and_rounding_from_the_recipe():
 def cat_file(tmp_path_factory):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 8, 8)
-    m = dal.prepare_qat(CatNet(), recipe="pow2_int8", hardware="pow2_int8", example_inputs=(x,))
+    m = dal.prepare_qat(CatNet(), recipe="pow2_int8", hardware="pow2_int8", example_inputs=(x,), quantize_outputs=True)
     dal.calibrate(m, [(torch.randn(2, 3, 8, 8) * (1 + i),) for i in range(3)], progress=False)
     return m, export(m, x, tmp_path_factory.mktemp("pow2") / "cat.onnx")
 
@@ -153,7 +153,7 @@ def test_a_concat_group_is_calibrated_on_the_union_of_its_ranges():
     with torch.no_grad():
         float_model.b.bias.fill_(-3.0)  # b's outputs mostly negative, a's (ReLU) non-negative
         u = torch.cat([torch.relu(float_model.a(x)), float_model.b(x)], 1)
-    m = dal.prepare_qat(float_model, recipe=recipe, hardware="pow2_int8", example_inputs=(x,))
+    m = dal.prepare_qat(float_model, recipe=recipe, hardware="pow2_int8", example_inputs=(x,), quantize_outputs=True)
     dal.calibrate(m, [(x,)], progress=False)
     lo, hi = min(float(u.min()), 0.0), max(float(u.max()), 0.0)
     scale = 2.0 ** math.ceil(math.log2((hi - lo) / 255))

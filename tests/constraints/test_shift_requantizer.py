@@ -15,7 +15,7 @@ from ref64 import run_group
 def pow2_file(tmp_path_factory):
     torch.manual_seed(3)
     x = torch.randn(2, 3, 8, 8)
-    m = dal.prepare_qat(CatNet(), recipe="pow2_int8", hardware="pow2_int8", example_inputs=(x,))
+    m = dal.prepare_qat(CatNet(), recipe="pow2_int8", hardware="pow2_int8", example_inputs=(x,), quantize_outputs=True)
     dal.calibrate(m, [(torch.randn(2, 3, 8, 8),) for _ in range(3)], progress=False)
     return export(m, x, tmp_path_factory.mktemp("shift") / "m.onnx")
 

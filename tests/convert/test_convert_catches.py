@@ -66,7 +66,7 @@ def test_wrong_rounding_in_integer_model_is_caught(mnist_a1000, monkeypatch):
 
 def test_never_calibrated_names_the_quantizers():
     model = dal.prepare_qat(MnistCNN(), recipe="int8_balanced", hardware="a2000",
-                            example_inputs=(torch.randn(1, 1, 28, 28),))
+                            example_inputs=(torch.randn(1, 1, 28, 28),), quantize_outputs=True)
     with pytest.raises(ConvertError, match=r"stem\.0\.input_quant.*\n(.*\n)*.*before dal\.convert"):
         dal.convert(model)
 

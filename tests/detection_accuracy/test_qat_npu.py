@@ -40,7 +40,8 @@ def _qat_and_npu(model_class, task, recipe, data, tmp_path):
     torch.manual_seed(0)  # before the model is built: its initial weights must not depend on test order
     net = model_class(width=8)
     train_steps(net, train, task, 160 if task == "detect" else 120, lr=3e-3)
-    qat = dal.prepare_qat(net, recipe=recipe, hardware="a2000", example_inputs=(test.images[:4],))
+    qat = dal.prepare_qat(net, recipe=recipe, hardware="a2000",
+                          example_inputs=(test.images[:4],), quantize_outputs=True)
     dal.calibrate(qat, image_batches(train, 32), num_batches=4, progress=False)
     train_steps(qat, train, task, 8, lr=5e-4, seed=1)
     set_quantizer_state(qat, "frozen")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_observe_state_is_refused_naming_every_quantizer():
     x = torch.randn(2, 3, 16, 16)
-    model = dal.prepare_qat(SmallCNN(), recipe="int8_balanced", example_inputs=(x,))
+    model = dal.prepare_qat(SmallCNN(), recipe="int8_balanced", example_inputs=(x,), quantize_outputs=True)
     with pytest.raises(ExportError, match="still in state 'observe'") as err:
         export_onnx(model, (x,))
     msg = str(err.value)

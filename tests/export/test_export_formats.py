@@ -213,7 +213,7 @@ def test_two_fp16_layers_in_a_row_share_one_fp16_tensor(tmp_path):
     path = tmp_path / "two_fp16.yaml"
     path.write_text(yaml.safe_dump(recipe))
     x = torch.randn(2, 3, 12, 12)
-    model = dal.prepare_qat(model, recipe=str(path), hardware="a2000", example_inputs=(x,))
+    model = dal.prepare_qat(model, recipe=str(path), hardware="a2000", example_inputs=(x,), quantize_outputs=True)
     dal.calibrate(model, [x, x * 1.5], progress=False)
     model.eval()
     proto = export_onnx(model, (x,))

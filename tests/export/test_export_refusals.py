@@ -11,7 +11,7 @@ from dal.zoo import MnistCNN
 def _frozen():
     torch.manual_seed(0)
     x = torch.randn(2, 1, 28, 28)
-    m = dal.prepare_qat(MnistCNN(), "int8_balanced", hardware="a2000", example_inputs=(x,))
+    m = dal.prepare_qat(MnistCNN(), "int8_balanced", hardware="a2000", example_inputs=(x,), quantize_outputs=True)
     dal.calibrate(m, [torch.randn(2, 1, 28, 28)], progress=False)
     set_quantizer_state(m, "frozen")
     return m.eval(), x

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.xdist_group("lightning_fit")
 
 def _callback(**kw):
     args = dict(recipe="int8_balanced", hardware="a2000", calibrate_batches=2, freeze_observers_at_epoch=1,
-                freeze_bn_at_epoch=1, example_inputs=torch.zeros(1, 1, 28, 28))
+                freeze_bn_at_epoch=1, example_inputs=torch.zeros(1, 1, 28, 28), quantize_outputs=True)
     args.update(kw)
     return QATCallback(**args)
 

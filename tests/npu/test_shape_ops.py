@@ -56,7 +56,7 @@ def test_quantized_swin_export_runs_on_the_npu_reference(tmp_path):
     torch.manual_seed(0)
     x = torch.randn(1, 3, 64, 64)
     q = dal.prepare_qat(torchvision.models.swin_t(weights=None).eval(), recipe="int8_balanced", hardware="a2000",
-                        example_inputs=(x,))
+                        example_inputs=(x,), quantize_outputs=True)
     dal.calibrate(q, [torch.randn(1, 3, 64, 64)], progress=False)
     dal.set_quantizer_state(q, "frozen")
     path = tmp_path / "swin.onnx"

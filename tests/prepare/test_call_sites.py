@@ -54,13 +54,15 @@ def _rows(model):
 
 
 def _calibrated(hardware="a2000"):
-    m = dal.prepare_qat(Pyramid(), recipe="int8_balanced", hardware=hardware, example_inputs=(_x(),))
+    m = dal.prepare_qat(Pyramid(), recipe="int8_balanced", hardware=hardware,
+                        example_inputs=(_x(),), quantize_outputs=True)
     dal.calibrate(m, [_x(1), _x(2)])
     return m
 
 
 def test_sites_of_an_untraceable_forward_are_listed_and_quantized():
-    m = dal.prepare_qat(Pyramid(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
+    m = dal.prepare_qat(Pyramid(), recipe="int8_balanced", hardware="a2000",
+                        example_inputs=(_x(),), quantize_outputs=True)
     rows = _rows(m)
     assert "root" in " ".join(dal.prepared(m).report.notes)  # the root's forward was captured by call site
     adds = sorted(n for n in rows if ".add_l" in n)
@@ -95,8 +97,10 @@ def test_a_routed_site_puts_its_output_on_the_quantizer_grid():
 
 def test_a_float_site_the_hardware_cannot_run_is_refused_by_path():
     with pytest.raises(RecipeError, match=r"dal_sites\.sigmoid_l\d+_0 \(sigmoid\).*'a1000' cannot run"):
-        dal.prepare_qat(Pyramid(), recipe="int8_balanced", hardware="a1000", example_inputs=(_x(),))
-    m = dal.prepare_qat(Pyramid(act=torch.relu), recipe="int8_balanced", hardware="a1000", example_inputs=(_x(),))
+        dal.prepare_qat(Pyramid(), recipe="int8_balanced", hardware="a1000",
+                        example_inputs=(_x(),), quantize_outputs=True)
+    m = dal.prepare_qat(Pyramid(act=torch.relu), recipe="int8_balanced", hardware="a1000",
+                        example_inputs=(_x(),), quantize_outputs=True)
     assert any(".relu_l" in r.name and r.status == "passthrough" for r in dal.prepared(m).report.rows)
 
 
@@ -118,7 +122,8 @@ def test_checkpoint_restores_the_site_quantizers():
     m = _calibrated()
     state = m.state_dict()
     assert any(k.startswith("dal_sites.add_l") and k.endswith("scale") for k in state)
-    fresh = dal.prepare_qat(Pyramid(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
+    fresh = dal.prepare_qat(Pyramid(), recipe="int8_balanced", hardware="a2000",
+                            example_inputs=(_x(),), quantize_outputs=True)
     fresh.load_state_dict(state)
     m.eval(), fresh.eval()
     with torch.no_grad():
@@ -136,7 +141,8 @@ class GnBlock(nn.Module):
 
 
 def test_groupnorm_is_fp16_on_fp16_hardware_and_refused_on_int8_only():
-    m = dal.prepare_qat(GnBlock(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(),))
+    m = dal.prepare_qat(GnBlock(), recipe="int8_balanced", hardware="a2000",
+                        example_inputs=(_x(),), quantize_outputs=True)
     row = _rows(m)["gn"]
     assert row.status == "fp16" and row.type_name == "Fp16GroupNorm"
     ref = GnBlock()
@@ -149,7 +155,8 @@ def test_groupnorm_is_fp16_on_fp16_hardware_and_refused_on_int8_only():
                               m.gn.bias.half().float(), m.gn.eps).half().float()
     torch.testing.assert_close(y, expect, rtol=0, atol=0)
     with pytest.raises(RecipeError, match=r"gn \(GroupNorm\).*'a1000' cannot run.*replace the layer by a BatchNorm2d"):
-        dal.prepare_qat(GnBlock(), recipe="int8_balanced", hardware="a1000", example_inputs=(_x(),))
+        dal.prepare_qat(GnBlock(), recipe="int8_balanced", hardware="a1000",
+                        example_inputs=(_x(),), quantize_outputs=True)
 
 
 class GnListHead(nn.Module):
@@ -180,7 +187,8 @@ def _train_step(model, feats):
 def test_a_cat_of_permuted_views_quantizes_as_its_contiguous_inputs():
     import copy
 
-    m = dal.prepare_qat(GnListHead(), recipe="int8_balanced", hardware="a2000", example_inputs=(_levels(0),))
+    m = dal.prepare_qat(GnListHead(), recipe="int8_balanced", hardware="a2000",
+                        example_inputs=(_levels(0),), quantize_outputs=True)
     dal.calibrate(m, [_levels(1)])
     cat = next(mod for name, mod in m.dal_sites.items() if name.startswith("cat_l"))
     ref = copy.deepcopy(cat)

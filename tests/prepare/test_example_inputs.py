@@ -17,5 +17,5 @@ def test_wrong_example_input_is_named_and_the_model_left_alone():
 
 def test_a_list_of_example_inputs_is_a_tuple():
     x = torch.randn(2, 1, 28, 28)
-    a = dal.prepare_qat(MnistCNN(), "int8_balanced", hardware="a2000", example_inputs=[x])
+    a = dal.prepare_qat(MnistCNN(), "int8_balanced", hardware="a2000", example_inputs=[x], quantize_outputs=True)
     assert "output quantizer added to head" in "\n".join(dal.prepared(a).report.notes)

@@ -60,7 +60,8 @@ def test_exported_raw_model_matches_the_training_pipeline(tmp_path, layout, orde
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     rgb = torch.randint(0, 256, (64, 3, 8, 8), generator=g, dtype=torch.uint8)
-    qat = dal.prepare_qat(_Small(), "int8_balanced", "a2000", example_inputs=(_pipeline(rgb[:1]),))
+    qat = dal.prepare_qat(_Small(), "int8_balanced", "a2000",
+                          example_inputs=(_pipeline(rgb[:1]),), quantize_outputs=True)
     dal.calibrate(qat, [_pipeline(rgb[i:i + 16]) for i in range(0, 64, 16)], progress=False)
     raw = rgb.flip(1) if order == "BGR" else rgb
     raw = raw.permute(0, 2, 3, 1).contiguous() if layout == "NHWC" else raw
@@ -92,7 +93,7 @@ def test_mnist_raw_bytes_give_the_same_predictions(tmp_path):
 
     train_epoch(float_model, DataLoader(TensorDataset(norm, y[:1024]), batch_size=64),
                 torch.optim.SGD(float_model.parameters(), lr=0.05, momentum=0.9))
-    qat = dal.prepare_qat(float_model, "int8_balanced", "a2000", example_inputs=(norm[:1],))
+    qat = dal.prepare_qat(float_model, "int8_balanced", "a2000", example_inputs=(norm[:1],), quantize_outputs=True)
     dal.calibrate(qat, [norm[i:i + 128] for i in range(0, 512, 128)], progress=False)
     model = with_prehead(qat, mean=[0.1307], std=[0.3081], scale=1 / 256).eval()
     xt = load_mnist()["test"][0][:256]

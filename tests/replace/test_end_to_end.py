@@ -37,7 +37,7 @@ def _recipe(name, replace=RULES):
 
 
 def _run_flow(model, x, calib, path, recipe, hardware="a2000"):
-    q = dal.prepare_qat(model, recipe, hardware=hardware, example_inputs=(x,))
+    q = dal.prepare_qat(model, recipe, hardware=hardware, example_inputs=(x,), quantize_outputs=True)
     dal.calibrate(q, calib, progress=False)
     set_quantizer_state(q, "frozen")
     q.eval()
@@ -77,7 +77,7 @@ def test_w4a8_recipe_uses_npu_attention(tmp_path):
     torch.manual_seed(0)
     m = small_transformer()
     x = torch.randn(2, 7, 32)
-    q = dal.prepare_qat(m, "w4a8_fp8_performance", hardware="a2000", example_inputs=(x,))
+    q = dal.prepare_qat(m, "w4a8_fp8_performance", hardware="a2000", example_inputs=(x,), quantize_outputs=True)
     assert dal.prepared(q).report.replacements.by_rule("npu_attention")
     dal.calibrate(q, [(torch.randn(2, 7, 32),) for _ in range(2)], progress=False)
     set_quantizer_state(q, "frozen")

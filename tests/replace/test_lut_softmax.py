@@ -204,7 +204,7 @@ def test_small_transformer_on_a1000_end_to_end(causal, tmp_path):
     torch.manual_seed(0)
     m = _CausalEncoder(7).eval() if causal else small_transformer()
     x = torch.randn(4, 7, 32)
-    q = dal.prepare_qat(m, _a1000_recipe(), hardware="a1000", example_inputs=(x,))
+    q = dal.prepare_qat(m, _a1000_recipe(), hardware="a1000", example_inputs=(x,), quantize_outputs=True)
     softmaxes = [mod for mod in q.modules() if isinstance(mod, NpuSoftmax)]
     assert len(softmaxes) == 2 and all(sm.mode == "lut" for sm in softmaxes)
     dal.calibrate(q, [(torch.randn(4, 7, 32),) for _ in range(4)], progress=False)
