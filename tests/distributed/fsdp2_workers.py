@@ -8,9 +8,9 @@ import os
 import torch
 import torch.nn.functional as F
 
-from ddp_workers import mnist_shard, save
+from ddp_workers import _lsq_recipe, mnist_shard
 
-MODES = ("fsdp2-per-layer", "fsdp2-root", "ddp")
+MODES = ("fsdp2-per-layer", "fsdp2-root", "ddp", "fsdp2-lsq", "ddp-lsq")
 LAYERS = ("stem.0", "down.0", "conv", "down2.0", "head")  # MnistCNN(width=8)'s QAT modules with weights
 STEPS = 4
 
@@ -27,6 +27,7 @@ def fsdp2_worker(rank: int, world: int, port: int, out: str) -> None:
             sub = os.path.join(out, mode)
             os.makedirs(sub, exist_ok=True)
             _scenario(rank, world, sub, mode)
+        _record_lsq_refusal(out, x=mnist_shard(rank, world, n=32)[0])
     finally:
         dist.destroy_process_group()
 
@@ -38,7 +39,8 @@ def _full(p: torch.Tensor) -> torch.Tensor:
 
 def _scenario(rank: int, world: int, out: str, mode: str) -> None:
     """prepare -> calibrate (own shard; observers all-reduce) -> wrap -> STEPS SGD steps on this
-    rank's batches (QAT: weight and activation observers update every forward). Written per rank:
+    rank's batches (QAT: weight and activation observers update every forward). ``*-lsq``: learnable
+    scales, which FSDP2 leaves whole (``replicate_quantizer_parameters``). Written per rank:
     the full state dict, the shapes each weight quantizer was called with, and the full head
     weight before every training forward."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -46,11 +48,13 @@ def _scenario(rank: int, world: int, out: str, mode: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import dal
+    from dal.observers.distributed import replicate_quantizer_parameters
     from dal.zoo import MnistCNN
 
     torch.manual_seed(0)  # same initial weights on every rank
     x, y = mnist_shard(rank, world, n=256)
-    model = dal.prepare_qat(MnistCNN(width=8), "int8_balanced", "a2000", example_inputs=(x[:2],))
+    model = dal.prepare_qat(MnistCNN(width=8), _lsq_recipe() if mode.endswith("lsq") else "int8_balanced",
+                           "a2000", example_inputs=(x[:2],))
     batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, len(x), 16)]
     dal.calibrate(model, batches[:3], progress=False)
 
@@ -59,13 +63,14 @@ def _scenario(rank: int, world: int, out: str, mode: str) -> None:
         wq = model.get_submodule(name).weight_quant
         wq.register_forward_pre_hook(lambda m, args, name=name: seen[name].append(tuple(args[0].shape)))
 
-    if mode == "ddp":
+    if mode.startswith("ddp"):
         wrapped = DDP(model, broadcast_buffers=False)  # FSDP2 keeps each rank's BN statistics too
     else:
-        if mode == "fsdp2-per-layer":
+        whole = replicate_quantizer_parameters(model) if mode.endswith("lsq") else None
+        if mode != "fsdp2-root":
             for name in LAYERS:
-                fully_shard(model.get_submodule(name))
-        fully_shard(model)
+                fully_shard(model.get_submodule(name), ignored_params=whole)
+        fully_shard(model, ignored_params=whole)
         wrapped = model
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
     head_weights = []
@@ -75,7 +80,7 @@ def _scenario(rank: int, world: int, out: str, mode: str) -> None:
         F.cross_entropy(wrapped(xb), yb).backward()
         opt.step()
 
-    if mode == "ddp":
+    if mode.startswith("ddp"):
         sd = model.state_dict()
     else:
         sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
@@ -84,3 +89,24 @@ def _scenario(rank: int, world: int, out: str, mode: str) -> None:
     torch.save(save_sd, f"{out}/full_rank{rank}.pt")
     torch.save({"seen": seen, "head_weights": head_weights, "local_shapes": local_shapes},
                f"{out}/trace_rank{rank}.pt")
+
+
+def _record_lsq_refusal(out: str, x: torch.Tensor) -> None:
+    """What ``fully_shard`` says of a calibrated LSQ model without ``ignored_params``, into
+    ``out/lsq_refusal.txt`` (rank 0; both ranks take part in calibration's all-reduces)."""
+    from torch.distributed.fsdp import fully_shard
+
+    import dal
+    from dal.zoo import MnistCNN
+
+    torch.manual_seed(0)
+    model = dal.prepare_qat(MnistCNN(width=8), _lsq_recipe(), "a2000", example_inputs=(x[:2],))
+    dal.calibrate(model, [x[:16]], progress=False)
+    try:
+        fully_shard(model.head)
+        message = "accepted"
+    except ValueError as e:
+        message = str(e)
+    if torch.distributed.get_rank() == 0:
+        with open(os.path.join(out, "lsq_refusal.txt"), "w") as f:
+            f.write(message)

@@ -110,3 +110,67 @@ def test_full_state_dict_loads_into_a_fresh_model_and_exports(out, tmp_path):
              for i in proto.graph.initializer if i.data_type == 1]
     head_scale = sd["head.weight_quant.scale"].numpy()
     assert any(a.shape == head_scale.shape and np.array_equal(a, head_scale) for a in inits)
+
+
+def test_fully_shard_refuses_scalar_learnable_scales(out):
+    # torch's own refusal of a calibrated LSQ model's per-tensor (0-dim) learnable scales
+    assert "doesn't support scalar parameters" in (out / "lsq_refusal.txt").read_text()
+
+
+def test_learnable_scales_stay_whole_and_train_exactly_as_ddp(out):
+    """LSQ with ``replicate_quantizer_parameters`` as ``ignored_params``: weights sharded, every
+    quantizer parameter whole on each rank; ranks agree; state == DDP's bit for bit (same
+    argument as above: the hook's (g0 + g1) / 2 is DDP's mean)."""
+    local = _load(out, "fsdp2-lsq", "trace_rank0.pt")["local_shapes"]
+    assert "head.weight" in local and not [k for k in local if "_quant" in k]
+    r0, r1 = _load(out, "fsdp2-lsq", "full_rank0.pt"), _load(out, "fsdp2-lsq", "full_rank1.pt")
+    assert differing(r0, r1, skip=is_bn_running_stat) == []
+    for rank, f in enumerate((r0, r1)):
+        assert differing(f, _load(out, "ddp-lsq", f"full_rank{rank}.pt")) == []
+
+
+def _lsq_model(calibrated: bool):
+    import dal
+    from dal.zoo import MnistCNN
+    from ddp_workers import _lsq_recipe
+
+    x = torch.randn(16, 1, 28, 28)
+    model = dal.prepare_qat(MnistCNN(width=8), _lsq_recipe(), "a2000", example_inputs=(x[:2],))
+    if calibrated:
+        dal.calibrate(model, [x], progress=False)
+    return model
+
+
+def test_replicate_quantizer_parameters_refuses_an_uncalibrated_model():
+    from dal.observers.distributed import replicate_quantizer_parameters
+
+    with pytest.raises(ValueError, match=r"'stem\.0\..*scale' is empty .*calibrate"):
+        replicate_quantizer_parameters(_lsq_model(calibrated=False))
+
+
+def test_replicate_quantizer_parameters_in_one_process():
+    """The quantizers' parameters and nothing else; in one process the hook leaves gradients as
+    autograd computed them (compared with a clone's, no hook)."""
+    import copy
+
+    import dal
+    from dal.observers.distributed import replicate_quantizer_parameters
+    from dal.zoo import MnistCNN
+
+    model = _lsq_model(calibrated=True)
+    twin = copy.deepcopy(model)
+    whole = replicate_quantizer_parameters(model)
+    names = {n for n, p in model.named_parameters() if any(p is q for q in whole)}
+    assert names and all("_quant" in n for n in names)
+    assert {n for n in dict(model.named_parameters()) if n.endswith("_quant.scale")} <= names
+    assert replicate_quantizer_parameters(model) == whole  # idempotent, one hook per parameter
+    x = torch.randn(4, 1, 28, 28)
+    for m in (model, twin):
+        m(x).square().sum().backward()
+    grads = dict(twin.named_parameters())
+    trained = [n for n, p in model.named_parameters() if p.grad is not None]
+    assert names & set(trained)  # some hooked parameter did get a gradient
+    assert all(torch.equal(p.grad, grads[n].grad) if p.grad is not None else grads[n].grad is None
+               for n, p in model.named_parameters())
+    plain = dal.prepare_qat(MnistCNN(width=8), "int8_balanced", "a2000", example_inputs=(x[:2],))
+    assert replicate_quantizer_parameters(plain) == set()
