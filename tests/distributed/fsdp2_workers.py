@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from ddp_workers import _lsq_recipe, mnist_shard
 
-MODES = ("fsdp2-per-layer", "fsdp2-root", "ddp", "fsdp2-lsq", "ddp-lsq")
+MODES = ("fsdp2-per-layer", "fsdp2-root", "fsdp2-shard-then-calibrate", "ddp",
+         "fsdp2-lsq", "fsdp2-lsq-sharded-scales", "ddp-lsq")
 LAYERS = ("stem.0", "down.0", "conv", "down2.0", "head")  # MnistCNN(width=8)'s QAT modules with weights
 STEPS = 4
 
@@ -39,39 +40,32 @@ def _full(p: torch.Tensor) -> torch.Tensor:
 
 def _scenario(rank: int, world: int, out: str, mode: str) -> None:
     """prepare -> calibrate (own shard; observers all-reduce) -> wrap -> STEPS SGD steps on this
-    rank's batches (QAT: weight and activation observers update every forward). ``*-lsq``: learnable
-    scales, which FSDP2 leaves whole (``replicate_quantizer_parameters``). Written per rank:
+    rank's batches (QAT: weight and activation observers update every forward); for the ways to
+    wrap, ``_wrap``. Written per rank:
     the full state dict, the shapes each weight quantizer was called with, and the full head
     weight before every training forward."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from torch.distributed.fsdp import fully_shard
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     import dal
-    from dal.observers.distributed import replicate_quantizer_parameters
     from dal.zoo import MnistCNN
 
     torch.manual_seed(0)  # same initial weights on every rank
     x, y = mnist_shard(rank, world, n=256)
-    model = dal.prepare_qat(MnistCNN(width=8), _lsq_recipe() if mode.endswith("lsq") else "int8_balanced",
+    model = dal.prepare_qat(MnistCNN(width=8), _lsq_recipe() if "lsq" in mode else "int8_balanced",
                            "a2000", example_inputs=(x[:2],))
     batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, len(x), 16)]
-    dal.calibrate(model, batches[:3], progress=False)
+    calibrate_first = mode != "fsdp2-shard-then-calibrate"
+    if calibrate_first:
+        dal.calibrate(model, batches[:3], progress=False)
 
     seen: dict[str, list] = {name: [] for name in LAYERS}
     for name in LAYERS:
         wq = model.get_submodule(name).weight_quant
         wq.register_forward_pre_hook(lambda m, args, name=name: seen[name].append(tuple(args[0].shape)))
 
-    if mode.startswith("ddp"):
-        wrapped = DDP(model, broadcast_buffers=False)  # FSDP2 keeps each rank's BN statistics too
-    else:
-        whole = replicate_quantizer_parameters(model) if mode.endswith("lsq") else None
-        if mode != "fsdp2-root":
-            for name in LAYERS:
-                fully_shard(model.get_submodule(name), ignored_params=whole)
-        fully_shard(model, ignored_params=whole)
-        wrapped = model
+    wrapped = _wrap(model, mode)
+    if not calibrate_first:
+        dal.calibrate(model, batches[:3], progress=False)
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.05, momentum=0.9)
     head_weights = []
     for xb, yb in batches[3:3 + STEPS]:
@@ -89,6 +83,33 @@ def _scenario(rank: int, world: int, out: str, mode: str) -> None:
     torch.save(save_sd, f"{out}/full_rank{rank}.pt")
     torch.save({"seen": seen, "head_weights": head_weights, "local_shapes": local_shapes},
                f"{out}/trace_rank{rank}.pt")
+
+
+def _wrap(model, mode: str):
+    """DDP (``ddp*``), or FSDP2: ``fully_shard`` on the root only (``fsdp2-root``) or on each QAT
+    layer then the root; learnable scales (``*lsq``) left whole by ``replicate_quantizer_parameters``,
+    or (``fsdp2-lsq-sharded-scales``) only the 0-dim ones, which ``fully_shard`` refuses to shard,
+    with the same gradient mean over the two ranks."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dal.observers.distributed import all_reduce_, replicate_quantizer_parameters
+
+    if mode.startswith("ddp"):
+        return DDP(model, broadcast_buffers=False)  # FSDP2 keeps each rank's BN statistics too
+    whole = None
+    if mode.endswith("lsq"):
+        whole = replicate_quantizer_parameters(model)
+    elif mode.endswith("sharded-scales"):  # the per-channel scales are sharded with their weights
+        whole = {p for p in model.parameters() if p.dim() == 0}
+        for p in whole:
+            if p.requires_grad:
+                p.register_hook(lambda g: all_reduce_(g.clone(), "sum") / 2)
+    if mode != "fsdp2-root":
+        for name in LAYERS:
+            fully_shard(model.get_submodule(name), ignored_params=whole)
+    fully_shard(model, ignored_params=whole)
+    return model
 
 
 def _record_lsq_refusal(out: str, x: torch.Tensor) -> None:

@@ -12,6 +12,11 @@ under DDP is the reference. What is checked:
   all-reduces keep them equal).
 * The trained state (weights, scales, observer ranges) equals DDP's bit for bit.
 * The full state dict loads into a freshly prepared model, which exports.
+* Calibrating before or after ``fully_shard`` gives the same state.
+* Learnable (LSQ) scales: ``fully_shard`` refuses the 0-dim ones;
+  ``dal.observers.distributed.replicate_quantizer_parameters`` leaves every quantizer parameter
+  whole (gradients averaged over ranks), and training equals DDP's bit for bit; sharding the
+  per-channel ones instead loses the forward's in-place projection of the scales.
 """
 from __future__ import annotations
 
@@ -174,3 +179,25 @@ def test_replicate_quantizer_parameters_in_one_process():
                for n, p in model.named_parameters())
     plain = dal.prepare_qat(MnistCNN(width=8), "int8_balanced", "a2000", example_inputs=(x[:2],))
     assert replicate_quantizer_parameters(plain) == set()
+
+
+def test_sharded_learnable_scales_lose_the_forwards_projection(out):
+    """Why ``replicate_quantizer_parameters`` leaves per-channel learnable scales whole: sharded with
+    their weights (only the 0-dim ones left whole, with the same gradient mean), the forward's
+    in-place projection of a scale an SGD step pushed below MIN_SCALE writes into FSDP2's
+    temporary all-gathered copy, and the sharded parameter keeps the unprojected value. The
+    forward still uses the projected scale, so weights, activation scales and ranks all agree;
+    the stored per-channel weight scales alone part from DDP's, lower (each step starts from the
+    unprojected value)."""
+    f, d = _load(out, "fsdp2-lsq-sharded-scales", "full_rank0.pt"), _load(out, "ddp-lsq", "full_rank0.pt")
+    assert differing(f, _load(out, "fsdp2-lsq-sharded-scales", "full_rank1.pt"), skip=is_bn_running_stat) == []
+    lost = sorted(differing(f, d))
+    assert lost == sorted(f"{name}.weight_quant.scale" for name in LAYERS)
+    assert all(bool((f[k] <= d[k]).all()) and bool((f[k] < d[k]).any()) for k in lost)
+
+
+def test_shard_then_calibrate_equals_calibrate_then_shard(out):
+    # without learnable scales, calibrating the sharded model gives the same state bit for bit
+    for rank in (0, 1):
+        assert differing(_load(out, "fsdp2-shard-then-calibrate", f"full_rank{rank}.pt"),
+                         _load(out, "fsdp2-per-layer", f"full_rank{rank}.pt")) == []
