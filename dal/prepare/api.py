@@ -47,13 +47,9 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
             its fix (a replacement rule such as ``lut_activation``, or a ``skip: true`` rule that
             keeps it off the NPU on purpose).
         example_inputs: a tuple of example inputs; with them, QAT modules whose forward never
-            runs go back to float, and the layers producing the model's outputs are found (see
-            ``quantize_outputs``).
-        quantize_outputs: whether those output layers get output quantizers, so the exported
-            graph ends in integer codes (None: the recipe's ``quantize_outputs``, default False).
-            Off by default: outputs feed the loss, and a quantizer calibrated on an untrained
-            model would clip the logits to its small range, which a clipped straight-through
-            gradient never widens. The report's notes name the outputs either way.
+            runs go back to float, and the layers producing the model's outputs are found.
+        quantize_outputs: those layers get output quantizers (None: the recipe's, default False:
+            outputs feed the loss; README "When scales move"). The report's notes name them.
         inplace: modify ``model`` (default) or a deep copy.
         strict: raise for modules with parameters no QAT module handles and for ops the hardware
             has no engine for (report status "host": nonzero, integer compares, cumsum, ...).
@@ -109,8 +105,8 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     if is_detector(model):
         guard(model)  # detector(images, targets): a wrong format is named in one line
     if example_inputs is not None:
-        _after_example_forward(model, example_inputs, resolve, report,
-                               rec.quantize_outputs if quantize_outputs is None else bool(quantize_outputs))
+        _after_example_forward(model, example_inputs, resolve, report, rec.quantize_outputs
+                               if quantize_outputs is None else bool(quantize_outputs))
     attach_sparsity(model, rec, hw, report)
     apply_constraints(model, hw, report)
     if rec.train == "scales_only":  # recipe key train: scales_only (dal/prepare/scales_only.py)
