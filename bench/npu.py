@@ -13,10 +13,13 @@ onnxruntime's own default): a threading setting, not a graph optimization -- its
 otherwise spin after each of its runs and take the core dal.npu's second thread needs in the
 interleaved rows (the bench prints which setting ran).
 
-Targets (not asserted): one thread u8s8 <= 1.0x onnxruntime, s8s8 <= 0.5x; two threads >= 1.7x
+The peer-written rows (peer_file): the same network as a user's tool chain writes it, torchvision's
+float export straight into quantize_static, without quant_pre_process (issue 39).
+
+Targets (not asserted): one thread u8s8 <= 1.0x onnxruntime (both files), s8s8 <= 0.5x; two threads >= 1.7x
 one thread; GEMM >= 80% of the int8 peak. Writes bench/results/npu.md.
 
-    .venv/bin/python bench/npu.py [--reps 9] [--rounds 5]
+    .venv/bin/python bench/npu.py [--reps 9] [--rounds 5] [--peer-only]
 """
 from __future__ import annotations
 
@@ -256,6 +259,47 @@ def detector_lines(say, reps, rounds):
             say(f"| {batch} | {threads} | {mn:.2f} | {mo:.2f} | {mn / mo:.2f}x | {cn / co:.2f}x |")
 
 
+def peer_file(directory: str, per_channel: bool, hw: int = 224) -> str:
+    """ResNet-18 as a user's own tool chain writes it (issue 39): torchvision's float export
+    (zoo.export_torchvision, TorchScript, opset 17) straight into onnxruntime's quantize_static
+    (QDQ, u8 activations, s8 weights), no quant_pre_process -- so the exporter's Identity nodes
+    (one shared zero bias per group of Convs) stay in the file. Cached by name in ``directory``."""
+    import zoo
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    out = os.path.join(directory, f"resnet18_{hw}_u8_{'pc' if per_channel else 'pt'}.peer.qdq.onnx")
+    if not os.path.exists(out):
+        fp = os.path.join(directory, f"resnet18_{hw}.float.onnx")
+        if not os.path.exists(fp):
+            zoo.export_torchvision("resnet18", fp, hw)
+        quantize_static(fp, out, zoo._RandomReader("input", (1, 3, hw, hw)), quant_format=QuantFormat.QDQ,
+                        per_channel=per_channel, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return out
+
+
+def peer_lines(say, directory, reps, rounds):
+    """The peer-written files (peer_file, per-channel and per-tensor): how many Conv/Gemm run as
+    fused integer groups, then dal.npu vs onnxruntime (default optimizations), batch 1, one
+    thread, interleaved, the median over ``rounds`` of per-round medians."""
+    import onnx
+    say("ResNet-18 224 as quantize_static writes it from torchvision's float export (no quant_pre_process: "
+        "the exporter's Identity nodes carry 16 of the 20 Conv biases), u8s8, batch 1, one thread:")
+    say()
+    say("| weights | fused groups / Conv+Gemm | dal.npu ms | onnxruntime ms | ratio wall (target <= 1.0x) | ratio CPU time | load |")
+    say("|---|---|---|---|---|---|---|")
+    for pc in (True, False):
+        path = peer_file(directory, pc)
+        convs = sum(n.op_type in ("Conv", "Gemm", "MatMul") for n in onnx.load(path).graph.node)
+        runs = []
+        for _ in range(rounds):
+            la = os.getloadavg()[0]
+            *t, s = compare(path, 1, 1, reps)
+            runs.append(tuple(t) + (la,))
+        fused = sum(st.kind == "fused" for st in s.steps)
+        mn, mo, cn, co, la = (statistics.median(c) for c in zip(*runs))
+        say(f"| {'per-channel' if pc else 'per-tensor'} | {fused} / {convs} | {mn:.1f} | {mo:.1f} | "
+            f"{mn / mo:.2f}x | {cn / co:.2f}x | {la:.1f} |")
+
+
 def kernel_lines(say, chosen):
     """The int8 peaks (register-only; AMX also with its operands loaded from L1 / L2), the exact
     fused GEMM and the ResNet-18 3x3 convs, one thread, for ``chosen`` (and avx512_vnni beside
@@ -290,6 +334,17 @@ def kernel_lines(say, chosen):
             part.append(f"{kd} {gc:.0f} GOP/s = {gc / peaks[kd][0]:.0%} of its peak")
         say(f"exact fused 3x3 conv {cin}->{cin} at {hw}x{hw} (ResNet-18 layer, pixel-major codes), one thread: "
             + "; ".join(part))
+
+
+def peer_main(reps: int, rounds: int):
+    """--peer-only: the CPU flags and the peer-written rows alone (printed, nothing written)."""
+    import dal.npu as npu
+    info = npu.info()
+    print(f"CPU SIMD flags (/proc/cpuinfo): {' '.join(info['cpu_flags'])}")
+    print(f"kernel chosen: {info['kernel']}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    d = os.path.join(tempfile.gettempdir(), "dal_bench_models")
+    os.makedirs(d, exist_ok=True)
+    peer_lines(lambda s="": print(s, flush=True), d, reps, rounds)
 
 
 def main(reps: int = 9, rounds: int = 5, ort_spinning: str = "0"):
@@ -354,6 +409,8 @@ def main(reps: int = 9, rounds: int = 5, ort_spinning: str = "0"):
         "thread" if ORT_SPINNING == "1" else " with its idle workers not spinning (allow_spinning 0)")
         + "; 'alone' interleaves dal.npu's one- and two-thread sessions only.)")
     say()
+    peer_lines(say, d, reps, rounds)
+    say()
     detector_lines(say, reps, rounds)
     say()
     say("Where the time goes (u8s8, batch 1, one thread, Session.profile, medians of 7):")
@@ -378,5 +435,10 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ort-spinning", choices=("0", "1"), default="0",
                     help="onnxruntime's session.intra_op.allow_spinning with 2 threads (1: its default)")
+    ap.add_argument("--peer-only", action="store_true",
+                    help="only the peer-written ResNet-18 rows, printed (bench/results/npu.md untouched)")
     a = ap.parse_args()
-    main(a.reps, a.rounds, a.ort_spinning)
+    if a.peer_only:
+        peer_main(a.reps, a.rounds)
+    else:
+        main(a.reps, a.rounds, a.ort_spinning)
