@@ -7,7 +7,7 @@
 // NOT used: that is exactly what makes onnxruntime's MLAS kernels inexact on CPUs without VNNI.
 // Accumulation is int32; callers check K * 255 * 255 < 2^31 (or accept wrap like ConvInteger).
 #pragma once
-#include <torch/extension.h>
+#include <torch/types.h>  // ATen and the torch:: names; pybind11 only in module.cpp
 
 namespace dal_npu {
 

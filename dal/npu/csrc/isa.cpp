@@ -2,7 +2,7 @@
 #include "isa.h"
 
 #include <cpuid.h>
-#include <torch/extension.h>
+#include <torch/types.h>  // ATen and the torch:: names; pybind11 only in module.cpp
 
 #include <cerrno>
 #include <cstdlib>

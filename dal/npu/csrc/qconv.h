@@ -16,7 +16,7 @@
 // with the image padded by uz = zx - base, and acc -= uz * wsum[o] (wsum[o] = sum_k Wd[o, k],
 // int32 [round_up(O, 16)]); exact modulo 2^32, hence exact whenever the true sum fits int32.
 #pragma once
-#include <torch/extension.h>
+#include <torch/types.h>  // ATen and the torch:: names; pybind11 only in module.cpp
 
 #include "isa.h"
 
