@@ -45,9 +45,12 @@ def check_bias_codes(proto: onnx.ModelProto) -> None:
                          if bias_scale is not None else f"  {node.name}: {n_sat} int32 bias codes saturate")
     if offenders:
         raise ExportError(f"{len(offenders)} layer(s) have biases that do not fit int32 at scale s_in*s_w (the NPU's "
-                          "accumulator would overflow); a degenerate input scale usually means calibration saw "
-                          "activations ~0 (e.g. random weights with untrained BatchNorm statistics): calibrate on "
-                          "representative data, or re-estimate BN statistics first\n" + "\n".join(offenders))
+                          "accumulator would overflow). A degenerate input scale comes from calibration in eval mode "
+                          "with BatchNorm running statistics that do not describe the data (never set, as in a "
+                          "random-init model, or stale): the activations then shrink layer after layer, and so do "
+                          "the scales. Set the statistics before calibrating (train, load weights, "
+                          "dal.ptq.reestimate_bn; dal.calibrate estimates never-set ones by default, "
+                          "bn_statistics='auto'), then calibrate on representative data\n" + "\n".join(offenders))
 
 
 def _input_scale(node, producer: dict, inits: dict) -> float:
