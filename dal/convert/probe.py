@@ -12,7 +12,8 @@ model under a ``TorchFunctionMode`` records every torch function called at the t
 inside a quantizer or a weighted layer) and which tensors it read and wrote, plus every
 FakeQuantizer and weighted-layer call (module hooks). In-place functions (``relu_``) write a
 new version of their input. Calls whose result is not a tensor (``x.shape``, ``x.size()``) are
-shape queries, which the ONNX graph does not have, and are ignored.
+shape queries, which the ONNX graph does not have, and are ignored. ``x + 0`` and ``x * 1`` with a
+Python int pass the value through: the exporter drops them (``exporter_drops``).
 """
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ _ACT = {F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", torch.Tensor.re
         F.hardtanh_: "hardtanh"}
 #: functions that leave no node in an eval-mode export (the value passes through)
 _PASS = {F.dropout, F.dropout1d, F.dropout2d, torch.Tensor.contiguous, torch.Tensor.detach}
+#: out-of-place arithmetic whose call with the Python int ``_NEUTRAL[op]`` (alpha 1) the exporter drops
+_ARITH = {torch.add: "add", torch.Tensor.add: "add", torch.Tensor.__add__: "add", torch.Tensor.__radd__: "add",
+          torch.sub: "add", torch.subtract: "add", torch.Tensor.sub: "add", torch.Tensor.subtract: "add",
+          torch.Tensor.__sub__: "add", torch.mul: "mul", torch.multiply: "mul", torch.Tensor.mul: "mul",
+          torch.Tensor.multiply: "mul", torch.Tensor.__mul__: "mul", torch.Tensor.__rmul__: "mul"}
+_NEUTRAL = {"add": 0, "mul": 1}
 
 
 @dataclass
@@ -188,7 +195,7 @@ def _chain(e: Event, readers: dict, outputs: set) -> GroupPlan:
         if len(users) != 1:
             return GroupPlan(False, why=f"read by {len(users)} operations")
         u = users[0]
-        if u.kind == "func" and u.obj in _PASS:
+        if u.kind == "func" and (u.obj in _PASS or exporter_drops(u.obj, u.args, u.kwargs)):
             key = u.outs[0]
             continue
         if u.kind == "func" and conv and not passed and pass_through(u.obj, u.args, u.kwargs):
@@ -208,6 +215,26 @@ def _chain(e: Event, readers: dict, outputs: set) -> GroupPlan:
             return GroupPlan(False, why=f"read by an {q.fmt.name.upper()} quantizer ({q.name})")
         return GroupPlan(False, why=f"read by {getattr(u.obj, '__name__', type(u.obj).__name__)}")
     return GroupPlan(False, why="no single output")
+
+
+def _is_int(v, value) -> bool:
+    return type(v) is int and v == value  # a bool or a float 0.0 / 1.0 stays a node
+
+
+def exporter_drops(func, args, kwargs) -> bool:
+    """True for ``x + 0``, ``0 + x``, ``x - 0`` (alpha absent or the int 1) and ``x * 1``,
+    ``1 * x`` with a Python int and ``x`` a tensor, out of place: the TorchScript exporter's
+    peephole pass removes these, so the file has no node there and a weighted layer's output
+    reaches its quantizer directly (an integer group: timm's MobileOne / FastViT branches sum
+    ``scale_out + identity_out`` with an absent branch as the int 0). A float ``0.0`` / ``1.0``,
+    a division, another alpha and the in-place ``x += 0`` stay nodes."""
+    op = _ARITH.get(func)
+    kwargs = kwargs or {}
+    if op is None or len(args) != 2 or not isinstance(args[0], torch.Tensor) or set(kwargs) - {"alpha"}:
+        return False
+    if op == "mul" and kwargs:
+        return False
+    return _is_int(args[1], _NEUTRAL[op]) and _is_int(kwargs.get("alpha", 1), 1)
 
 
 def _max_pool_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
