@@ -68,13 +68,14 @@ def estimate_batchnorm_statistics(model: nn.Module, bns: list[tuple[str, _BatchN
             bn.reset_running_stats()
             bn.momentum = None
             bn.train()
-        for m in model.modules():
+        for path, m in model.named_modules():
             # a QAT module that folds its BN computes the BN only in train mode
             if any(id(c) in bn_ids for c in m.children()) and hasattr(m, "finish"):
-                m.training = True
                 if getattr(m, "bn_frozen", None) is not None and bool(m.bn_frozen):
-                    raise ValueError("calibrate: a QConvBn2d with frozen BN has untouched BN statistics; "
-                                     "unfreeze it or set its statistics first")
+                    raise ValueError(f"calibrate: {path} has a frozen BatchNorm whose running statistics were never "
+                                     "set; unfreeze it (freeze_bn(False)) or set its statistics first, or pass "
+                                     "bn_statistics='keep'")
+                m.training = True
         with torch.no_grad():
             for i, (args, kwargs) in enumerate(iter_inputs(data, num_batches, input_fn=input_fn, progress=progress,
                                                            desc="dal.calibrate (BatchNorm statistics)")):

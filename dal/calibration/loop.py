@@ -88,10 +88,10 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
                           "explode; pass bn_statistics='auto' (or train / load weights) to estimate them first",
                           stacklevel=2)
         else:
-            warnings.warn(what + "Estimated them from the calibration data first (the model's BN buffers changed); "
-                          "pass bn_statistics='keep' to leave them", stacklevel=2)
             seen = estimate_batchnorm_statistics(model, untouched, data, num_batches, input_fn=input_fn,
                                                  progress=progress)
+            warnings.warn(what + "Estimated them from the calibration data first (the model's BN buffers changed); "
+                          "pass bn_statistics='keep' to leave them", stacklevel=2)
             if seen:  # a one-shot iterator: observe the same batches again
                 data, input_fn = seen, _as_is
     with preserved_on_error(model):

@@ -127,3 +127,16 @@ def test_bad_option_is_named():
     q = dal.prepare_qat(copy.deepcopy(net), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
     with pytest.raises(ValueError, match="bn_statistics='sometimes'"):
         dal.calibrate(q, [x], progress=False, bn_statistics="sometimes")
+
+
+def test_a_frozen_untouched_batchnorm_is_named_and_nothing_changes():
+    net, x = deep_net(2), _inputs()
+    q = dal.prepare_qat(copy.deepcopy(net), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    q.get_submodule("0").freeze_bn()
+    before = {k: v.clone() for k, v in q.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "Estimated" warning either
+        with pytest.raises(ValueError, match=r"calibrate: 0 has a frozen BatchNorm .* bn_statistics='keep'"):
+            dal.calibrate(q, [x], progress=False)
+    after = q.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
