@@ -21,11 +21,14 @@ AVX-512 VNNI) is compiled in with a per-function target attribute and chosen at 
 the CPU's cpuid (csrc/isa.h, :func:`dal.npu.info`). One build serves every x86-64 CPU.
 ``sanitize=True`` builds a separate AddressSanitizer variant (used by ``mk/asan.mk``).
 
-**Build time.** Parsing torch's headers is most of a first build: ``<torch/extension.h>`` (all of
-libtorch's C++ API and pybind11) costs about 25 s of CPU per translation unit, ``<torch/types.h>``
-(ATen and the ``torch::`` names) about 7 s. So only ``csrc/module.cpp``, the bindings, includes
-``<torch/extension.h>``; the kernels include ``<torch/types.h>``. Measured (fresh cache, compiler
-CPU of the whole build): 224 s before, 101 s after, on a 2-core machine under load.
+**Build time.** Parsing torch's headers was most of a first build: per translation unit
+``<torch/extension.h>`` (all of libtorch's C++ API and pybind11) costs about 25 s of CPU,
+``<torch/python.h>`` (pybind11 and its Tensor casters) 13 s, ``<torch/types.h>`` (ATen and the
+``torch::`` names) 7 s. So the build has two units, one per core of a small machine: ``module.cpp``
+(the bindings: torch/python.h) and ``kernels.cpp``, which includes the seven kernel sources
+(torch/types.h, parsed once). Measured (fresh cache, compiler CPU of the whole build, a 2-core
+machine under load): eight units with torch/extension.h 224 s; eight with torch/types.h 101 s;
+these two 32 s (54 s wall at load 6-9).
 """
 from __future__ import annotations
 
@@ -43,14 +46,15 @@ from contextlib import contextmanager
 from . import build_cache
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-_SOURCES = ("isa.cpp", "gemm_s16.cpp", "conv_s16.cpp", "requant.cpp", "qconv.cpp", "pool_codes.cpp",
-            "quantize.cpp", "module.cpp")
+# Two translation units (Build time, above): kernels.cpp #includes isa, gemm_s16, conv_s16, requant,
+# qconv, pool_codes and quantize.cpp; every .cpp and .h of csrc/ is in the cache key (kernels()).
+_SOURCES = ("kernels.cpp", "module.cpp")
 _HEADER_EXTS = (".h", ".hpp", ".hh", ".inc")
 _LIB_EXT = ".pyd" if os.name == "nt" else ".so"
 _PROTOCOL = "1"  # bump when the way a build is made changes (it is part of every key)
 _LOADED: dict = {}  # module name (= key) -> module, so each build is imported once per process
-_NPU_MESSAGE = ("dal.npu: compiling the C++ kernels into {dir} (about a minute on 2 idle cores, once "
-                "per change of source, flags, compiler, torch or Python)")
+_NPU_MESSAGE = ("dal.npu: compiling the C++ kernels into {dir} (under a minute, once per change of "
+                "source, flags, compiler, torch or Python)")
 
 
 class BuildError(RuntimeError):
@@ -285,7 +289,7 @@ def build_extension(prefix: str, sources, cflags=(), ldflags=(), *, cache_dir: s
 
 @functools.lru_cache(maxsize=None)
 def kernels(sanitize: bool = False, cache_dir: str | None = None):
-    """Return the compiled kernel module, building it on first use (about a minute on 2 idle cores, said on stderr).
+    """Return the compiled kernel module, building it on first use (under a minute, said on stderr).
 
     ``cache_dir`` relocates the cache (default :func:`default_cache_dir`); because a process
     keeps each build it loaded, calling ``kernels(cache_dir=d)`` once, before anything else

@@ -1,5 +1,6 @@
 // Python bindings of the dal NPU reference kernels (built by dal/npu/build.py).
-#include <torch/extension.h>  // pybind11: only this file binds
+#include <torch/python.h>  // pybind11 and its at::Tensor casters: only this file binds
+#include <torch/types.h>
 
 #include "gemm_s16.h"
 #include "qconv.h"
