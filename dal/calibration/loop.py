@@ -28,7 +28,7 @@ METHODS: dict[str, Callable] = {
 
 def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = None, *,
               input_fn: Optional[Callable] = None, progress: bool = True, method: Optional[str] = None,
-              bn_statistics: str = "auto", **method_args) -> nn.Module:
+              bn_statistics: str = "keep", **method_args) -> nn.Module:
     """Run ``data`` through ``model`` with observers on and fake quantization off, then switch
     every calibrated quantizer to ``quantize``.
 
@@ -42,7 +42,7 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
             (each tensor's own observer from the recipe rules: min-max or moving-average
             min-max), "percentile", "kl", "mse", "easyquant" (see ``dal.calibration.methods``
             and ``easyquant``), which take ``method_args``.
-        bn_statistics: "auto" (default) or "keep". Under "auto", BatchNorm layers whose
+        bn_statistics: "keep" (default) or "auto". Under "auto", BatchNorm layers whose
             running statistics were never set (``num_batches_tracked == 0``, ``running_mean``
             all 0, ``running_var`` all 1: a model built from random weights) get them estimated
             from ``data`` first, with a warning naming how many; the model's BN buffers change
@@ -53,7 +53,8 @@ def calibrate(model: nn.Module, data: Iterable, num_batches: Optional[int] = Non
             those of activations that untouched BNs let shrink to ~1e-3, while a QAT step (batch
             statistics) sees ~1: the quantizers clip training's activations and the gradients
             explode (1e12 against ~1 for the float model on GhostNetV2 at 64x64). "keep" leaves
-            the statistics as they are and only warns.
+            the statistics as they are and warns, naming them. "auto" is not the default: each
+            process estimates from its own data, so under DDP the ranks' BN buffers would differ.
 
     The model runs in eval mode under ``torch.no_grad()`` and gets its mode back afterwards. A
     batch with NaN/Inf inputs raises before it reaches an observer; an empty ``data`` raises;

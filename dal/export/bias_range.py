@@ -49,8 +49,8 @@ def check_bias_codes(proto: onnx.ModelProto) -> None:
                           "with BatchNorm running statistics that do not describe the data (never set, as in a "
                           "random-init model, or stale): the activations then shrink layer after layer, and so do "
                           "the scales. Set the statistics before calibrating (train, load weights, "
-                          "dal.ptq.reestimate_bn; dal.calibrate estimates never-set ones by default, "
-                          "bn_statistics='auto'), then calibrate on representative data\n" + "\n".join(offenders))
+                          "dal.ptq.reestimate_bn, or dal.calibrate(..., bn_statistics='auto') for never-set "
+                          "ones), then calibrate on representative data\n" + "\n".join(offenders))
 
 
 def _input_scale(node, producer: dict, inits: dict) -> float:

@@ -4,8 +4,8 @@ The mechanism (measured on timm ghostnetv2_100 at 64x64: 1e13 against 0.33): cal
 in eval mode, where BatchNorm layers with untouched statistics (mean 0, var 1) let the random-init
 activations shrink layer after layer; a training step's BN (batch statistics) restores them to ~1,
 the quantizers sized for eval clip them into a tiny range, and the next BN divides by the tiny batch
-standard deviation: the gradient grows by that factor per layer. ``calibrate`` now estimates the
-untouched statistics from the data first (``bn_statistics="auto"``); the oracles are the float
+standard deviation: the gradient grows by that factor per layer. ``calibrate(bn_statistics="auto")``
+estimates the untouched statistics from the data first; the oracles are the float
 model's own gradient and torch's ``swa_utils.update_bn``.
 """
 import copy
@@ -67,7 +67,7 @@ def _qat(net, x, **kw):
 def test_a_qat_step_has_the_float_models_gradients_layer_by_layer():
     net, x = deep_net(), _inputs()
     float_norm = grad_norm(step_gradients(copy.deepcopy(net), x))  # batch statistics: running ones unused
-    q, msgs = _qat(net, x)
+    q, msgs = _qat(net, x, bn_statistics="auto")
     assert len(msgs) == 1 and "12 BatchNorm layer(s)" in msgs[0] and "Estimated" in msgs[0], msgs
     assert 0.1 < grad_norm(step_gradients(q, x)) / float_norm < 10
     ratios = conv_weight_ratios(net, q, x)
@@ -96,7 +96,7 @@ def test_the_estimate_is_torchs_update_bn():
     modes = [m.training for m in q.modules()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dal.calibrate(q, iter(batches), progress=False)  # a one-shot iterator: both passes see all three
+        dal.calibrate(q, iter(batches), progress=False, bn_statistics="auto")  # one-shot: both passes see all three
     ours = {n: b for n, b in q.named_buffers() if n.endswith(("running_mean", "running_var", "num_batches_tracked"))}
     ref = {n: b for n, b in oracle.named_buffers() if n.endswith(("running_mean", "running_var", "num_batches_tracked"))}
     assert len(ours) == len(ref) == 12
@@ -113,7 +113,7 @@ def test_set_statistics_are_left_alone():
     net, x = deep_net(4), _inputs()
     update_bn([x * 3], net)
     net.eval()
-    auto, msgs = _qat(net, x)
+    auto, msgs = _qat(net, x, bn_statistics="auto")
     keep, _ = _qat(net, x, bn_statistics="keep")
     assert msgs == []
     a, k = auto.state_dict(), keep.state_dict()
@@ -137,6 +137,6 @@ def test_a_frozen_untouched_batchnorm_is_named_and_nothing_changes():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "Estimated" warning either
         with pytest.raises(ValueError, match=r"calibrate: 0 has a frozen BatchNorm .* bn_statistics='keep'"):
-            dal.calibrate(q, [x], progress=False)
+            dal.calibrate(q, [x], progress=False, bn_statistics="auto")
     after = q.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
