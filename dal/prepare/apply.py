@@ -93,10 +93,13 @@ def _rewrite(mod: nn.Module, graph, steps: list[Step], owner: str) -> nn.Module:
 def keep_attributes(gm: nn.Module, mod: nn.Module) -> nn.Module:
     """``gm`` (the GraphModule that replaces ``mod``) with ``mod``'s own plain attributes, the
     values a parent may read (torchvision RAFT reads ``self.update_block.hidden_state_size``):
-    every entry of ``mod.__dict__`` that is not nn.Module's state and that ``gm`` does not define.
-    Methods of ``mod``'s class are not carried."""
+    every entry of ``mod.__dict__`` that is not nn.Module's state, not dal's own (``dal_*`` /
+    ``_dal_*``: a sparsity controller is bound to one root and moves itself, ``find_controller``)
+    and that ``gm`` does not define. Methods of ``mod``'s class are not carried."""
     internal = nn.Module().__dict__.keys() | {"training"}
     for key, value in mod.__dict__.items():
+        if key.startswith(("dal_", "_dal_")):
+            continue
         if key not in internal and key not in gm.__dict__ and not hasattr(type(gm), key):
             gm.__dict__[key] = value
     return gm

@@ -33,7 +33,8 @@ def engine_weight(mod: nn.Module) -> torch.Tensor:
 
 def calibrated_frozen(model: nn.Module, batches, recipe="int8_sparse24", hardware="a2000") -> nn.Module:
     """prepare_qat + calibrate on ``batches`` + freeze every quantizer, eval mode."""
-    model = dal.prepare_qat(model, recipe=recipe, hardware=hardware, example_inputs=(batches[0][:1],))
+    model = dal.prepare_qat(model, recipe=recipe, hardware=hardware, example_inputs=(batches[0][:1],),
+                            quantize_outputs=True)
     dal.calibrate(model, batches, progress=False)
     set_quantizer_state(model, "frozen")
     return model.eval()
