@@ -77,15 +77,22 @@ def _trained_depthwise(unequal: bool = True):
     net.eval()
     fold_batchnorm(net)
     if unequal:
-        g = torch.Generator().manual_seed(1)
-        f = net.features
-        with torch.no_grad():
-            for a, b in ((f[0], f[3]), (f[6], f[9])):
-                s = torch.exp((torch.rand(a.out_channels, generator=g) * 2 - 1) * 3.4)  # 1/30 .. 30
-                a.weight.mul_(s.reshape(-1, 1, 1, 1))
-                a.bias.mul_(s)
-                b.weight.div_(s.reshape(-1, 1, 1, 1))  # depthwise: channel i of b reads channel i
+        unequal_channels(net)
     return net, cal, tst
+
+
+def unequal_channels(net: "DepthwiseNet") -> None:
+    """In place: each output channel of the first conv and of the first pointwise conv times a
+    seeded factor in [1/30, 30], and the next (depthwise) layer's channel divided by it: the same
+    function (ReLU commutes with a positive scale), with unequal per-channel weight ranges."""
+    g = torch.Generator().manual_seed(1)
+    f = net.features
+    with torch.no_grad():
+        for a, b in ((f[0], f[3]), (f[6], f[9])):
+            s = torch.exp((torch.rand(a.out_channels, generator=g) * 2 - 1) * 3.4)  # 1/30 .. 30
+            a.weight.mul_(s.reshape(-1, 1, 1, 1))
+            a.bias.mul_(s)
+            b.weight.div_(s.reshape(-1, 1, 1, 1))  # depthwise: channel i of b reads channel i
 
 
 @functools.lru_cache(maxsize=None)

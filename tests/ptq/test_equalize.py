@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from dal.ptq import ChannelClip, equalization_pairs, equalize, fold_batchnorm
-from ptq_helpers import INT8_PER_TENSOR, DepthwiseNet, accuracy, max_rel_diff, ptq, trained_depthwise
+from ptq_helpers import (INT8_PER_TENSOR, DepthwiseNet, accuracy, max_rel_diff, ptq, trained_depthwise,
+                         unequal_channels)
 
 
 def test_mobilenet_v2_function_unchanged():
@@ -71,14 +72,7 @@ def _constructed_depthwise(unequal: bool) -> DepthwiseNet:
                 m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
     fold_batchnorm(net)
     if unequal:
-        g = torch.Generator().manual_seed(1)
-        f = net.features
-        with torch.no_grad():
-            for a, b in ((f[0], f[3]), (f[6], f[9])):
-                s = torch.exp((torch.rand(a.out_channels, generator=g) * 2 - 1) * 3.4)  # 1/30 .. 30
-                a.weight.mul_(s.reshape(-1, 1, 1, 1))
-                a.bias.mul_(s)
-                b.weight.div_(s.reshape(-1, 1, 1, 1))  # depthwise: channel i of b reads channel i
+        unequal_channels(net)
     return net
 
 
