@@ -4,8 +4,8 @@ Integer hardware adds the bias in the accumulator: as int32 codes at ``scale = s
 (per output channel when the weight is), zero point 0, which is what the exporter writes and
 ``QATModule.quantized_bias`` trains against. Written op by op that is about fifteen small torch
 ops per layer and step (the scale product, its reshapes, a zero-point tensor, the kernel's
-bounds, the autograd node) for a few hundred values; inside a detection head, where a torch
-function mode sees every op, ~200 us a call. :func:`bias_fake_quantize` is the same numbers in
+bounds, the autograd node) for a few hundred values, each seen by a torch function mode inside a
+detection head. :func:`bias_fake_quantize` is the same numbers in
 one call of the C++ kernel (``dal_bias_fq_forward``): the float32 product ``s_in * s_w[c]``,
 the bounds ``(float)qmin - 0`` / ``(float)qmax - 0`` and the fused fake quantization, whose
 backward is the fused one (``grad * mask``). It returns None where the op-by-op path must run

@@ -16,9 +16,8 @@ near-ties, would depend on the machine that exported them. Here every step is IE
 sqrt and division each correctly rounded; the torch fallback computes the square root in float64
 and rounds once, which is the same value (double rounding is innocuous for sqrt, 53 >= 2*24 + 2).
 
-And speed: as torch ops the training factor is five dispatches forward and three backward nodes
-per layer and step on vectors of a few hundred values; in SSDlite's QAT step (70 folded layers)
-that bookkeeping alone was about 6 ms of 360.
+Why a kernel: as torch ops the training factor is five dispatches forward and three backward
+nodes per layer and step on vectors of a few hundred values (bench/results/detection_speed.md).
 
 :class:`FoldFactorFunction`'s backward is autograd's chain for the formula exactly:
 ``d gamma = where(raw != 0, g, +0) / std`` (training), ``g / std`` (eval); ``running_var`` gets

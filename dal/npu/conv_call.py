@@ -1,9 +1,8 @@
 """A fused Conv group's kernel call with its arguments built once (integer_groups.FusedStep).
 
-At batch 1 a ResNet-18 run makes ~20 fused conv calls of ~0.1-0.3 ms each; the Python around
-each call (geometry lookup, argument tuple, code-tensor conversion) ran on one thread whatever
-the thread count, and so bounded the two-thread scaling. ``conv_codes`` makes exactly the call
-``FusedStep._run_fast(xq, threads, False, layout)`` makes -- the same function, the same
+The Python around each short fused conv call (geometry lookup, argument tuple, code-tensor
+conversion) runs on one thread whatever the thread count, so it is done once, not per call.
+``conv_codes`` makes exactly the call ``FusedStep._run_fast(xq, threads, False, layout)`` makes -- the same function, the same
 arguments in the same order -- with everything but the input codes taken from a tuple built
 on the first run of each (input shape, layout, threads). The codes are the same bits.
 """

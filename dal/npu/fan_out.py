@@ -8,9 +8,8 @@ scale, zero point and [lo, hi] (float requantizer or fixed-point multiplier and 
 accumulator does not depend on the reader. For a long reduction (K >= SHARE_MIN_K) the fused
 kernel runs once (reader 1's codes come with it) and readers 2..k requantize its int32
 accumulators (csrc requant kernels); for a short one, writing and re-reading the accumulators
-costs more than the sums (measured, 1 thread, 64 channels, batch 8: K = 144 at 56x56: 12.0 ms
-shared vs 5.4 ms for two kernel runs; K = 576: 2.3 vs 1.8; K = 2304: 0.90 vs 1.04), so each
-reader runs the fused kernel itself. Off the fused kernel (grouped / sparse weights,
+costs more than the sums (bench/fan_out.py, bench/results/fan_out.md), so each reader runs
+the fused kernel itself. Off the fused kernel (grouped / sparse weights,
 accumulator models, intermediates asked for) every reader's step runs by itself too. Every
 way computes the same codes (tests/npu/test_fan_out.py forces both).
 

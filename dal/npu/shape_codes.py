@@ -10,8 +10,7 @@ Flatten before ResNet's classifier -- the codes pass through unchanged: one step
 DequantizeLinear, the shape op and a QuantizeLinear, each a Python step per run at batch 1.
 The shape op is the registered op itself (ops_float's Flatten / Reshape, which only reshape
 their input), applied to the codes once per input shape, then the reshape it made (the same
-view, without the op's Python per run, which after a ResNet's big convs ran on a cold cache
-at ~40 us); a Reshape's target shape must be a constant. With
+view, without the op's Python per run); a Reshape's target shape must be a constant. With
 ``return_intermediates`` (or codes of another type) the three nodes run one by one.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ reuses the same key and so the same quantizers: one set of statistics per call s
 owner's code, as for a module called several times (see ``FakeQuantizer.forward``).
 
 Cost: while an owner runs, every torch call of its own forward, and of the modules it calls,
-reaches the mode (torch's dispatch to a Python mode, about 1 us a call). A call whose name cannot
+reaches the mode (torch's dispatch to a Python mode, once per call). A call whose name cannot
 be a routed kind goes straight through, before any frame is read.
 """
 from __future__ import annotations
