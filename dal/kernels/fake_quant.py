@@ -34,13 +34,18 @@ import torch
 
 from ..formats import native
 from ..formats.autograd import broadcast_view
+from ..formats.fused import kernel_mode
+from ..formats.fused import kernel_params as fused_kernel_params
 from ..formats.granularity import PER_TENSOR, Granularity
 from ..formats.qformat import get_format
 from ..formats.qparams import code_range
 
-#: The op's ``mode`` of each FP8 format (0: integer formats); the C++ kernel's numbering.
-FP8_MODES = {"fp8_e4m3": 1, "fp8_e5m2": 2}
-_FP8 = {1: (torch.float8_e4m3fn, 448.0), 2: (torch.float8_e5m2, 57344.0)}
+#: The op's ``mode`` of each FP8 format (0: integer formats): the C++ kernel's numbering
+#: (``dal.formats.fused.kernel_mode``); each mode's torch dtype and saturation bound come from its QFormat.
+FP8_MODES = {name: kernel_mode(get_format(name)) for name in ("fp8_e4m3", "fp8_e5m2")}
+_FP8 = {mode: (get_format(name).torch_dtype(), get_format(name).max_value) for name, mode in FP8_MODES.items()}
+_BY_MODE = {mode: get_format(name) for name, mode in FP8_MODES.items()}
+_INTEGER = get_format("int8")  # any integer format: fused.kernel_params reads only fmt.is_float8 then
 
 
 def _like(x: torch.Tensor, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -79,15 +84,10 @@ def generic(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int],
 
 def kernel_params(scale, zero_point, qmin: float, qmax: float, mode: int):
     """``(s, lo, hi)`` flat float32 as ``dal_fq_forward`` reads them: the scale, and the code bounds
-    ``qmin - zp`` and ``qmax - zp`` (FP8: -+max); the same float32 expressions as :func:`generic`."""
-    s = scale.detach().to(torch.float32).contiguous().reshape(-1)
-    if mode:
-        limit = _FP8[mode][1]
-        return s, torch.full_like(s, -limit), torch.full_like(s, limit)
-    zp = zero_point.detach()
-    zp = torch.round(zp.float()) if zp.is_floating_point() else zp.float()
-    zp = zp.reshape(-1).expand(s.shape)
-    return s, (qmin - zp).contiguous(), (qmax - zp).contiguous()
+    ``qmin - zp`` and ``qmax - zp`` (FP8: -+max); ``dal.formats.fused.kernel_params``, the same
+    float32 expressions as :func:`generic`."""
+    fmt = _BY_MODE[mode] if mode else None
+    return fused_kernel_params(scale, zero_point, fmt or _INTEGER, qmin, qmax)[:3]
 
 
 def unpack_mask(packed: torch.Tensor, rows: int, row_len: int, shape) -> torch.Tensor:
