@@ -12,6 +12,7 @@ scale)). Before dal.npu looked through the Identity those Convs ran node by node
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import onnx
@@ -29,10 +30,13 @@ def _peer_file(model_dir, per_channel):
     out = os.path.join(model_dir, f"peer_resnet18_{HW}_{'pc' if per_channel else 'pt'}.qdq.onnx")
     if not os.path.exists(out):
         fp = os.path.join(model_dir, f"peer_resnet18_{HW}.float.onnx")
-        if not os.path.exists(fp):
-            zoo.export_torchvision("resnet18", fp, HW)
-        tmp = out + f".{os.getpid()}.tmp.onnx"
-        quantize_static(fp, tmp, zoo._RandomReader("input", (1, 3, HW, HW)), quant_format=QuantFormat.QDQ,
+        if not os.path.exists(fp):  # written aside and renamed: another xdist worker may read it now
+            tmp_fp = fp + f".{os.getpid()}.tmp.onnx"
+            zoo.export_torchvision("resnet18", tmp_fp, HW)
+            os.replace(tmp_fp, fp)
+        tmp, own = out + f".{os.getpid()}.tmp.onnx", fp + f".{os.getpid()}.in.onnx"
+        shutil.copyfile(fp, own)  # quantize_static writes '<input>-inferred.onnx' beside its input
+        quantize_static(own, tmp, zoo._RandomReader("input", (1, 3, HW, HW)), quant_format=QuantFormat.QDQ,
                         per_channel=per_channel, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
         os.replace(tmp, out)
     return onnx.load(out)
