@@ -34,6 +34,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
 
 bench: $(STAMP)
+	$(VPY) -m pip install -q -e ".[bench]"
 	for b in bench/*.py; do $(VPY) $$b || exit 1; done
 
 clean:
