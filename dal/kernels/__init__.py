@@ -21,12 +21,14 @@ not, so a compiled step gives the eager step's bits.
 
 Ops: :mod:`.fake_quant` (``dal::fake_quantize``), :mod:`.observer_update` (``dal::observe_minmax_``),
 :mod:`.qparams` (``dal::minmax_qparams``), :mod:`.cast` (``dal::fp_round_trip``), :mod:`.fold_factor`
-(``dal::fold_factor``, QConvBn2d's BN fold factor).
+(``dal::fold_factor``, QConvBn2d's BN fold factor), :mod:`.lsq` (``dal::fake_quantize_lsq``, a learnable
+scale and zero point: LSQ / LSQ+).
 """
 from .fake_quant import fake_quantize
 from .fold_factor import fold_factor
+from .lsq import fake_quantize_lsq
 from .cast import fp_round_trip
 from .observer_update import observe_minmax_
 from .qparams import minmax_qparams
 
-__all__ = ["fake_quantize", "fold_factor", "fp_round_trip", "observe_minmax_", "minmax_qparams"]
+__all__ = ["fake_quantize", "fake_quantize_lsq", "fold_factor", "fp_round_trip", "observe_minmax_", "minmax_qparams"]

@@ -57,9 +57,12 @@ def _like(x: torch.Tensor, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return ref.copy_(t)
 
 
-def generic(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int], block_size: int, mode: int,
-            need_mask: bool):
-    """The op in plain torch, for every device and dtype (see the module docstring)."""
+def codes(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int], block_size: int, mode: int,
+          need_mask: bool):
+    """``(v, c, mask, s)`` in float32, shaped for broadcasting (``broadcast_view``): ``v = x / s``, the
+    clipped code minus zero point ``c`` (FP8: the saturated FP8 value), the clip mask (None unless
+    ``need_mask``) and the broadcast scale ``s``. The formula of the module docstring, shared by
+    ``dal::fake_quantize`` and ``dal::fake_quantize_lsq`` (:mod:`.lsq`)."""
     gran = Granularity(axis, block_size)
     work, view = broadcast_view(gran, x.shape)
     v = x.to(torch.float32).reshape(work)
@@ -77,6 +80,13 @@ def generic(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int],
         r = torch.round(v)
         mask = ((r >= lo) & (r <= hi)) if need_mask else None
         c = torch.clamp(r, lo, hi)
+    return v, c, mask, s
+
+
+def generic(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int], block_size: int, mode: int,
+            need_mask: bool):
+    """The op in plain torch, for every device and dtype (see the module docstring)."""
+    _, c, mask, s = codes(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask)
     y = _like(x, (c * s).reshape(x.shape), x.dtype)
     m = _like(x, mask.reshape(x.shape), torch.bool) if need_mask else x.new_empty(0, dtype=torch.bool)
     return y, m
