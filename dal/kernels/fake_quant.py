@@ -48,7 +48,7 @@ _BY_MODE = {mode: get_format(name) for name, mode in FP8_MODES.items()}
 _INTEGER = get_format("int8")  # any integer format: fused.kernel_params reads only fmt.is_float8 then
 
 
-def _like(x: torch.Tensor, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def laid_out_like(x: torch.Tensor, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t`` (x's shape) as ``dtype`` with the strides ``torch.empty_like(x)`` has: what the fake
     implementation promises."""
     ref = torch.empty_like(x, dtype=dtype)
@@ -87,8 +87,8 @@ def generic(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int],
             need_mask: bool):
     """The op in plain torch, for every device and dtype (see the module docstring)."""
     _, c, mask, s = codes(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask)
-    y = _like(x, (c * s).reshape(x.shape), x.dtype)
-    m = _like(x, mask.reshape(x.shape), torch.bool) if need_mask else x.new_empty(0, dtype=torch.bool)
+    y = laid_out_like(x, (c * s).reshape(x.shape), x.dtype)
+    m = laid_out_like(x, mask.reshape(x.shape), torch.bool) if need_mask else x.new_empty(0, dtype=torch.bool)
     return y, m
 
 

@@ -36,7 +36,7 @@ from ..formats.autograd import broadcast_view, reduce_to_param
 from ..formats.granularity import PER_TENSOR, Granularity
 from ..formats.qformat import get_format
 from ..formats.qparams import MIN_SCALE, code_range
-from .fake_quant import FP8_MODES, _like, codes
+from .fake_quant import FP8_MODES, codes, laid_out_like
 
 
 def _projected(scale, zero_point, qmin: float, qmax: float, mode: int):
@@ -52,10 +52,10 @@ def fake_quantize_lsq_op(x: torch.Tensor, scale: torch.Tensor, zero_point: torch
     """``(y, mask, local)`` of the module docstring (``grad_scale`` is read by the backward only)."""
     s, zp = _projected(scale, zero_point, qmin, qmax, mode)
     v, c, mask, sb = codes(x, s, zp, qmin, qmax, axis, block_size, mode, need_mask or need_local)
-    y = _like(x, (c * sb).reshape(x.shape), x.dtype)
+    y = laid_out_like(x, (c * sb).reshape(x.shape), x.dtype)
     empty_mask = x.new_empty(0, dtype=torch.bool)
-    m = _like(x, mask.reshape(x.shape), torch.bool) if need_mask or need_local else empty_mask
-    local = _like(x, torch.where(mask, c - v, c).reshape(x.shape), torch.float32) if need_local \
+    m = laid_out_like(x, mask.reshape(x.shape), torch.bool) if need_mask or need_local else empty_mask
+    local = laid_out_like(x, torch.where(mask, c - v, c).reshape(x.shape), torch.float32) if need_local \
         else x.new_empty(0, dtype=torch.float32)
     return y, m, local
 
