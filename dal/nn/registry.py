@@ -1,6 +1,7 @@
 """Registry of QAT modules: float module type -> QAT class (a dict plus a decorator)."""
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 from torch import nn
@@ -41,12 +42,22 @@ def register_qat_module(float_type: type, op_class: str = "custom") -> Callable[
 #: the classifier of timm's MobileNetV3, GhostNet, EfficientNet-Lite and more.
 EQUIVALENT_TYPES: dict[tuple[str, str], type] = {("timm.layers", "Linear"): nn.Linear}
 
+#: (defining module, class name) -> the dal module that registers a QAT class for it, imported the
+#: first time such a class is looked up (so ``import dal`` never imports peft).
+LAZY_QAT_MODULES: dict[tuple[str, str], str] = {("peft.tuners.lora.layer", "Linear"): "dal.nn.lora"}
+
 
 def registry_type(cls: type) -> type:
-    """The type the registry knows ``cls`` by: itself (exact match), or the torch.nn class of
+    """The type the registry knows ``cls`` by: itself (exact match; a class of ``LAZY_QAT_MODULES``
+    after importing the dal module that registers it), or the torch.nn class of
     ``EQUIVALENT_TYPES`` for a known library subclass with the same computation."""
     if cls in QAT_MODULES:
         return cls
+    lazy = LAZY_QAT_MODULES.get((cls.__module__, cls.__name__))
+    if lazy is not None:
+        importlib.import_module(lazy)  # registers cls's QAT class
+        if cls in QAT_MODULES:
+            return cls
     for (package, name), base in EQUIVALENT_TYPES.items():
         if cls.__name__ == name and cls.__module__.startswith(package) and issubclass(cls, base):
             return base

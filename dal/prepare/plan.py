@@ -192,10 +192,12 @@ def site_steps(sites, resolve) -> list[Step]:
 
 
 def _inside_quantized(path: str, model: nn.Module) -> bool:
-    """Inside a QAT module (its own float children, e.g. a replaced block's internals)."""
+    """Inside a QAT module (its own float children, e.g. a replaced block's internals), or inside
+    a module of a registered type, which its QAT class swaps whole (peft's LoRA Linear)."""
     parts = path.split(".")
     for i in range(1, len(parts)):
-        if isinstance(model.get_submodule(".".join(parts[:i])), (QATModule, FakeQuantizer)):
+        parent = model.get_submodule(".".join(parts[:i]))
+        if isinstance(parent, (QATModule, FakeQuantizer)) or registry_type(type(parent)) in QAT_MODULES:
             return True
     return False
 
