@@ -119,13 +119,13 @@ class _Context:
                 self.notes.append(f"rule {i} ({rule.source}, {rule.describe()}) matched no layer")
 
     def check_rules(self) -> None:
-        taken: set[str] = set()  # op classes wholly decided by an earlier rule without match:
+        taken: set[str] = set()  # op classes wholly decided by an earlier rule without match / position:
         for index, rule in enumerate(self.recipe.rules):
             reach = rule.op_classes()
             explicit = reach is not None
             candidates = reach if explicit else tuple(op.op_class for op in self.hw.ops)
             candidates = [c for c in candidates if c not in taken]
-            if not rule.match:
+            if not rule.match and not rule.position:  # a position rule decides for one module only
                 taken |= set(candidates if explicit else OP_CLASSES)
             if rule.skip:
                 continue
