@@ -1,0 +1,260 @@
+"""Layer-by-layer second-order PTQ of a prepared model: which QLinears, in which passes, and the
+Hessian ``H = 2/N sum_n x_n x_n^T`` of each one's input (``x_n``: the rows of the input the
+weight multiplies, i.e. after the layer's input quantizer, over all calibration batches).
+
+Linears that are called on the same input tensor (q / k / v; gate / up) share one Hessian, and
+their weights are solved together (``ColumnGrid`` stacks them by rows). A *stage* is the set
+of such input groups whose Hessians are captured in one pass over the calibration data; the
+pass stops right after the stage's last input has been seen (``StopForward``), then the stage
+is solved and its weights written, so every later stage sees the already quantized outputs:
+
+* ``sequential="block"`` (default): one stage per block of a ``nn.ModuleList`` (a decoder
+  layer); inside a block, a layer sees its block-mates with their calibrated round-to-nearest
+  weights. Passes: one prefix forward per block, plus one per input group outside blocks.
+* ``sequential="layer"``: one stage per input group: every layer sees the solved weights of
+  every layer before it (more passes).
+
+Memory: one Hessian per input group of the current stage (``d_in^2`` each), no activations kept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+import torch
+from torch import nn
+
+from ..calibration.batches import iter_inputs
+from ..nn.linear import QLinear
+from ..nn.modes import eval_mode
+from .layers import StopForward, run_hooked
+
+SEQUENTIAL = ("block", "layer")
+
+
+@dataclass
+class InputGroup:
+    """Linears fed one input tensor, in execution order; ``block``: the ModuleList entry holding them."""
+
+    names: list
+    modules: list
+    block: Optional[str]
+    hessian: Optional[torch.Tensor] = None
+    rows: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def candidate_linears(model: nn.Module, layers=None, what: str = "dal.ptq") -> list:
+    """``(path, QLinear)`` of every QLinear with an integer weight quantizer that quantizes, in
+    registration order; ``layers`` (paths) restricts them. Raises ``ValueError`` naming the
+    culprit: an uncalibrated weight quantizer, an unknown path, or no such layer at all."""
+    found, uncalibrated = [], []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, QLinear):
+            continue
+        wq = getattr(mod, "weight_quant", None)
+        if wq is None or not wq.fmt.is_integer or wq.state == "off":
+            continue
+        if not wq.initialized or wq.state == "observe":
+            uncalibrated.append(name)
+            continue
+        found.append((name, mod))
+    if layers is not None:
+        wanted = list(layers)
+        known = {n for n, _ in found}
+        missing = [n for n in wanted if n not in known]
+        if missing:
+            raise ValueError(f"{what}: layers {missing} are not calibrated QLinears with an integer weight quantizer "
+                             f"(known: {sorted(known)[:8]}{' ...' if len(known) > 8 else ''})")
+        found = [(n, m) for n, m in found if n in wanted]
+        uncalibrated = [n for n in uncalibrated if n in wanted]
+    if uncalibrated:
+        raise ValueError(f"{what}: the weight quantizer of {', '.join(uncalibrated[:6])}"
+                         f"{' ...' if len(uncalibrated) > 6 else ''} has no scale (state observe): run "
+                         "dal.calibrate(model, data) first")
+    if not found:
+        raise ValueError(f"{what}: {type(model).__name__} has no QLinear with an integer weight quantizer: "
+                         "prepare it with dal.prepare_qat and a recipe that quantizes linear weights to an integer "
+                         "format (e.g. int4 per_group), then dal.calibrate")
+    return found
+
+
+def _block_of(model: nn.Module, name: str) -> Optional[str]:
+    """The path of the ModuleList entry that holds ``name`` (the innermost one), or None."""
+    parts = name.split(".")
+    best = None
+    mod = model
+    for i, p in enumerate(parts[:-1]):
+        child = getattr(mod, p, None) if not p.isdigit() or not isinstance(mod, (nn.ModuleList, nn.Sequential)) \
+            else mod[int(p)]
+        if child is None:
+            return best
+        if isinstance(mod, nn.ModuleList):
+            best = ".".join(parts[:i + 1])
+        mod = child
+    return best
+
+
+def input_groups(model: nn.Module, linears: list, data: Iterable, input_fn: Optional[Callable],
+                 what: str = "dal.ptq") -> list:
+    """The linears grouped by shared input tensor, in execution order on the first batch of
+    ``data``; a linear that did not run there raises ``ValueError`` naming it."""
+    seen: list = []  # (input tensor, name, module); the tensors are held so no address is reused
+
+    def make_hook(name, mod):
+        def hook(_m, args):
+            if args and torch.is_tensor(args[0]) and not any(m is mod for _, _, m in seen):
+                seen.append((args[0], name, mod))
+        return hook
+
+    handles = [m.register_forward_pre_hook(make_hook(n, m)) for n, m in linears]
+    try:
+        with torch.no_grad(), eval_mode(model):
+            for args, kwargs in iter_inputs(data, 1, input_fn=input_fn, desc=what):
+                model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    ran = {n for _, n, _ in seen}
+    never = [n for n, _ in linears if n not in ran]
+    if never:
+        raise ValueError(f"{what}: {', '.join(never[:6])} never ran on the first calibration batch; pass layers=[...] "
+                         "without them, or data that reaches them")
+    groups: list = []
+    last = None
+    for x, name, mod in seen:
+        if last is not None and x is last:
+            groups[-1].names.append(name)
+            groups[-1].modules.append(mod)
+        else:
+            groups.append(InputGroup([name], [mod], _block_of(model, name)))
+        last = x
+    return groups
+
+
+def stages(groups: list, sequential: str = "block") -> list:
+    """Consecutive input groups captured in one pass (see the module docstring)."""
+    if sequential not in SEQUENTIAL:
+        raise ValueError(f"sequential={sequential!r} is not one of {SEQUENTIAL}")
+    out: list = []
+    for g in groups:
+        if sequential == "block" and out and g.block is not None and out[-1][-1].block == g.block:
+            out[-1].append(g)
+        else:
+            out.append([g])
+    return out
+
+
+def capture_hessians(model: nn.Module, stage: list, data: Iterable, num_batches: Optional[int],
+                     input_fn: Optional[Callable], dtype=torch.float32) -> None:
+    """Set ``g.hessian = 2/N sum x x^T`` (in ``dtype``) for every input group ``g`` of ``stage``
+    from one pass over the data; the forward of each batch stops after the stage's last input."""
+    sums = {id(g): None for g in stage}
+    counts = {id(g): 0 for g in stage}
+    last = stage[-1]
+
+    def make_hook(g):
+        def hook(mod, args):
+            x = args[0]
+            iq = mod.input_quant
+            if iq is not None and iq.state != "observe":  # the input the weight multiplies
+                x = iq(x)
+            x = x.detach().reshape(-1, x.shape[-1]).to(dtype)
+            s = x.t().matmul(x)
+            sums[id(g)] = s if sums[id(g)] is None else sums[id(g)].add_(s)
+            counts[id(g)] += x.shape[0]
+            if g is last:
+                raise StopForward
+        return hook
+
+    handles = [g.modules[0].register_forward_pre_hook(make_hook(g)) for g in stage]
+    with eval_mode(model):
+        run_hooked(model, handles, data, num_batches, input_fn)
+    for g in stage:
+        if sums[id(g)] is None:
+            raise ValueError(f"dal.ptq: {g.names[0]} never ran on the calibration data")
+        g.hessian = sums[id(g)].mul_(2.0 / counts[id(g)])
+        g.rows = counts[id(g)]
+
+
+def weight_error(delta: torch.Tensor, H: torch.Tensor) -> float:
+    """``sum_rows delta H delta^T`` = ``2/N ||X delta^T||^2``: the layer's output error of a weight change."""
+    return float((delta.matmul(H) * delta).sum())
+
+
+@torch.no_grad()
+def solve_layerwise(model: nn.Module, data: Iterable, num_batches: Optional[int], *, solve: Callable,
+                    input_fn: Optional[Callable] = None, layers=None, sequential: str = "block",
+                    dtype=torch.float32, progress: bool = False, what: str = "dal.ptq") -> dict:
+    """Capture the Hessians stage by stage and call ``solve(W, H, quantizers, rows, masks)`` for
+    every set of stacked weights (``quantizers``: their weight quantizers, ``rows``: rows each,
+    ``masks``: their current ``weight_mask`` or None); it returns ``(grid, result)`` with
+    ``result["codes"]`` and optionally ``result["mask"]``. The codes are written back so that
+    every layer's fake-quant weight is exactly ``(code - z) * s``, and its weight quantizer is
+    left ``frozen`` (QAT after it trains the weights against the solver's scales). Returns ``{"layers": {path:
+    {"error": e, "rtn_error": e0, "tokens": N}}, "passes": passes over the data}``, with ``e`` the
+    layer output error ``2/N ||X W^T - X Q^T||^2`` of the written weight and ``e0`` that of the
+    calibrated round-to-nearest weight, both against the float weight before the step."""
+    from tqdm.auto import tqdm
+
+    from .column_grid import grid_key
+
+    linears = candidate_linears(model, layers, what)
+    groups = input_groups(model, linears, data, input_fn, what)
+    plan = stages(groups, sequential)
+    report: dict = {"layers": {}, "passes": len(plan)}
+    with eval_mode(model):  # in training, a tracking weight quantizer would re-derive its scale
+        for stage in tqdm(plan, desc=what, disable=not progress, leave=False):
+            capture_hessians(model, stage, data, num_batches, input_fn, dtype)
+            for g in stage:
+                H = g.hessian
+                by_key: dict = {}
+                for name, mod in zip(g.names, g.modules):
+                    by_key.setdefault(grid_key(mod.weight_quant), []).append((name, mod))
+                for members in by_key.values():
+                    _solve_stack(members, H, g.rows, solve, report)
+                g.hessian = None  # one stage's Hessians at a time
+    return report
+
+
+def _solve_stack(members: list, H: torch.Tensor, tokens: int, solve: Callable, report: dict) -> None:
+    mods = [m for _, m in members]
+    W = torch.cat([m.weight.detach().to(H.dtype).cpu() for m in mods], dim=0)
+    masks = [getattr(m, "weight_mask", None) for m in mods]
+    mask = None
+    if any(k is not None for k in masks):
+        mask = torch.cat([(k if k is not None else torch.ones_like(m.weight, dtype=torch.bool)).cpu()
+                          for k, m in zip(masks, mods)], dim=0)
+    rtn = torch.cat([m.quantized_weight(m.weight).detach().to(H.dtype).cpu() for m in mods], dim=0)
+    grid, result = solve(W, H.cpu(), [m.weight_quant for m in mods], [m.weight.shape[0] for m in mods], mask)
+    Q = grid.dequantize(result["codes"])
+    new_mask = result.get("mask")
+    params = grid.split()
+    r0 = 0
+    for (name, mod), (s, z) in zip(members, params):
+        n = mod.weight.shape[0]
+        wq = mod.weight_quant
+        if grid.group:
+            wq.set_qparams(s.to(wq.scale.device), z.to(wq.scale.device))
+        q = Q[r0:r0 + n].to(mod.weight.device, mod.weight.dtype)
+        if new_mask is not None:
+            keep = new_mask[r0:r0 + n].to(mod.weight.device)
+            if getattr(mod, "weight_mask", None) is None:
+                mod.register_buffer("weight_mask", keep.clone())
+                mod.register_buffer("weight_sparsity_stats", torch.zeros(3, dtype=torch.float64, device=keep.device))
+            else:
+                mod.weight_mask.copy_(keep)
+            w0 = W[r0:r0 + n]
+            mod.weight_sparsity_stats[1] = w0.abs().sum(dtype=torch.float64)
+            mod.weight_sparsity_stats[2] = w0.masked_fill(~keep.cpu(), 0).abs().sum(dtype=torch.float64)
+        mod.weight.copy_(q)
+        wq.set_state("frozen")  # the scales stay the solver's: a tracking observer would re-derive them
+        got = mod.quantized_weight(mod.weight)
+        if not torch.equal(got, q):
+            bad = int((got != q).sum())
+            raise RuntimeError(f"dal.ptq: {name}: the fake-quant weight differs from the solved weight in {bad} "
+                               "element(s); the weight quantizer does not reproduce (code - z) * s")
+        rows = slice(r0, r0 + n)
+        report["layers"][name] = {"error": weight_error(W[rows] - Q[rows].to(H.dtype), H),
+                                  "rtn_error": weight_error(W[rows] - rtn[rows], H), "tokens": tokens}
+        r0 += n

@@ -1,0 +1,54 @@
+"""SparseGPT as a dal.ptq step: N:M (2:4) pruning chosen jointly with the weight quantization.
+
+Per linear, with ``H = 2/N sum x x^T`` of its calibration inputs, the SparseGPT column loop
+(``gptq_solver``) picks, at the first column of every run of M input columns, the N weights of
+each row to keep by ``w^2 / [H^-1]_jj`` (the ``U_jj^2`` of the Cholesky factor ``U`` of the
+damped ``H^-1``) over the current weights, zeroes the others, quantizes the column with the
+layer's weight quantizer and propagates the error through ``H^-1`` to the later columns.
+The layer ends in dal's sparsity form: a ``weight_mask`` buffer (bool, True = kept; updated in
+place when a ``dal.sparsity`` controller owns it) and ``weight_sparsity_stats``, so export's
+``dal.sparse_24`` metadata and ``dal.sparsity.report`` see it; its weight is
+``(code - z) * s`` with pruned entries 0, so its fake-quant weight is SparseGPT's result.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+import torch
+from torch import nn
+
+from .column_grid import ColumnGrid
+from .gptq_solver import solve_columns
+from .hessian import solve_layerwise
+
+
+def sparsegpt(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = None, *,
+              input_fn: Optional[Callable] = None, pattern: str = "2:4", block_size: int = 128,
+              percdamp: float = 0.01, layers=None, progress: bool = False, sequential: str = "block",
+              dtype: torch.dtype = torch.float32) -> dict:
+    """SparseGPT (Frantar & Alistarh 2023) with ``pattern`` ("N:M", along the input columns)
+    on every calibrated QLinear of ``qmodel``, in place, jointly with its weight quantization.
+
+    Same passes, batches and arguments as ``dal.ptq.gptq`` (no ``act_order``: the N:M groups
+    are runs of M consecutive input columns). Per-group scales are chosen at a group's first
+    column from its current weights before its masks are. A layer whose input width is not a
+    multiple of M raises ``ValueError`` naming it (pass ``layers=`` without it). Returns
+    ``gptq``'s report.
+
+    Example:
+        >>> dal.calibrate(qmodel, calib); dal.ptq.sparsegpt(qmodel, calib)  # doctest: +SKIP
+    """
+    from ..sparsity import parse_pattern
+
+    pat = parse_pattern(pattern)
+    n, m = pat.n, pat.m
+
+    def solve(W, H, quantizers, rows, mask):
+        if W.shape[1] % m:
+            names = ", ".join(q.name.rsplit(".", 1)[0] for q in quantizers)
+            raise ValueError(f"sparsegpt: {names}: {W.shape[1]} input features are not a multiple of {m} ({pattern})")
+        grid = ColumnGrid(quantizers, rows, W.shape[1], H.dtype)
+        return grid, solve_columns(W, H, grid, block_size=block_size, percdamp=percdamp, sparsity=(n, m))
+
+    return solve_layerwise(qmodel, calib, num_batches, solve=solve, input_fn=input_fn, layers=layers,
+                           sequential=sequential, dtype=dtype, progress=progress, what="dal.ptq.sparsegpt")
