@@ -18,14 +18,14 @@ scales and put them back; :func:`quantizer_states` switches a whole model for a 
 
 The state is a buffer (``state_code``): ``state_dict`` round-trips it with scale and zero point; the
 forward reads a Python mirror of it, chosen once per state change (``use_kernel``).
-Under ``torch.compile``, and for bf16 / fp16 input, it is ``dal.quantizer_ops.ops_forward`` (dal.kernels' ops).
+Under ``torch.compile``, and for bf16 / fp16 input, it is ``dal.quantizer_ops.ops_forward`` (dal.kernels' ops,
+LSQ included).
 """
 from __future__ import annotations
 
 import contextlib
 import copy
 import enum
-import math
 from typing import Iterator, Optional
 
 import torch
@@ -37,6 +37,7 @@ from .formats.fold import FoldedFakeQuantizeFunction, fold_eligible, fold_granul
 from .formats.track import fixed_kernel_params, fold_track_forward, kernel_fake_quantize, track_qparams
 from .formats.qparams import MIN_SCALE, check_pow2_rounding, power_of_two_scale
 from .observers import MinMaxObserver, make_observer
+from .kernels.lsq import lsq_grad_scale
 from .quantizer_ops import ops_forward
 
 
@@ -162,8 +163,8 @@ class FakeQuantizer(nn.Module):
         self._tracks_range = state is QState.QUANTIZE and self.fmt.is_scaled and not self.learnable
         self._kernel = self._fake_quant and not self.learnable and kernel_format(self.fmt) \
             and self.__dict__.get("_use_kernel", True)
-        # under torch.compile: dal.kernels' ops (dal.quantizer_ops), except for a learnable scale
-        self._ops = not self.learnable and (self._fake_quant or self._cast or state is QState.OBSERVE)
+        # under torch.compile: dal.kernels' ops (dal.quantizer_ops); a learnable scale: dal::fake_quantize_lsq
+        self._ops = self._fake_quant or self._cast or state is QState.OBSERVE
 
     def use_kernel(self, enabled: bool = True) -> "FakeQuantizer":
         """False: every call takes the torch path (observer, set_qparams, fake_quantize), the fast paths' reference."""
@@ -372,9 +373,7 @@ class FakeQuantizer(nn.Module):
 
     def _learnable_forward(self, x: torch.Tensor) -> torch.Tensor:
         self.project_learned_qparams_()
-        # LSQ: g = 1 / sqrt(N_per_scale * qmax) keeps the scale's step size comparable to the weights'.
-        per_scale = max(x.numel() // max(self.scale.numel(), 1), 1)
-        grad_scale = 1.0 / math.sqrt(per_scale * max(abs(self.qmax), 1.0))
+        grad_scale = lsq_grad_scale(x.numel(), self.scale.numel(), self.qmax)  # LSQ's g = 1 / sqrt(N * qmax)
         scale = self.scale
         if self.power_of_two is not None:
             if not bool(torch.isfinite(self.log2_scale).all()):

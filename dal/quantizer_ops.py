@@ -8,6 +8,7 @@ a graph break, and each op runs the same code compiled or not:
 * observing in QAT (``quantize``, training, a min-max observer): ``dal::observe_minmax_`` ->
   ``dal::minmax_qparams`` (also written into ``scale`` / ``zero_point``) -> ``dal::fake_quantize``;
 * ``frozen`` (or ``quantize`` in eval): ``dal::fake_quantize`` with the stored parameters;
+* a learnable scale (LSQ / LSQ+, ``quantize`` or ``frozen``): ``dal::fake_quantize_lsq`` (:func:`ops_learnable`);
 * FP16 / BF16: ``dal::fp_round_trip``;  ``observe`` (calibration): ``dal::observe_minmax_``.
 
 The same bits as the eager forward (tests/kernels/test_compile.py). Eagerly the C++ paths of
@@ -22,6 +23,7 @@ from typing import Optional
 import torch
 
 from . import kernels
+from .formats.autograd import pow2_scale_ste
 from .observers.distributed import world_size
 from .observers.minmax import MinMaxObserver, MovingAverageMinMaxObserver
 
@@ -34,6 +36,8 @@ def ops_forward(q, x: torch.Tensor) -> torch.Tensor:
             scale, zero_point = ops_observe(q, x, True)
         elif not q.initialized:
             raise RuntimeError(f"quantizer {q.name or '<unnamed>'} has no scale: calibrate first")
+        if q.learnable:
+            return ops_learnable(q, x)
         return kernels.fake_quantize(x, scale, zero_point, q.fmt, q.granularity, q.narrow_range)
     if q._cast:
         return kernels.fp_round_trip(x, q.fmt.torch_dtype())
@@ -65,3 +69,20 @@ def ops_observe(q, x: torch.Tensor, qparams: bool) -> Optional[tuple[torch.Tenso
         q.scale.copy_(scale)
         q.zero_point.copy_(zero_point)
     return scale, zero_point
+
+
+def ops_learnable(q, x: torch.Tensor) -> torch.Tensor:
+    """``q(x)`` for a learnable ``q`` by ``dal::fake_quantize_lsq``: the eager ``_learnable_forward``'s
+    output and gradients (LSQ's ``g = 1 / sqrt(N * qmax)``; power-of-two scales by
+    ``pow2_scale_ste`` of ``log2_scale``, written into ``q.scale``). Eagerly (bf16 / fp16 input) the
+    Parameters are first projected in place and checked finite as there; under ``torch.compile``
+    the op projects them without writing them (no host read of their values: ``dal.kernels.lsq``)."""
+    if not torch.compiler.is_compiling():
+        q.project_learned_qparams_()
+    scale = q.scale
+    if q.power_of_two is not None:
+        scale = pow2_scale_ste(q.log2_scale, q.power_of_two)
+        with torch.no_grad():
+            q.scale.copy_(scale)
+    g = kernels.lsq_grad_scale(x.numel(), q.scale.numel(), q.qmax)
+    return kernels.fake_quantize_lsq(x, scale, q.zero_point, q.fmt, q.granularity, q.narrow_range, g)

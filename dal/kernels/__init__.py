@@ -26,9 +26,9 @@ scale and zero point: LSQ / LSQ+).
 """
 from .fake_quant import fake_quantize
 from .fold_factor import fold_factor
-from .lsq import fake_quantize_lsq
+from .lsq import fake_quantize_lsq, lsq_grad_scale
 from .cast import fp_round_trip
 from .observer_update import observe_minmax_
 from .qparams import minmax_qparams
 
-__all__ = ["fake_quantize", "fake_quantize_lsq", "fold_factor", "fp_round_trip", "observe_minmax_", "minmax_qparams"]
+__all__ = ["fake_quantize", "fake_quantize_lsq", "lsq_grad_scale", "fold_factor", "fp_round_trip", "observe_minmax_", "minmax_qparams"]

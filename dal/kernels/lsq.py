@@ -28,6 +28,7 @@ local)``: ``mask`` (bool, empty unless ``need_mask``) and ``local = where(m, c -
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -37,6 +38,14 @@ from ..formats.granularity import PER_TENSOR, Granularity
 from ..formats.qformat import get_format
 from ..formats.qparams import MIN_SCALE, code_range
 from .fake_quant import FP8_MODES, codes, laid_out_like
+
+
+def lsq_grad_scale(numel: int, scale_numel: int, qmax: float) -> float:
+    """LSQ's gradient scale ``g = 1 / sqrt(N * qmax)`` for a tensor of ``numel`` elements over
+    ``scale_numel`` scales (``N = numel // scale_numel``, at least 1; ``qmax`` at least 1): it keeps
+    a scale's step size comparable to the weights'."""
+    per_scale = max(numel // max(scale_numel, 1), 1)
+    return 1.0 / math.sqrt(per_scale * max(abs(qmax), 1.0))
 
 
 def _projected(scale, zero_point, qmin: float, qmax: float, mode: int):

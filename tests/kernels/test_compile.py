@@ -162,3 +162,37 @@ def test_inductor_quantizer_step():
         assert torch.equal(x.grad, x2.grad) and torch.equal(eager.weight.grad, compiled.weight.grad)
         for (n, b), (_, c) in zip(eager.named_buffers(), compiled.named_buffers()):
             assert torch.equal(b, c), n
+
+
+def test_lsq_model_compiles_and_is_the_eager_step():
+    """w4a8_lsq (every conv / linear scale learnable, LSQ / LSQ+ by dal::fake_quantize_lsq under
+    compile): no graph break inside dal; two aot_eager training steps with an SGD update of every
+    parameter (scales and zero points included) in between equal the eager steps (the eager LSQ
+    path, dal.formats.autograd.FakeQuantizeFunction, quantizers projecting their Parameters in
+    place) bit for bit: outputs, loss, every gradient (scales' and zero points' included), buffers."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 28, 28)
+    model = dal.prepare_qat(MnistCNN(width=4), recipe="w4a8_lsq", hardware="a2000", example_inputs=(x,))
+    dal.calibrate(model, [torch.randn(4, 1, 28, 28) for _ in range(2)], progress=False)
+    model.train()
+    learnable = [n for n, q in quantizers(model) if q.learnable]
+    assert len(learnable) >= 8 and all(q.state == "quantize" for _, q in quantizers(model))
+    assert _dal_breaks(torch._dynamo.explain(model)(x)) == []
+    eager, compiled = copy.deepcopy(model), _Compiled(copy.deepcopy(model), "aot_eager")
+    for _, q in quantizers(eager):
+        q.use_kernel(False)
+    y = torch.tensor([3, 1, 4, 1])
+    for i in range(2):
+        x = torch.randn(4, 1, 28, 28) * (1 + i)
+        for m in (eager, compiled.model):
+            m.zero_grad(set_to_none=True)
+        _assert_same_step(eager, compiled, x, y, f"w4a8_lsq step {i}")
+        scale_grads = [p.grad for n, p in eager.named_parameters()
+                       if n.endswith((".scale", ".zero_point")) and p.requires_grad]
+        assert len(scale_grads) >= len(learnable) and all(g is not None and g.abs().sum() > 0 for g in scale_grads)
+        for m in (eager, compiled.model):
+            with torch.no_grad():
+                for p in m.parameters():
+                    if p.grad is not None:
+                        p -= 0.01 * p.grad
