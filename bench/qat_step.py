@@ -1,17 +1,19 @@
-"""One ResNet-18 training step (batch 8, 112x112 and 224x224): float vs dal INT8 QAT vs torch.ao eager QAT.
+"""One training step: float vs dal INT8 QAT vs torch.ao eager QAT, eager and compiled, one run.
 
-Prints medians of interleaved repetitions (float, dal, torch.ao, float, dal, ...) and the
-ratios against the float step, in wall-clock time and in CPU time of this process
-(``time.process_time``: on a machine shared with other jobs the wall clock also counts the
-time this process waited for a core; CPU time does not), with the load average before and after.
+Cases (issue 40): ResNet-18 batch 8 at 112x112 and 224x224, MobileNetV3-Large batch 8 at 224x224.
+For each case, every step kind is timed round-robin (float, dal, torch.ao, compiled float,
+compiled dal, float, ...) and the table gives medians and ratios against the float step of the
+same mode, in wall-clock time and in CPU time of this process (``time.process_time``: on a
+machine shared with other jobs the wall clock also counts the time this process waited for a
+core; CPU time does not), with the load average before and after.
 Peer: torch.ao.quantization.prepare_qat with the x86 QAT qconfig on torchvision's quantizable
-ResNet-18 (fused Conv+BN+ReLU), the reference QAT flow of PyTorch.
+model of the same architecture (fused Conv+BN+ReLU), the reference eager QAT flow of PyTorch.
 
-    python bench/qat_step.py --res 112 224 [--threads 1] [--write bench/results/qat_step.md]
-    python bench/qat_step.py --compile [inductor] --res 112 --reps 3
+    python bench/qat_step.py [--cases r18-112 r18-224 mnv3l-224] [--compile [BACKEND]] [--threads 1]
+                             [--reps 7] [--write bench/results/qat_step_table.md]
 
-``--compile BACKEND`` (default inductor): compiled float vs compiled dal QAT (``torch.compile`` of each
-model; the quantizers run dal.kernels' ops), interleaved, no torch.ao column; the warm-up step
+``--compile BACKEND`` (default inductor) adds the compiled float and compiled dal columns
+(``torch.compile`` of each model; the quantizers run dal.kernels' ops); their warm-up step
 includes the compile.
 """
 from __future__ import annotations
@@ -38,37 +40,45 @@ def _step_fn(model, x, y):
     return step
 
 
-#: the house issue's targets for dal / float, per resolution
-TARGETS = {112: 1.25, 224: 1.12}
+#: case -> (torchvision architecture, resolution)
+CASES = {"r18-112": ("resnet18", 112), "r18-224": ("resnet18", 224), "mnv3l-224": ("mobilenet_v3_large", 224)}
+#: issue 40's targets: eager dal / float per resolution, compiled dal / compiled float, dal / torch.ao
+EAGER_TARGETS = {112: 1.25, 224: 1.15}
+COMPILED_TARGET = 1.10
+PEER_TARGET = 0.8
 
 
-def _models(size: int, batch: int, backend: str | None = None):
+def _models(arch: str, size: int, batch: int, backend: str | None = None) -> dict:
     import dal
 
     torch.manual_seed(0)
     x = torch.randn(batch, 3, size, size)
     y = torch.randint(0, 1000, (batch,))
-    float_model = torchvision.models.resnet18(weights=None).train()
-    dal_model = dal.prepare_qat(torchvision.models.resnet18(weights=None), recipe="int8_balanced",
-                                hardware="a2000", example_inputs=(x[:2],))
-    dal.calibrate(dal_model, [x[:2]], progress=False)
-    dal_model.train()
-    if backend:
-        return {"float": _step_fn(torch.compile(float_model, backend=backend), x, y),
-                "dal int8 QAT": _step_fn(torch.compile(dal_model, backend=backend), x, y)}
-    ao_model = torchvision.models.quantization.resnet18(weights=None, quantize=False)
+
+    def qat():
+        m = dal.prepare_qat(getattr(torchvision.models, arch)(weights=None), recipe="int8_balanced",
+                            hardware="a2000", example_inputs=(x[:2],))
+        dal.calibrate(m, [x[:2]], progress=False)
+        return m.train()
+
+    ao_model = getattr(torchvision.models.quantization, arch)(weights=None, quantize=False)
     ao_model.fuse_model(is_qat=True)
     ao_model.qconfig = torch.ao.quantization.get_default_qat_qconfig("x86")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao's deprecation notices
         torch.ao.quantization.prepare_qat(ao_model.train(), inplace=True)
-    return {"float": _step_fn(float_model, x, y), "dal int8 QAT": _step_fn(dal_model, x, y),
-            "torch.ao QAT": _step_fn(ao_model, x, y)}
+    steps = {"float": _step_fn(getattr(torchvision.models, arch)(weights=None).train(), x, y),
+             "dal": _step_fn(qat(), x, y), "torch.ao": _step_fn(ao_model, x, y)}
+    if backend:
+        steps["compiled float"] = _step_fn(torch.compile(getattr(torchvision.models, arch)(weights=None).train(),
+                                                         backend=backend), x, y)
+        steps["compiled dal"] = _step_fn(torch.compile(qat(), backend=backend), x, y)
+    return steps
 
 
-def _measure(size: int, batch: int, reps: int, backend: str | None = None) -> tuple[dict, dict]:
-    """(wall, cpu): median seconds per step of each model, interleaved, after one warm-up step."""
-    steps = _models(size, batch, backend)
+def _measure(arch: str, size: int, batch: int, reps: int, backend: str | None = None) -> tuple[dict, dict]:
+    """(wall, cpu): median seconds per step of each kind, round-robin, after one warm-up step each."""
+    steps = _models(arch, size, batch, backend)
     for fn in steps.values():
         fn()
     wall = {k: [] for k in steps}
@@ -86,27 +96,35 @@ def _load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def run(sizes, batch: int, reps: int, backend: str | None = None) -> list[str]:
-    """Markdown lines: one table row per (resolution, clock)."""
+def _verdict(ratio: float, target: float | None) -> str:
+    return f"{ratio:.3f}" if target is None else f"{ratio:.3f} {'ok' if ratio <= target else 'MISSED'} (<= {target})"
+
+
+def run(cases, batch: int, reps: int, backend: str | None = None) -> list[str]:
+    """Markdown lines: one table row per (case, clock)."""
     from dal.formats import native
 
-    lines = [f"CPU: {_cpu_flags()}; {torch.get_num_threads()} torch threads; {os.cpu_count()} cores; "
-             f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}", "",
-             f"ResNet-18 train step (SGD), batch {batch}, medians of {reps} interleaved repetitions"
-             + (f", torch.compile(backend={backend!r}) of both models" if backend else "") + ":", "",
-             "| resolution | clock | float (ms) | dal INT8 QAT (ms) | dal / float | target | torch.ao (ms) "
-             "| torch.ao / float | load average before -> after |", "|---|---|---|---|---|---|---|---|---|"]
-    for size in sizes:
+    compiled = " | compiled float (ms) | compiled dal (ms) | compiled dal / compiled float | compiled dal / eager dal"
+    lines = [f"CPU: {_cpu_flags()}; {torch.get_num_threads()} torch threads; {os.cpu_count()} cores", "",
+             f"Train step (SGD), batch {batch}, medians of {reps} round-robin repetitions"
+             + (f"; torch.compile(backend={backend!r})" if backend else "") + ":", "",
+             "| case | clock | float (ms) | dal (ms) | dal / float | torch.ao (ms) | dal / torch.ao"
+             + (compiled if backend else "") + " | load before -> after |",
+             "|---" * (8 + (4 if backend else 0)) + "|"]
+    for case in cases:
+        arch, size = CASES[case]
         before = _load()
-        wall, cpu = _measure(size, batch, reps, backend)
+        wall, cpu = _measure(arch, size, batch, backend=backend, reps=reps)
         after = _load()
         for clock, med in (("wall", wall), ("CPU", cpu)):
-            ratio, target = med["dal int8 QAT"] / med["float"], None if backend else TARGETS.get(size)
-            verdict = "-" if target is None else f"{'ok' if ratio <= target else 'MISSED'} (<= {target})"
-            ao = med.get("torch.ao QAT")
-            ao_cols = "- | -" if ao is None else f"{1e3 * ao:.0f} | {ao / med['float']:.3f}"
-            lines.append(f"| {size}x{size} | {clock} | {1e3 * med['float']:.0f} | {1e3 * med['dal int8 QAT']:.0f} | "
-                         f"{ratio:.3f} | {verdict} | {ao_cols} | {before} -> {after} |")
+            row = (f"| {arch} {size} | {clock} | {1e3 * med['float']:.0f} | {1e3 * med['dal']:.0f} | "
+                   f"{_verdict(med['dal'] / med['float'], EAGER_TARGETS.get(size))} | {1e3 * med['torch.ao']:.0f} | "
+                   f"{_verdict(med['dal'] / med['torch.ao'], PEER_TARGET)}")
+            if backend:
+                row += (f" | {1e3 * med['compiled float']:.0f} | {1e3 * med['compiled dal']:.0f} | "
+                        f"{_verdict(med['compiled dal'] / med['compiled float'], COMPILED_TARGET)} | "
+                        f"{_verdict(med['compiled dal'] / med['dal'], 1.0)}")
+            lines.append(row + f" | {before} -> {after} |")
     lines += ["", f"fused fake-quant kernel: {native.status()}"]
     return lines
 
@@ -115,16 +133,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--res", "--size", dest="res", type=int, nargs="+", default=[112, 224],
-                    help="input resolutions, measured in this one run (the overhead is mostly per call)")
+    ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES),
+                    help="architecture and resolution, all measured in this one run")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     ap.add_argument("--write", metavar="PATH", help="also write the markdown table to PATH")
     ap.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
-                    help="torch.compile both models with BACKEND (default inductor); no torch.ao column")
+                    help="also time the compiled float and dal steps (torch.compile with BACKEND, default inductor)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    text = "\n".join(run(args.res, args.batch, args.reps, args.compile))
+    text = "\n".join(run(args.cases, args.batch, args.reps, args.compile))
     print(text)
     if args.write:
         with open(args.write, "w") as f:
