@@ -1,0 +1,117 @@
+"""FSDP2 (``fully_shard`` per decoder layer plus the root, two gloo processes on CPU) trains a
+tiny LlamaForCausalLM prepared with the W4A8 recipe (INT4 weights per group of 32 along the
+input, the last linear INT8 per channel), and its weight quantizers' state stays that of an
+unsharded run.
+
+The reference is one process with no FSDP2 (``fsdp2_llm_workers._train_reference``): the same
+calibrated model, the same steps, each rank's half of a batch run as a micro-batch, gradients
+accumulated and halved. Expected bit for bit (``torch.equal``), because:
+
+* FSDP2 all-gathers a layer's full weights (exact copies) before its forward, so rank ``r`` runs
+  the reference's micro-batch ``r`` forward and backward on the same tensors and shapes;
+* the gradient mean: FSDP2's ``g0 / 2 + g1 / 2`` (gloo) and the reference's ``(g0 + g1) / 2`` are
+  both one rounding of the sum and an exact halving;
+* SGD is elementwise, so a shard's step is the unsharded step on those elements;
+* weight observers (per group, per channel) see the full weight on every rank, and their
+  all-reduces over equal values change nothing; activation scales are frozen after calibration
+  so the reference's micro-batches are quantized with the ranks' scales (activation observers
+  across ranks with different data: tests/distributed/test_fsdp2.py).
+
+Modes (``fsdp2_llm_workers.recipe_for``): ``recipe`` (observed weight scales, buffers, never
+sharded), ``lsq`` (learnable weight scales left whole by ``replicate_quantizer_parameters``),
+``lsq-sharded`` (learnable per-group / per-channel scales sharded along dim 0 with their weights).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+pytest.importorskip("transformers")
+
+from ddp_common import free_port  # noqa: E402
+from fsdp2_llm_workers import MODES, STEPS, llm_worker  # noqa: E402
+
+pytestmark = [pytest.mark.xdist_group("ddp"), pytest.mark.slow]
+
+GROUP = 32
+PER_GROUP = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LINEAR_SHAPES = {"self_attn.q_proj": (64, 64), "self_attn.k_proj": (32, 64), "self_attn.v_proj": (32, 64),
+                 "self_attn.o_proj": (64, 64), "mlp.gate_proj": (128, 64), "mlp.up_proj": (128, 64),
+                 "mlp.down_proj": (64, 128)}
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fsdp2_llm")
+    mp.spawn(llm_worker, args=(2, free_port(), str(path)), nprocs=2, join=True)
+    return path
+
+
+def _runs(out, mode):
+    fsdp = [torch.load(out / mode / f"fsdp_rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return fsdp, torch.load(out / mode / "ref.pt", weights_only=False)
+
+
+def _per_group_keys():
+    return [f"model.layers.{i}.{name}.weight_quant.scale" for i in (0, 1) for name in PER_GROUP]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_weights_are_sharded_and_scales_follow_the_mode(out, mode):
+    fsdp, _ = _runs(out, mode)
+    for run in fsdp:
+        local = run["local_shapes"]
+        for i in (0, 1):
+            for name, (rows, cols) in LINEAR_SHAPES.items():
+                prefix = f"model.layers.{i}.{name}"
+                assert local[f"{prefix}.weight"] == (rows // 2, cols)  # dim 0, half per rank
+                scale = local.get(f"{prefix}.weight_quant.scale")
+                # a rank's shard of a per-group scale holds the groups of its own weight rows
+                assert scale == ((rows // 2, cols // GROUP) if mode == "lsq-sharded" else None)
+        assert local.get("lm_head.weight_quant.scale") == ((128,) if mode == "lsq-sharded" else None)
+        # the gathered per-group scales: one per group of 32 along the input of the full weight
+        for s in range(STEPS):
+            for i in (0, 1):
+                for name, (rows, cols) in LINEAR_SHAPES.items():
+                    assert run["quant"][s][f"model.layers.{i}.{name}.weight_quant.scale"].shape == (rows, cols // GROUP)
+            assert run["quant"][s]["lm_head.weight_quant.scale"].shape == (256,)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gathered_weight_quantizer_state_equals_the_unsharded_run(out, mode):
+    """After every step, each rank's gathered weight-quantizer state (scale, zero point, observer
+    range: per group for the decoder linears, per channel for lm_head) == the unsharded run's."""
+    fsdp, ref = _runs(out, mode)
+    for s in range(STEPS):
+        keys = ref["quant"][s].keys()
+        assert set(_per_group_keys()) | {"lm_head.weight_quant.scale"} <= set(keys)
+        for run in fsdp:
+            assert run["quant"][s].keys() == keys
+            assert [k for k in keys if not torch.equal(run["quant"][s][k], ref["quant"][s][k])] == []
+    # not a comparison of constants: every per-group and per-channel weight scale moved in training
+    first, last = ref["quant"][0], ref["quant"][-1]
+    moved = [k for k in [*_per_group_keys(), "lm_head.weight_quant.scale"] if not torch.equal(first[k], last[k])]
+    assert len(moved) == len(PER_GROUP) * 2 + 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_ranks_loss_equals_the_unsharded_micro_batch_loss(out, mode):
+    fsdp, ref = _runs(out, mode)
+    for s in range(STEPS):
+        for r, run in enumerate(fsdp):
+            assert torch.equal(run["loss"][s], ref["loss"][s][r])
+
+
+def test_learned_scales_stayed_above_min_scale(out):
+    """The condition under which ``lsq-sharded`` equals the unsharded run: no step pushed a
+    learned scale below MIN_SCALE, so the forward's in-place projection (lost on a sharded
+    scale's all-gathered copy; README, FSDP2) never ran."""
+    from dal.formats.qparams import MIN_SCALE
+
+    _, ref = _runs(out, "lsq-sharded")
+    for state in ref["quant"]:
+        for k, v in state.items():
+            if k.endswith(".scale"):
+                assert bool((v >= MIN_SCALE).all()), k
