@@ -3,7 +3,8 @@ only the quantizers.
 
 Float-model steps (``fold_bn``, ``equalize``, ``smooth_quant``) run on a copy of the float model
 before ``prepare_qat``; then ``dal.calibrate`` with the recipe's method; then the quantized-model
-steps (``adaround``, ``bias_correction``, ``bn_reestimate``) in the order the recipe lists them.
+steps (``adaround``, ``bias_correction``, ``bn_reestimate``, ``gptq``, ``sparsegpt``) in the order the
+recipe lists them.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Callable, Iterable, Optional, Sequence
 from torch import nn
 
 FLOAT_STEPS = ("fold_bn", "equalize", "smooth_quant")
-QUANT_STEPS = ("adaround", "bias_correction", "bn_reestimate")
+QUANT_STEPS = ("adaround", "bias_correction", "bn_reestimate", "gptq", "sparsegpt")
 
 
 def run_float_steps(model: nn.Module, steps: Sequence[str], calib: Iterable, num_batches: Optional[int] = None,
@@ -53,6 +54,12 @@ def run_quant_steps(qmodel: nn.Module, steps: Sequence[str], calib: Iterable, nu
             done[step] = list(bias_correction(qmodel, calib, num_batches, input_fn=input_fn, progress=progress))
         elif step == "bn_reestimate":
             done[step] = reestimate_bn(qmodel, calib, num_batches, input_fn=input_fn, progress=progress)
+        elif step in ("gptq", "sparsegpt"):
+            from .gptq import gptq
+            from .sparsegpt import sparsegpt
+
+            done[step] = (gptq if step == "gptq" else sparsegpt)(qmodel, calib, num_batches, input_fn=input_fn,
+                                                                 progress=progress)
     return done
 
 

@@ -13,7 +13,8 @@ from dal.recipe.spec import LayerSpec
 CALIBRATION_METHODS = ("minmax", "percentile", "kl", "mse", "easyquant")
 #: dal.ptq steps a recipe may name (``ptq:``); the float-model ones run before prepare_qat, the
 #: others after calibration (dal.ptq.quantize_ptq)
-PTQ_STEPS = ("fold_bn", "equalize", "smooth_quant", "adaround", "bias_correction", "bn_reestimate")
+PTQ_STEPS = ("fold_bn", "equalize", "smooth_quant", "adaround", "bias_correction", "bn_reestimate", "gptq",
+             "sparsegpt")
 #: what QAT trains (``train:``): everything, or only the learnable quantizers' scales / zero points
 TRAIN_MODES = ("all", "scales_only")
 
