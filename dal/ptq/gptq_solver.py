@@ -101,7 +101,7 @@ def solve_columns(W: torch.Tensor, H: torch.Tensor, grid: ColumnGrid, *, block_s
             d = U1[i, i]
             if sparsity is not None and i % m == 0:
                 score = W1[:, i:i + m] ** 2 / torch.diag(U1)[i:i + m].reshape(1, -1) ** 2
-                # drop the m - n smallest scores (the lower column wins ties: stable sort)
+                # drop the m - n smallest scores (among equal scores the lower column goes first: stable sort)
                 order = torch.argsort(score, dim=1, stable=True)
                 pruned = torch.zeros_like(score, dtype=torch.bool)
                 pruned.scatter_(1, order[:, :m - n_keep], True)

@@ -1,0 +1,119 @@
+"""dal.ptq.sparsegpt (2:4 jointly with INT4 per group) against a float64 reference of SparseGPT
+written in the test (second_order_ref.py), on a 16x64 layer with 64 calibration rows."""
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import dal
+from dal.ptq import sparsegpt
+from second_order_ref import GROUP, W4_GROUP, group_scale, output_error, reference, rtn, small_layer
+
+
+def prepared(seed=0):
+    lin, X = small_layer(seed)
+    W = lin.weight.detach().double().numpy().copy()
+    q = dal.prepare_qat(nn.Sequential(lin), recipe=W4_GROUP, example_inputs=(X[:4],))
+    dal.calibrate(q, [X])
+    return q, W, X
+
+
+def magnitude_then_rtn(W):
+    """Keep the 2 largest |w| of every 4 consecutive inputs per row, then INT4 RTN with min-max
+    group scales of the pruned weights."""
+    groups = np.abs(W).reshape(W.shape[0], -1, 4)
+    keep = np.zeros_like(groups, dtype=bool)
+    np.put_along_axis(keep, np.argsort(-groups, axis=2, kind="stable")[:, :, :2], True, axis=2)
+    P = np.where(keep.reshape(W.shape), W, 0.0)
+    Q = np.empty_like(P)
+    for c in range(0, W.shape[1], GROUP):
+        Q[:, c:c + GROUP] = rtn(P[:, c:c + GROUP], group_scale(P[:, c:c + GROUP])[:, None])[0]
+    return Q
+
+
+def layer_result(q):
+    mod = q[0]
+    s = mod.weight_quant.scale.detach().double().repeat_interleave(GROUP, dim=1)
+    Q = mod.quantized_weight(mod.weight).detach().double()
+    return torch.round(Q / s).numpy(), Q.numpy(), mod.weight_mask.numpy()
+
+
+def test_float64_run_equals_the_reference_in_mask_codes_and_scales():
+    q, W, X = prepared()
+    sparsegpt(q, [X], dtype=torch.float64, block_size=16)
+    ref = reference(W, X.double().numpy(), sparsity=(2, 4))
+    codes, _, mask = layer_result(q)
+    # float64 both: 0 LSB on every code (a flip needs a value within ~1e-13 of a tie or of a
+    # mask score tie); the mask and the float32 scales are identical.
+    assert np.array_equal(mask, ref["mask"])
+    assert np.array_equal(codes, ref["codes"])
+    assert np.array_equal(q[0].weight_quant.scale.double().numpy(), ref["scales"])
+
+
+def test_the_mask_is_2_of_4_and_the_weight_is_sparsegpts_result():
+    q, W, X = prepared()
+    sparsegpt(q, [X])
+    codes, Q, mask = layer_result(q)
+    mod = q[0]
+    assert mask.dtype == bool and mask.shape == W.shape
+    assert (mask.reshape(16, 16, 4).sum(-1) == 2).all()
+    assert (codes[~mask] == 0).all()
+    assert dal.sparsity.is_2to4(mod.quantized_weight(mod.weight).detach(), 1)
+    assert torch.equal(mod.quantized_weight(mod.weight), mod.weight)  # the weight is on the grid
+    assert float(mod.weight_sparsity_stats[2]) < float(mod.weight_sparsity_stats[1])
+
+
+def test_sparsegpt_beats_magnitude_pruning_then_round_to_nearest():
+    q, W, X = prepared()
+    Xd = X.double().numpy()
+    sparsegpt(q, [X])
+    _, Q, _ = layer_result(q)
+    err, err_mag = output_error(Xd, W, Q), output_error(Xd, W, magnitude_then_rtn(W))
+    assert err < 0.9 * err_mag, (err, err_mag)
+
+
+def test_export_lists_the_weight_as_2_of_4(tmp_path):
+    q, W, X = prepared()
+    sparsegpt(q, [X])
+    path = tmp_path / "sparse.onnx"
+    dal.export_onnx(q, (X[:4],), str(path))
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert "0.weight_quant" in meta.get("dal.sparse_24", "")
+
+
+def test_width_not_a_multiple_of_m_is_named():
+    lin = nn.Linear(6, 4)
+    x = torch.randn(8, 6)
+    rec = dict(W4_GROUP, rules=[dict(W4_GROUP["rules"][0], weight=dict(W4_GROUP["rules"][0]["weight"],
+                                                                          granularity="per_channel"))])
+    rec["rules"][0]["weight"].pop("group_size")
+    rec["rules"][0]["weight"].pop("axis")
+    q = dal.prepare_qat(nn.Sequential(lin), recipe=rec, example_inputs=(x,))
+    dal.calibrate(q, [x])
+    with pytest.raises(ValueError, match="sparsegpt: 0: 6 input features are not a multiple of 4"):
+        sparsegpt(q, [x])
+
+
+def test_whole_tiny_llama_sparsegpt_then_a_qat_step():
+    T = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                        intermediate_size=128, vocab_size=256, max_position_embeddings=128)
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(0, 256, (2, 16), generator=g) for _ in range(2)]
+    p = dal.prepare_qat(T.LlamaForCausalLM(cfg), recipe="w4a8_fp8_performance", hardware="a2000")
+    dal.calibrate(p, ids)
+    report = sparsegpt(p, ids)
+    assert len(report["layers"]) == 7 + 1
+    down = p.model.layers[0].mlp.down_proj
+    assert dal.sparsity.is_2to4(down.quantized_weight(down.weight).detach(), 1)
+    p.train()
+    loss = p(ids[0], labels=ids[0]).loss
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert down.weight.grad[~down.weight_mask].abs().max() == 0  # pruned weights get no gradient
