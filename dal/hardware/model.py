@@ -18,14 +18,13 @@ from dal.config.problems import Problem
 from dal.config.vocabulary import GRANULARITIES
 from dal.formats.qformat import QFormat, get_format
 from dal.hardware.errors import HardwareModelError
+from dal.hardware.requantizer import REQUANTIZER_KINDS, ROUNDINGS, Requantizer  # noqa: F401 (re-exported)
 from dal.hardware.op_classes import (ACTIVATION_FUNCTIONS, ALL_OP_CLASSES, OP_CLASS_ROLES, OP_CLASSES, RESIZE_MODES,
                                      ROLES)
 
 NARROW_RANGE = ("required", "allowed", "forbidden")
-REQUANTIZER_KINDS = ("float", "fixed_point", "power_of_two")
 SCALE_CONSTRAINTS = ("any", "power_of_two")  # power_of_two: every scale is exactly 2^k
 ACCUMULATOR_OVERFLOW = ("saturate", "wrap")
-ROUNDINGS = ("half_up", "half_even", "half_away")
 ENGINE_COMPUTE = ("fp32", "fp16")  # an engine's internal float precision (Engine.compute)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
@@ -97,6 +96,9 @@ class OpSupport:
 
     A role the op class does not have (``weight`` of ``add``, ``input`` of ``embedding``, whose
     input is indices) must be empty; a role it has must list at least one format.
+    ``granularities``: the activation granularities this op takes when they differ from
+    ``activation_rules.granularities`` (``kv_cache``: ``per_channel`` is one scale per head);
+    empty means those of ``activation_rules``.
     """
 
     op_class: str
@@ -104,11 +106,17 @@ class OpSupport:
     weight_formats: tuple[QFormat, ...] = ()
     input_formats: tuple[QFormat, ...] = ()
     output_formats: tuple[QFormat, ...] = ()
+    granularities: tuple[str, ...] = ()
 
     def __post_init__(self):
         problems: list[Problem] = []
         for role in ROLES:
             _formats(self, f"{role}_formats", problems)
+        _as_tuple(self, "granularities")
+        bad = [g for g in self.granularities if g not in GRANULARITIES]
+        if bad:
+            problems.append(Problem(f"{_names(bad)} not allowed; granularities lists {', '.join(GRANULARITIES)}",
+                                    ("granularities",)))
         if self.op_class not in OP_CLASS_ROLES:
             problems.append(Problem(f"unknown op class {self.op_class!r}{did_you_mean(self.op_class, ALL_OP_CLASSES)} "
                                     f"(known: {', '.join(ALL_OP_CLASSES)})"))
@@ -216,44 +224,6 @@ class ActivationRules:
         if not symmetric and not self.affine:
             out.append("affine (zero-point) activations are not supported (set symmetric: true)")
         return out
-
-
-@dataclass(frozen=True)
-class Requantizer:
-    """How int32 accumulators are scaled to the output format.
-
-    ``kind="float"``: ONNX semantics, ``round_half_even(acc * s_in * s_w / s_out) + zp``.
-    ``kind="fixed_point"``: ``acc * M >> shift`` with an integer multiplier of
-    ``multiplier_bits`` bits and the given ``rounding`` (half_up, half_even, half_away).
-    ``kind="power_of_two"``: shift only, ``round_shift(acc, n)`` with ``s_in * s_w / s_out = 2^-n``
-    exactly (needs ``scale_constraint: power_of_two`` for weights and activations).
-    """
-
-    kind: str = "float"
-    multiplier_bits: int | None = None
-    rounding: str = "half_even"
-
-    def __post_init__(self):
-        problems: list[Problem] = []
-        if self.kind not in REQUANTIZER_KINDS:
-            problems.append(Problem(f"{self.kind!r} is not allowed (allowed: {', '.join(REQUANTIZER_KINDS)})", ("kind",)))
-        if self.rounding not in ROUNDINGS:
-            problems.append(Problem(f"{self.rounding!r} is not allowed (allowed: {', '.join(ROUNDINGS)})", ("rounding",)))
-        if self.kind == "fixed_point":
-            mb = self.multiplier_bits
-            # at most 31: the multiplier is a positive signed 32-bit integer (the NPU reference's limit too)
-            if isinstance(mb, bool) or not isinstance(mb, int) or not 8 <= mb <= 31:
-                problems.append(Problem(f"a fixed_point requantizer needs multiplier_bits, an integer "
-                                        f"from 8 to 31; got {mb!r}", ("multiplier_bits",)))
-        elif self.multiplier_bits is not None and self.kind == "power_of_two":
-            problems.append(Problem("a power_of_two requantizer only shifts; remove multiplier_bits", ("multiplier_bits",)))
-        elif self.kind == "float":
-            if self.multiplier_bits is not None:
-                problems.append(Problem("multiplier_bits is only for kind: fixed_point; remove it", ("multiplier_bits",)))
-            if self.rounding != "half_even":
-                problems.append(Problem("a float requantizer rounds half_even (ONNX QuantizeLinear); "
-                                        "use kind: fixed_point for another rounding", ("rounding",)))
-        _raise(problems)
 
 
 @dataclass(frozen=True)
@@ -415,6 +385,13 @@ class HardwareModel:
         """True when the op class or activation function ``name`` runs natively in fp16."""
         return name in self.fp16_ops
 
+    def activation_granularities(self, op_class: str) -> tuple[str, ...]:
+        """Granularities allowed for the activations (inputs, outputs) of ``op_class``: the op's own
+        ``granularities`` when it lists them, else ``activation_rules.granularities``."""
+        op = self.op(op_class)
+        return (op.granularities if op is not None and op.granularities else None) or \
+            self.activation_rules.granularities
+
     def compute_precision(self, op_class: str) -> str:
         """``compute`` ("fp32" / "fp16") of the engine running ``op_class`` ("fp32": none runs it)."""
         op = self.op(op_class)
@@ -438,7 +415,8 @@ class HardwareModel:
                                           **({"compute": e.compute} if e.compute != "fp32" else {})}
                                  for e in self.engines},
                      "ops": {op.op_class: {"engine": op.engine, **{f"{r}_formats": plain(op.formats(r))
-                                                                  for r in op.roles}}
+                                                                  for r in op.roles},
+                                           **({"granularities": list(op.granularities)} if op.granularities else {})}
                              for op in self.ops}}
         for f in fields(self):
             if f.name in out or f.name == "source":

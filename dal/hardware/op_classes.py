@@ -7,6 +7,11 @@ functions. Each op class has *roles*, the tensors that can carry a format:
 - ``weight``: a parameter tensor (conv, conv_transpose, linear, embedding);
 - ``input``: the activation inputs (everything except embedding, whose input is indices);
 - ``output``: the result.
+
+``kv_cache`` is the keys (after the rotary embedding) and values of an attention as they enter
+its KV cache, where the matrix engine reads them for ``Q @ K^T`` and ``P @ V``; its one role,
+``input``, is the format they are stored in (``dal.nn.kv_cache``). A hardware model that does not
+list it under ``ops:`` stores no quantized cache: a recipe rule ``type: kv_cache`` is refused there.
 """
 from __future__ import annotations
 
@@ -27,8 +32,10 @@ OP_CLASS_ROLES: dict[str, tuple[str, ...]] = {
     "softmax": ("input", "output"),
     "layernorm": ("input", "output"),
     "resize": ("input", "output"),
+    "kv_cache": ("input",),
 }
-#: The op classes every bundled hardware model describes (its NPU's operators).
+#: The op classes a hardware model describes (its NPU's operators; the bundled a1000, a2000 and
+#: generic_int8 describe all, pow2_int8 all but kv_cache).
 OP_CLASSES: tuple[str, ...] = tuple(OP_CLASS_ROLES)
 
 #: Op classes of operators a typical NPU has no engine for: ``nonzero`` (an output whose shape

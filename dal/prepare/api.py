@@ -16,6 +16,7 @@ from torch import nn
 
 from ..hardware.op_classes import OP_CLASSES as HW_OP_CLASSES
 from ..nn.base import QATModule
+from ..nn.kv_cache import attach_kv_quantizers
 from ..nn.modes import eval_mode
 from ..nn.registry import float_type_name, op_class_of
 from ..nn.spec import make_quantizer
@@ -221,4 +222,6 @@ def _replace_operators(model, rec, hw, example_inputs, report):
                           scope={name: scoped(frozenset(idx)) for name, idx in owners.items()})
     report.replacements = result
     report.notes.append(f"operator replacement: {result.summary()}")
-    return getattr(result, "model", model)
+    model = getattr(result, "model", model)
+    report.notes += attach_kv_quantizers(model, rec, hw)  # the KV caches npu_attention built (dal.nn.kv_cache)
+    return model

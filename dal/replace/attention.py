@@ -6,6 +6,10 @@ Matches, top-down (a matched module's submodules are not offered again):
   -> :class:`~dal.replace.mha.NpuMultiheadAttention`;
 * torchvision's ``ShiftedWindowAttention`` / ``ShiftedWindowAttentionV2``
   -> :class:`~dal.replace.swin.NpuShiftedWindowAttention`;
+* Hugging Face transformers attention modules (their forward calls the attention interface)
+  -> the same module with an :class:`~dal.replace.hf_attention.HfNpuAttention` child, KV-cache
+  quantizers included, and the model's attention implementation switched to dal's
+  (:mod:`dal.replace.hf_attention`);
 * any other module whose own forward calls ``F.scaled_dot_product_attention`` with constant
   options -> the same module with the call rewritten to an :class:`~dal.replace.sdpa.NpuSDPA`.
 
@@ -44,6 +48,10 @@ class NpuAttentionRule:
             return module.bias_k is None and not module.add_zero_attn
         if _is_swin(module):
             return True
+        from .hf_attention import is_hf_attention
+
+        if is_hf_attention(module):
+            return True
         from .sdpa import sdpa_graph
 
         return sdpa_graph(module) is not None
@@ -58,17 +66,29 @@ class NpuAttentionRule:
             from .swin import NpuShiftedWindowAttention
 
             return NpuShiftedWindowAttention(module, mode)
+        from .hf_attention import build_hf_attention, is_hf_attention
+
+        if is_hf_attention(module):
+            return build_hf_attention(module, mode)
         from .sdpa import replace_sdpa
 
         return replace_sdpa(module, mode)
 
     def describe(self, module: nn.Module, name: str) -> str:
+        from .hf_attention import is_hf_attention
+
         kind = ("MultiheadAttention" if type(module) is nn.MultiheadAttention else
-                "Swin window attention" if _is_swin(module) else "scaled_dot_product_attention call(s)")
+                "Swin window attention" if _is_swin(module) else
+                "transformers attention (its attention-interface call)" if is_hf_attention(module) else
+                "scaled_dot_product_attention call(s)")
         return f"{kind}: explicit Q@K^T and P@V matmuls, projections as nn.Linear"
 
     def after_swap(self, model: nn.Module, path: str, new: nn.Module) -> list[str]:
         notes = []
+        from .hf_attention import CHILD, use_dal_attention
+
+        if CHILD in new._modules and (note := use_dal_attention(model, new)):
+            notes.append(note)
         if getattr(new, "v2", False) and new.zero_unused_key_bias():
             notes.append(f"{path}: qkv.bias k-part zeroed and frozen (torchvision's V2 never uses it)")
         # A TransformerEncoder decided at construction whether to use its nested-tensor fast path,
@@ -81,4 +101,5 @@ class NpuAttentionRule:
         return notes
 
     def why_nothing(self, hardware) -> str:
-        return "no nn.MultiheadAttention, torchvision Swin attention or feasible F.scaled_dot_product_attention call"
+        return ("no nn.MultiheadAttention, torchvision Swin attention, transformers attention module or feasible "
+                "F.scaled_dot_product_attention call")

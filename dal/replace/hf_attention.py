@@ -1,0 +1,191 @@
+"""Hugging Face transformers attention as the NPU runs it (part of rule ``npu_attention``).
+
+HF attention modules (``LlamaAttention``, ``GPT2Attention``, ...) project, apply the rotary
+embedding, update the KV cache, then call the function ``config._attn_implementation`` names in
+transformers' ``AttentionInterface`` (``sdpa``, ``eager``, ...) as
+``fn(module, query, key, value, attention_mask, dropout=..., scaling=..., **kwargs)``.
+Their forwards do not trace with torch.fx, so the SDPA rewrite (``sdpa.py``) never sees them.
+
+Recognised by computation, not by class name: a module with a ``config`` that has
+``_attn_implementation`` and whose own ``forward`` reads ``ALL_ATTENTION_FUNCTIONS``.
+
+The replacement is the same module (a copy sharing every Parameter, buffer and submodule; same
+class) with a child ``npu_attention``, an :class:`HfNpuAttention`:
+
+    key, value = kv_cache(key, value)       # dal.nn.kv_cache.QKVCache: K/V quantizers (recipe)
+    key, value = repeat_kv(key), repeat_kv(value)      # grouped-query attention: heads repeated
+    out, P = core(query, key, value, mask)  # NpuAttentionCore: explicit Q @ K^T and P @ V
+                                            # (QMatMul after prepare), the hardware's softmax
+
+The model's ``config._attn_implementation`` becomes :data:`DAL_ATTENTION`, registered with
+``AttentionInterface`` (the function :func:`dal_attention_forward` routes each call to the
+calling module's ``npu_attention``; a module without one gets transformers' own
+``sdpa_attention_forward``) and with ``AttentionMaskInterface`` (transformers' ``eager_mask``:
+a float additive mask, 0 where attended, ``finfo(float32).min`` where not, always materialised).
+The mask stays float arithmetic outside the quantized ops: it is added to the scores before the
+softmax (``NpuSoftmax``'s addend). For the "fp16" and "float" softmax modes it is first clamped
+to ``-2**15`` (:data:`MASK_FLOOR`): ``scores + mask`` then stays finite in FP16 and a masked
+entry still weighs exactly 0 (``exp`` of less than -104 is 0 in float32), while a row with every
+entry masked (a padding query) gets finite weights instead of NaN. The "lut" softmax keeps
+``finfo.min``: below ``-1e30`` it is its mask marker (``softmax_lut.py``).
+
+``scaling`` is the module's own (its ``scaling`` attribute; a call with another value is
+refused); dropout is the call's (``attention_dropout`` while training, 0 in eval).
+Not supported (refused by the call, naming the module): ``softcap``, ``position_bias``,
+attention sinks (``s_aux``). transformers is imported only on this path; ``import dal`` does not.
+A model saved with ``save_pretrained`` after prepare carries ``attn_implementation: dal_npu`` in
+its config: set it back (``model.config._attn_implementation = "sdpa"``) before saving for use without dal.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Optional, Union
+
+import torch
+import torch.fx
+from torch import nn
+
+from ..nn.kv_cache import QKVCache
+from .core import NpuAttentionCore
+
+#: the name of dal's function in transformers' AttentionInterface / AttentionMaskInterface
+DAL_ATTENTION = "dal_npu"
+#: the child an HF attention module gets
+CHILD = "npu_attention"
+#: the mask value the "fp16" / "float" softmax modes clamp to (module docstring)
+MASK_FLOOR = -2.0 ** 15
+_UNSUPPORTED = ("softcap", "position_bias", "s_aux")
+
+
+def is_hf_attention(module: nn.Module) -> bool:
+    """An HF attention module: a ``config`` with ``_attn_implementation``, and an own forward
+    that dispatches through ``ALL_ATTENTION_FUNCTIONS`` (transformers' attention interface)."""
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation"):
+        return False
+    forward = inspect.unwrap(type(module).forward)
+    code = getattr(forward, "__code__", None)
+    return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
+
+
+def _repeat_kv(x: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """``[B, kv_heads, L, d] -> [B, heads, L, d]``, each kv head repeated for its group of query
+    heads (transformers' ``repeat_kv``); the tensor itself when the head counts are equal."""
+    b, kv_heads, length, d = x.shape
+    n_rep = query.shape[1] // kv_heads
+    if n_rep == 1:
+        return x
+    return x[:, :, None].expand(b, kv_heads, n_rep, length, d).reshape(b, kv_heads * n_rep, length, d)
+
+
+# A leaf for prepare's fx trace: head repetition (a view, exact on codes) needs the shapes.
+torch.fx.wrap("_repeat_kv")
+
+
+class HfNpuAttention(nn.Module):
+    """The attention an HF module's attention function computes, as the NPU runs it.
+
+    ``forward(query, key, value, mask=None) -> (out, P)`` on head-split tensors: ``query``
+    ``[B, heads, Lq, d]``, ``key`` / ``value`` ``[B, kv_heads, Lk, d]`` (past + new entries of the
+    cache), ``mask`` additive, broadcast to ``[B, heads, Lq, Lk]``; ``out`` is ``[B, heads, Lq, d]``.
+    ``out = softmax(scale * q @ repeat(K_q)^T + mask) @ repeat(V_q)`` with ``K_q, V_q`` the KV-cache
+    quantizers' outputs (identity until a recipe rule asks for them).
+    """
+
+    def __init__(self, scale: Optional[float] = None, dropout: float = 0.0,
+                 softmax_mode: Union[str, bool] = "fp16", name: str = ""):
+        super().__init__()
+        self.kv_cache = QKVCache(name=f"{name}.kv_cache" if name else "kv_cache")
+        self.core = NpuAttentionCore(scale, dropout, softmax_mode, name=f"{name}.core" if name else "core")
+
+    def forward(self, query, key, value, mask=None):
+        key, value = self.kv_cache(key, value)
+        return self.core(query, _repeat_kv(key, query), _repeat_kv(value, query), None, mask)
+
+    def attend(self, module: nn.Module, query, key, value, attention_mask, dropout: float = 0.0,
+               scaling: Optional[float] = None, **kwargs):
+        """The attention-interface call of ``module`` (its ``npu_attention`` is ``self``):
+        ``(out [B, Lq, heads, d], P)`` as transformers' attention functions return."""
+        bad = [k for k in _UNSUPPORTED if kwargs.get(k) is not None]
+        if bad:
+            raise NotImplementedError(f"{type(module).__name__} ({self.core.softmax.qat_name.rsplit('.core', 1)[0]}): "
+                                      f"dal's NPU attention does not support {', '.join(bad)}; leave this model's "
+                                      "attention out of the npu_attention rule")
+        expected = self.core.scale if self.core.scale is not None else query.shape[-1] ** -0.5
+        if scaling is not None and float(scaling) != float(expected):
+            raise ValueError(f"{type(module).__name__}: the attention call's scaling {scaling} differs from the "
+                             f"scale {expected} its NPU attention was built with")
+        if float(dropout) != self.core.dropout.p:
+            self.core.dropout.p = float(dropout)
+        mask = attention_mask
+        if mask is not None and mask.dtype == torch.bool:  # True = attend
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+        if mask is not None and self.core.softmax.mode != "lut":
+            mask = mask.clamp(min=MASK_FLOOR)
+        out, p = self(query, key, value, mask)
+        return out.transpose(1, 2).contiguous(), p
+
+    def extra_repr(self) -> str:
+        return f"attention function {DAL_ATTENTION!r}"
+
+
+def dal_attention_forward(module: nn.Module, query, key, value, attention_mask, dropout: float = 0.0,
+                          scaling: Optional[float] = None, **kwargs):
+    """The function registered as :data:`DAL_ATTENTION`: ``module.npu_attention.attend(...)``,
+    or transformers' ``sdpa_attention_forward`` for a module that has no ``npu_attention``."""
+    npu = module._modules.get(CHILD) if isinstance(module, nn.Module) else None
+    if isinstance(npu, HfNpuAttention):
+        return npu.attend(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  **kwargs)
+
+
+def register() -> None:
+    """Register :data:`DAL_ATTENTION` with transformers' attention and mask interfaces (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(DAL_ATTENTION, dal_attention_forward)
+    AttentionMaskInterface.register(DAL_ATTENTION, eager_mask)
+
+
+def _dropout_of(module: nn.Module) -> float:
+    p = getattr(module, "attention_dropout", None)
+    if isinstance(p, (int, float)):
+        return float(p)
+    drop = getattr(module, "attn_dropout", None)
+    return float(drop.p) if isinstance(drop, nn.Dropout) else 0.0
+
+
+def build_hf_attention(module: nn.Module, softmax_mode: str) -> nn.Module:
+    """A copy of HF attention ``module`` (same class; the same Parameters, buffers, submodules and
+    config object) with an :class:`HfNpuAttention` child ``npu_attention``; ``module`` is unchanged."""
+    scale = getattr(module, "scaling", None)
+    scale = float(scale) if isinstance(scale, (int, float)) else None
+    new = copy.copy(module)
+    for k, v in module.__dict__.items():  # own dicts (submodules, hooks): the original stays as it was
+        if k.startswith("_") and isinstance(v, (dict, set)):
+            new.__dict__[k] = copy.copy(v)
+    new._modules[CHILD] = HfNpuAttention(scale, _dropout_of(module), softmax_mode, name=CHILD)
+    new._modules[CHILD].train(module.training)
+    return new
+
+
+def use_dal_attention(model: nn.Module, module: nn.Module) -> Optional[str]:
+    """Switch the attention implementation of ``module``'s config (shared with ``model`` and the
+    other layers) to :data:`DAL_ATTENTION`; a note when it changed, else None."""
+    register()
+    notes = []
+    for cfg in {id(c): c for c in (getattr(module, "config", None), getattr(model, "config", None))
+                if c is not None and hasattr(c, "_attn_implementation")}.values():
+        old = cfg._attn_implementation
+        if old != DAL_ATTENTION:
+            cfg._attn_implementation = DAL_ATTENTION
+            notes.append(str(old))
+    if not notes:
+        return None
+    return (f"transformers attention implementation {', '.join(sorted(set(notes)))} -> {DAL_ATTENTION!r} "
+            f"(dal.replace.hf_attention: each replaced attention module calls its npu_attention)")
