@@ -13,7 +13,7 @@ LAYERS = {
     "formats": 0, "config": 0, "nest": 0, "kernels": 0.5, "observers": 1, "quantizer": 2, "hardware": 3, "recipe": 3, "nn": 4, "sparsity": 5,
     "replace": 6, "prepare": 7, "calibration": 8, "checkpoint": 8, "preprocess": 8, "export": 9, "convert": 9.5,
     "verification": 10, "analysis": 10, "cost": 10, "ptq": 10,
-    "distill": 10, "lightning": 11, "cli": 11, "datasets": 12, "zoo": 12, "zoo_detection": 12, "training": 12, "demo": 12,
+    "distill": 10, "lightning": 11, "integrations": 11, "cli": 11, "datasets": 12, "zoo": 12, "zoo_detection": 12, "training": 12, "demo": 12,
 }
 ISOLATED = {"npu"}  # the independent reference: imports nothing else from dal
 
