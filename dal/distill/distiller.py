@@ -19,7 +19,8 @@ class Distiller(nn.Module):
         student: the QAT model being trained (its parameters are this module's parameters,
             together with the feature projections, if any).
         teacher: the float model (eval mode, gradients off).
-        T, alpha, task_loss: as for :class:`KDLoss`.
+        T, alpha, task_loss, class_dim: as for :class:`KDLoss` (``class_dim=-1`` for a language
+            model's ``[N, L, vocab]`` logits).
         features: optional ``{student_module: teacher_module}`` for feature MSE.
         feature_weight: weight of the feature term.
         projection, example_inputs: as for :class:`FeatureLoss`.
@@ -37,10 +38,11 @@ class Distiller(nn.Module):
 
     def __init__(self, student: nn.Module, teacher: nn.Module, T: float = 4.0, alpha: float = 0.5,
                  task_loss: Optional[Callable] = None, features: Optional[Mapping[str, str]] = None,
-                 feature_weight: float = 1.0, projection: bool = False, example_inputs=None):
+                 feature_weight: float = 1.0, projection: bool = False, example_inputs=None,
+                 class_dim: int = 1):
         super().__init__()
         self.student = student
-        self.kd = KDLoss(teacher, T=T, alpha=alpha, task_loss=task_loss)
+        self.kd = KDLoss(teacher, T=T, alpha=alpha, task_loss=task_loss, class_dim=class_dim)
         self.features = (FeatureLoss(student, teacher, features, projection, example_inputs)
                          if features else None)
         self.feature_weight = float(feature_weight)

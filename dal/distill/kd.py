@@ -15,11 +15,16 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def kd_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, T: float = 4.0) -> torch.Tensor:
-    """``T^2 * KL(softmax(teacher / T) || softmax(student / T))``, averaged over the batch.
+def kd_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, T: float = 4.0,
+                  class_dim: int = 1, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``T^2 * KL(softmax(teacher / T) || softmax(student / T))`` over the class axis, averaged
+    over the samples: every position of the other axes counts as one sample.
 
-    The class axis is 1 (``[N, C]`` or ``[N, C, ...]`` for dense prediction, where every
-    position counts as a sample). The teacher side carries no gradient.
+    ``class_dim`` is the class axis: 1 for ``[N, C]`` or ``[N, C, ...]`` (dense prediction);
+    ``-1`` for a language model's ``[N, L, vocab]`` logits (one sample per token). ``mask``
+    (optional, the logits' shape without the class axis, e.g. an HF ``attention_mask``
+    ``[N, L]``) keeps the positions where it is nonzero: the mean is over those only. The
+    teacher side carries no gradient.
 
     >>> kd_divergence(torch.zeros(2, 3), torch.zeros(2, 3))
     tensor(0.)
@@ -27,11 +32,21 @@ def kd_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, T:
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(f"kd_divergence: student logits {tuple(student_logits.shape)} and teacher logits "
                          f"{tuple(teacher_logits.shape)} differ in shape; distill models with the same outputs")
-    s = student_logits.float()
-    t = teacher_logits.detach().float()
-    if s.dim() > 2:  # [N, C, ...] -> [N * positions, C]
-        s = s.movedim(1, -1).reshape(-1, s.shape[1])
-        t = t.movedim(1, -1).reshape(-1, t.shape[1])
+    if not -student_logits.dim() <= class_dim < student_logits.dim():
+        raise ValueError(f"kd_divergence: class_dim={class_dim} is not an axis of logits of shape "
+                         f"{tuple(student_logits.shape)}")
+    s = student_logits.float().movedim(class_dim, -1)  # [..., C]
+    t = teacher_logits.detach().float().movedim(class_dim, -1)
+    classes = s.shape[-1]
+    s, t = s.reshape(-1, classes), t.reshape(-1, classes)  # one row per sample
+    if mask is not None:
+        if tuple(mask.shape) != tuple(student_logits.movedim(class_dim, -1).shape[:-1]):
+            raise ValueError(f"kd_divergence: mask of shape {tuple(mask.shape)} must have the logits' shape "
+                             f"{tuple(student_logits.shape)} without the class axis {class_dim}")
+        keep = mask.reshape(-1).to(s.device) != 0
+        if not bool(keep.any()):
+            raise ValueError("kd_divergence: the mask keeps no position; there is nothing to distill")
+        s, t = s[keep], t[keep]
     log_p_s = F.log_softmax(s / T, dim=1)
     log_p_t = F.log_softmax(t / T, dim=1)
     return F.kl_div(log_p_s, log_p_t, reduction="batchmean", log_target=True) * (T * T)
@@ -46,7 +61,10 @@ class KDLoss(nn.Module):
             unless ``teacher_logits`` are passed to the call.
         T: temperature (> 0).
         alpha: weight of the distillation term in [0, 1]; ``0`` is plain task training.
-        task_loss: ``(student_logits, targets) -> loss``; cross-entropy by default.
+        task_loss: ``(student_logits, targets) -> loss``; by default cross-entropy over
+            ``class_dim``.
+        class_dim: the logits' class axis (``kd_divergence``): 1 for ``[N, C, ...]``, ``-1``
+            for a language model's ``[N, L, vocab]``.
 
     Call: ``loss = loss_fn(student_logits, targets, inputs)`` returns
     ``(1 - alpha) * task + alpha * T^2 * KL``; the last components are in ``loss_fn.last``
@@ -59,12 +77,19 @@ class KDLoss(nn.Module):
             loss = loss_fn(qat_model(x), y, x)
             loss.backward(); opt.step(); opt.zero_grad()
 
+    A causal LM (HuggingFace outputs are taken as they are: ``logits_of``), distillation alone
+    or blended with the model's own loss (``labels=``), padding left out by ``mask``::
+
+        loss_fn = dal.distill.KDLoss(float_llm, T=1, alpha=1, class_dim=-1)
+        out = qat_llm(ids, attention_mask=am, labels=ids)
+        loss = loss_fn.blend(out.loss, out, ids, mask=am)
+
     The teacher is deliberately not a registered submodule: it stays out of the student's
     ``state_dict``, its optimizer and DDP's gradient buckets.
     """
 
     def __init__(self, teacher: Optional[nn.Module] = None, T: float = 4.0, alpha: float = 0.5,
-                 task_loss: Optional[Callable] = None):
+                 task_loss: Optional[Callable] = None, class_dim: int = 1):
         super().__init__()
         if not T > 0:
             raise ValueError(f"KDLoss: T={T} must be > 0")
@@ -72,7 +97,8 @@ class KDLoss(nn.Module):
             raise ValueError(f"KDLoss: alpha={alpha} must be in [0, 1]")
         self.__dict__["teacher"] = _frozen(teacher) if teacher is not None else None
         self.T, self.alpha = float(T), float(alpha)
-        self.task_loss = task_loss or F.cross_entropy
+        self.class_dim = int(class_dim)
+        self.task_loss = task_loss or self._cross_entropy
         self.last: dict = {}
 
     @torch.no_grad()
@@ -86,17 +112,24 @@ class KDLoss(nn.Module):
         out = self.teacher(*args)
         return logits_of(out)
 
+    def _cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.movedim(self.class_dim, 1), targets)
+
     def distill_term(self, student_logits: torch.Tensor, inputs=None,
-                     teacher_logits: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``T^2 * KL(teacher || student)`` alone (no task loss, no alpha)."""
+                     teacher_logits: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None
+                     ) -> torch.Tensor:
+        """``T^2 * KL(teacher || student)`` alone (no task loss, no alpha), over ``class_dim``,
+        averaged over the positions ``mask`` keeps (all when None). Either argument may be a
+        model output (``logits_of``)."""
         t = teacher_logits if teacher_logits is not None else self.teacher_logits(inputs)
-        return kd_divergence(logits_of(student_logits), t, self.T)
+        return kd_divergence(logits_of(student_logits), logits_of(t), self.T, self.class_dim, mask)
 
     def blend(self, task: torch.Tensor, student_logits: torch.Tensor, inputs=None,
-              teacher_logits: Optional[torch.Tensor] = None) -> torch.Tensor:
+              teacher_logits: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``(1 - alpha) * task + alpha * distill_term``: mixes a task loss computed elsewhere
-        (e.g. by a LightningModule's ``training_step``) with the distillation term."""
-        kd = self.distill_term(student_logits, inputs, teacher_logits)
+        (e.g. by a LightningModule's ``training_step``, or an HF model's ``labels=`` loss) with
+        the distillation term."""
+        kd = self.distill_term(student_logits, inputs, teacher_logits, mask)
         loss = (1.0 - self.alpha) * task + self.alpha * kd
         self.last = {"task": task.detach(), "kd": kd.detach(), "loss": loss.detach()}
         return loss
@@ -107,7 +140,7 @@ class KDLoss(nn.Module):
         return self.blend(task, student_logits, inputs, teacher_logits)
 
     def extra_repr(self) -> str:
-        return f"T={self.T}, alpha={self.alpha}, teacher={type(self.teacher).__name__ if self.teacher else None}"
+        return f"T={self.T}, alpha={self.alpha}, class_dim={self.class_dim}, teacher={type(self.teacher).__name__ if self.teacher else None}"
 
 
 def logits_of(out):
