@@ -214,11 +214,14 @@ class ActivationRules:
                                     f"{', '.join(GRANULARITIES)}", ("granularities",)))
         _raise(problems)
 
-    def violations(self, granularity: str, symmetric: bool) -> list[str]:
+    def violations(self, granularity: str, symmetric: bool, granularities: tuple[str, ...] = ()) -> list[str]:
+        """What an activation quantizer with these parameters breaks; ``granularities``: those
+        of its op when it lists its own (``HardwareModel.activation_granularities``)."""
         out = []
-        if granularity not in self.granularities:
+        allowed = granularities or self.granularities
+        if granularity not in allowed:
             out.append(f"activation granularity {granularity} is not supported "
-                       f"(allowed: {', '.join(self.granularities)})")
+                       f"(allowed: {', '.join(allowed)})")
         if symmetric and not self.symmetric:
             out.append("symmetric activations are not supported (set symmetric: false)")
         if not symmetric and not self.affine:

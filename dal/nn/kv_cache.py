@@ -109,12 +109,8 @@ def check_kv_spec(path: str, spec, rule, hw) -> list[str]:
         out.append(f"{path}: KV cache format {fmt.name} is not supported by hardware {hw.name!r} "
                     f"(allowed: {', '.join(f.name for f in op.input_formats)})")
     elif fmt.is_scaled:
-        allowed = hw.activation_granularities(OP_CLASS)
-        if spec.granularity not in allowed:
-            out.append(f"{path}: KV cache granularity {spec.granularity} is not supported by hardware "
-                       f"{hw.name!r} (allowed: {', '.join(allowed)})")
-        out += [f"{path}: KV cache {fmt.name}: {v} by hardware {hw.name!r}"
-                for v in hw.activation_rules.violations("per_tensor", spec.symmetric)]
+        out += [f"{path}: KV cache {fmt.name}: {v} by hardware {hw.name!r}" for v in
+                hw.activation_rules.violations(spec.granularity, spec.symmetric, hw.activation_granularities(OP_CLASS))]
     return out
 
 

@@ -184,7 +184,8 @@ class _Context:
                                                     spec.narrow_range):
                     out.append((role, f"{spec.format.name} weights: {v} by hardware {hw.name!r}", None))
             else:
-                for v in hw.activation_rules.violations(spec.granularity, spec.symmetric):
+                for v in hw.activation_rules.violations(spec.granularity, spec.symmetric,
+                                                        hw.activation_granularities(op_class)):
                     out.append((role, f"{role} {spec.format.name}: {v} by hardware {hw.name!r}", None))
         if sparsity and not hw.supports_sparsity(op_class, sparsity):
             has = (f"takes {', '.join(hw.sparsity_patterns)} sparse weights only for {', '.join(hw.sparse_ops)}"

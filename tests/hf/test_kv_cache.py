@@ -196,6 +196,20 @@ def test_kv_rule_refused_on_hardware_without_kv_cache():
                         hardware=hw)
 
 
+def test_recipe_check_takes_per_head_kv_scales():
+    """The recipe check reads the kv_cache op's own granularities; other activations keep the
+    hardware's activation_rules (per tensor only)."""
+    from dal.recipe import check_against_hardware
+
+    check_against_hardware(npu_recipe(INT8_HEAD), "a2000")
+    per_channel_matmul = npu_recipe().with_rules_prepended([{"type": "matmul", "input": INT8_HEAD}])
+    with pytest.raises(RecipeError, match="activation granularity per_channel is not supported"):
+        check_against_hardware(per_channel_matmul, "a2000")
+    with pytest.raises(RecipeError, match=r"per_group is not supported \(allowed: per_tensor, per_channel\)"):
+        dal.prepare_qat(tiny_llama(), recipe=npu_recipe({**INT8_HEAD, "granularity": "per_group", "group_size": 8,
+                                                         "axis": 3}), hardware="a2000")
+
+
 def test_hardware_schema_granularities():
     a2000 = load_hardware("a2000")
     assert a2000.activation_granularities("kv_cache") == ("per_tensor", "per_channel")
