@@ -62,10 +62,7 @@ def prepare_for_trainer(model: nn.Module, recipe="int8_balanced", hardware=None,
     from ..prepare import prepare_qat, set_quantizer_state
     from ..prepare.handle import find_prepared
 
-    if any(type(m).__module__.startswith("peft.") for m in model.modules()):
-        from ..nn.lora import refuse_lora_around_qat
-
-        refuse_lora_around_qat(model)
+    _refuse_peft_after_dal(model)
     if find_prepared(model) is not None:
         return model
     prepared = prepare_qat(model, recipe=recipe, hardware=hardware, example_inputs=example_inputs, **prepare_kwargs)
@@ -132,6 +129,7 @@ class QATTrainerCallback(TrainerCallback):
                 "runs, so the callback cannot prepare it. Prepare it first and give the Trainer that model: "
                 "model = dal.integrations.hf_trainer.prepare_for_trainer(model, recipe=..., hardware=...); "
                 "Trainer(model=model, ..., callbacks=[QATTrainerCallback(...)])")
+        _refuse_peft_after_dal(model)
         _same("recipe", self.recipe, handle.recipe)
         _same("hardware", self.hardware, handle.hardware)
 
@@ -246,6 +244,14 @@ def _export_example(args: tuple, kwargs: dict) -> Optional[tuple]:
         if "input_ids" not in kwargs:
             return None
     return tuple(a[:1].detach().cpu().clone() for a in args if torch.is_tensor(a)) or None
+
+
+def _refuse_peft_after_dal(model: nn.Module) -> None:
+    """``dal.nn.lora.refuse_lora_around_qat`` for a model holding peft layers (peft is imported then)."""
+    if any(type(m).__module__.startswith("peft.") for m in model.modules()):
+        from ..nn.lora import refuse_lora_around_qat
+
+        refuse_lora_around_qat(model)
 
 
 def _calibrated(model) -> bool:

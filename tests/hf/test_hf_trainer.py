@@ -151,12 +151,15 @@ def test_other_recipe_than_the_models_is_refused(tmp_path):
         T.Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[hf.QATTrainerCallback("w4a8_lsq")])
 
 
-def test_peft_after_prepare_is_refused_by_prepare_for_trainer():
+def test_peft_after_prepare_is_refused_by_prepare_for_trainer_and_the_callback(tmp_path):
     peft = pytest.importorskip("peft")
     prepared = dal.prepare_qat(tiny_llama(), recipe="int8_balanced", hardware="a2000")
     wrapped = peft.get_peft_model(prepared, peft.LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.0))
     with pytest.raises(ValueError, match=r"applied after dal\.prepare_qat.*Apply peft first"):
         hf.prepare_for_trainer(wrapped)
+    args = T.TrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True)
+    with pytest.raises(ValueError, match=r"applied after dal\.prepare_qat.*Apply peft first"):
+        T.Trainer(model=wrapped, args=args, train_dataset=Tokens(), callbacks=[hf.QATTrainerCallback()])
 
 
 def test_gradient_checkpointing_and_accumulation_run(tmp_path, monkeypatch):
