@@ -16,7 +16,7 @@ Contract::
    ``prepare_for_trainer`` as the fix. ``prepare_for_trainer`` leaves every quantizer ``off``: the
    model computes in float until calibration. peft's LoRA must be applied before it
    (``get_peft_model`` then ``prepare_for_trainer``; the other order is refused, ``dal.nn.lora``).
-2. ``on_train_begin`` — unless the model is calibrated already (a resumed run), ``dal.calibrate``
+2. ``on_train_begin`` — unless the model is calibrated already (by hand, or a resumed run), ``dal.calibrate``
    runs on the first ``calibrate_batches`` batches of the Trainer's own train dataloader (dict
    batches ``input_ids`` / ``attention_mask`` / ``labels`` are passed as keyword arguments).
 3. Schedule, applied before each optimizer step from ``state.global_step`` (optimizer steps done,
@@ -50,7 +50,6 @@ from transformers import TrainerCallback
 
 #: the file ``on_save`` writes into each Trainer checkpoint folder
 CHECKPOINT_FILE = "dal_qat.pt"
-STATES = ("off", "quantize", "frozen")
 
 
 def prepare_for_trainer(model: nn.Module, recipe="int8_balanced", hardware=None, example_inputs=None,
@@ -193,11 +192,16 @@ class QATTrainerCallback(TrainerCallback):
 
         if loader is None:
             raise RuntimeError("QATTrainerCallback: the Trainer gave no train dataloader to calibrate on")
-        batches = list(islice(iter(loader), self.calibrate_batches))
-        if not batches:
-            raise RuntimeError("QATTrainerCallback: the train dataloader is empty: nothing to calibrate on")
-        self._export_example = _export_example(*model_inputs(batches[0], 0))
-        calibrate(model, batches, num_batches=len(batches), progress=False)
+
+        def batches():  # streamed; the first one also gives the export example
+            for i, batch in enumerate(islice(iter(loader), self.calibrate_batches)):
+                if i == 0:
+                    self._export_example = _export_example(*model_inputs(batch, 0))
+                yield batch
+
+        calibrate(model, batches(), num_batches=self.calibrate_batches, progress=False)
+        if not _calibrated(model):
+            raise RuntimeError("QATTrainerCallback: calibration saw no batch (is the train dataloader empty?)")
 
     def _payload(self, model) -> dict:
         import dal

@@ -101,8 +101,22 @@ def uninterrupted(request, tmp_path_factory):
     build = tiny_llama if request.param == "llama" else lora_llama
     model = hf.prepare_for_trainer(build(), recipe="int8_balanced", hardware="a2000")
     probe = StateProbe()
+    seen = []  # (training?, input_ids) of every forward, read at the embedding
+    model.get_input_embeddings().register_forward_pre_hook(lambda m, args: seen.append((m.training, args[0].clone())))
     trainer = train(model, out / "a", probe=probe)
+    probe.seen = seen
     return build, out, model, trainer, probe
+
+
+def test_calibration_sees_the_trainers_own_batches(uninterrupted):
+    _, _, _, _, probe = uninterrupted
+    calib = [ids for training, ids in probe.seen if not training]
+    trained = [ids for training, ids in probe.seen if training]
+    assert len(calib) == 2 and len(trained) == 4  # calibrate_batches=2, max_steps=4
+    # calibration draws from the train dataloader before the epoch starts: the epoch's first batches
+    assert all(torch.equal(c, t) for c, t in zip(calib, trained[:2]))
+    rows = {tuple(r.tolist()) for r in Tokens().ids}
+    assert all(tuple(r.tolist()) in rows for c in calib for r in c)
 
 
 def test_schedule_calibrates_then_quantizes_then_freezes(uninterrupted):
