@@ -17,8 +17,8 @@ import os
 
 import torch
 
-MODES = ("recipe", "lsq", "lsq-sharded")
-STEPS = 3
+MODES = ("recipe", "lsq", "lsq-sharded", "lsq-sharded-projected")
+STEPS = 4
 BATCH, SEQ = 4, 16  # per step; a rank gets BATCH // world rows
 QUANT_STATE = ("scale", "zero_point", "observer.min_val", "observer.max_val")
 
@@ -37,11 +37,15 @@ def recipe_for(mode: str) -> dict:
     follow the weights at every step); ``lsq*``: every linear weight scale learnable (LSQ),
     initialised by the recipe's calibration. ``lsq`` leaves the scales whole on every rank
     (``replicate_quantizer_parameters``), ``lsq-sharded`` lets ``fully_shard`` shard them along
-    dim 0 with their weights ([out, in / 32] -> [out / 2, in / 32])."""
+    dim 0 with their weights ([out, in / 32] -> [out / 2, in / 32]) at a learning rate that
+    keeps them in range; ``lsq-sharded-projected`` shards them too
+    (``replicate_quantizer_parameters(model, shard_per_channel=True)``) at the weights' learning
+    rate, which pushes some below MIN_SCALE, and projects the shards after every step
+    (``project_quantizer_parameters``)."""
     import dal
 
     rec = dal.load_recipe(base_recipe()).to_dict()
-    rec["name"] = f"{rec['name']}_{mode}"
+    rec["name"] = f"{rec['name']}_{mode.replace('-', '_')}"
     for rule in rec["rules"]:
         w = rule.get("weight")
         if mode != "recipe" and isinstance(w, dict) and "linear" in rule.get("type", ()):
@@ -98,13 +102,21 @@ def prepared(mode: str):
     return model
 
 
-def optimizer(model):
+def optimizer(model, mode: str):
     """SGD; the learnable scales at a rate that keeps them positive (a step that pushes one below
-    MIN_SCALE is projected back in the next forward, which a sharded scale loses: README)."""
+    MIN_SCALE is projected back in the next forward, which a sharded scale loses: README), except
+    in ``lsq-sharded-projected``, with ``project_quantizer_parameters`` (in the reference too:
+    the projection after the step instead of in the next forward, the same numbers)."""
+    from dal.observers.distributed import project_quantizer_parameters
+
     quant = [p for n, p in model.named_parameters() if "_quant." in n]
     rest = [p for n, p in model.named_parameters() if "_quant." not in n]
-    groups = [{"params": rest}] + ([{"params": quant, "lr": 1e-4}] if quant else [])
-    return torch.optim.SGD(groups, lr=0.05, momentum=0.9)
+    slow = quant and mode != "lsq-sharded-projected"
+    groups = [{"params": rest}] + ([{"params": quant, "lr": 1e-4 if slow else 0.05}] if quant else [])
+    opt = torch.optim.SGD(groups, lr=0.05, momentum=0.9)
+    if mode == "lsq-sharded-projected":
+        project_quantizer_parameters(opt, model)
+    return opt
 
 
 def llm_worker(rank: int, world: int, port: int, out: str) -> None:
@@ -126,7 +138,7 @@ def llm_worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
     if rank == 0:
         for mode in MODES:
-            torch.save(_train_reference(unsharded[mode], world), os.path.join(out, mode, "ref.pt"))
+            torch.save(_train_reference(unsharded[mode], mode, world), os.path.join(out, mode, "ref.pt"))
 
 
 def _train_sharded(model, mode: str, rank: int, world: int) -> dict:
@@ -135,12 +147,13 @@ def _train_sharded(model, mode: str, rank: int, world: int) -> dict:
     from dal.observers.distributed import replicate_quantizer_parameters
 
     # empty without learnable quantizers; lsq-sharded: nothing left whole
-    whole = set() if mode == "lsq-sharded" else replicate_quantizer_parameters(model)
+    whole = set() if mode == "lsq-sharded" else \
+        replicate_quantizer_parameters(model, shard_per_channel=mode == "lsq-sharded-projected")
     for layer in model.model.layers:
         fully_shard(layer, ignored_params=whole)
     fully_shard(model, ignored_params=whole)
     local = {n: tuple(p.to_local().shape) for n, p in model.named_parameters() if hasattr(p, "to_local")}
-    opt = optimizer(model)
+    opt = optimizer(model, mode)
     log = {"loss": [], "quant": [], "local_shapes": local}
     _, train = data()
     for ids in train:
@@ -154,10 +167,10 @@ def _train_sharded(model, mode: str, rank: int, world: int) -> dict:
     return log
 
 
-def _train_reference(model, world: int) -> dict:
+def _train_reference(model, mode: str, world: int) -> dict:
     """The same steps unsharded in one process: each rank's half as a micro-batch, gradients
     accumulated and divided by ``world`` (FSDP2's mean over ranks)."""
-    opt = optimizer(model)
+    opt = optimizer(model, mode)
     log = {"loss": [], "quant": []}
     _, train = data()
     for ids in train:

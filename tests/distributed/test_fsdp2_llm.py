@@ -19,7 +19,10 @@ accumulated and halved. Expected bit for bit (``torch.equal``), because:
 
 Modes (``fsdp2_llm_workers.recipe_for``): ``recipe`` (observed weight scales, buffers, never
 sharded), ``lsq`` (learnable weight scales left whole by ``replicate_quantizer_parameters``),
-``lsq-sharded`` (learnable per-group / per-channel scales sharded along dim 0 with their weights).
+``lsq-sharded`` (learnable per-group / per-channel scales sharded along dim 0 with their weights,
+kept in range by a small learning rate), ``lsq-sharded-projected`` (sharded too, at a rate that
+pushes a scale below MIN_SCALE, projected on the shards by ``project_quantizer_parameters``; the
+reference projects after its steps too, where its forward would have: the same numbers).
 """
 from __future__ import annotations
 
@@ -61,6 +64,7 @@ def _per_group_keys():
 @pytest.mark.parametrize("mode", MODES)
 def test_weights_are_sharded_and_scales_follow_the_mode(out, mode):
     fsdp, _ = _runs(out, mode)
+    sharded = mode.startswith("lsq-sharded")
     for run in fsdp:
         local = run["local_shapes"]
         for i in (0, 1):
@@ -69,8 +73,8 @@ def test_weights_are_sharded_and_scales_follow_the_mode(out, mode):
                 assert local[f"{prefix}.weight"] == (rows // 2, cols)  # dim 0, half per rank
                 scale = local.get(f"{prefix}.weight_quant.scale")
                 # a rank's shard of a per-group scale holds the groups of its own weight rows
-                assert scale == ((rows // 2, cols // GROUP) if mode == "lsq-sharded" else None)
-        assert local.get("lm_head.weight_quant.scale") == ((128,) if mode == "lsq-sharded" else None)
+                assert scale == ((rows // 2, cols // GROUP) if sharded else None)
+        assert local.get("lm_head.weight_quant.scale") == ((128,) if sharded else None)
         # the gathered per-group scales: one per group of 32 along the input of the full weight
         for s in range(STEPS):
             for i in (0, 1):
@@ -115,3 +119,38 @@ def test_learned_scales_stayed_above_min_scale(out):
         for k, v in state.items():
             if k.endswith(".scale"):
                 assert bool((v >= MIN_SCALE).all()), k
+
+
+def test_projection_reaches_the_shards(out):
+    """``lsq-sharded-projected``: a step did push a learned scale below MIN_SCALE (the reference
+    holds MIN_SCALE exactly there), and each rank's gathered shards hold the projected value
+    after that step and the next ones (the state equality above then covers the later steps)."""
+    from dal.formats.qparams import MIN_SCALE
+
+    fsdp, ref = _runs(out, "lsq-sharded-projected")
+    hit = [s for s, state in enumerate(ref["quant"]) if bool((state["lm_head.weight_quant.scale"] == MIN_SCALE).any())]
+    assert hit and hit[0] < STEPS - 1  # projected before the last step, so a later step starts from it
+    for run in fsdp:
+        for state in run["quant"][hit[0]:]:
+            assert all(bool((v >= MIN_SCALE).all()) for k, v in state.items() if k.endswith(".scale"))
+
+
+def test_project_quantizer_parameters_in_one_process():
+    """The hook's projection: after ``step()`` a scale below MIN_SCALE is MIN_SCALE, a learnable
+    zero point out of [qmin, qmax] is clamped into it, values in range are untouched."""
+    from dal.formats import per_channel
+    from dal.formats.qparams import MIN_SCALE
+    from dal.observers.distributed import project_quantizer_parameters
+    from dal.quantizer import FakeQuantizer
+
+    q = FakeQuantizer("int8", per_channel(0), symmetric=False, learnable=True)
+    q.set_qparams(torch.tensor([-1.0, 0.5, 0.0]), torch.tensor([300.0, -5.0, -129.0]))
+    opt = torch.optim.SGD(q.parameters(), lr=0.0)
+    handle = project_quantizer_parameters(opt, q)
+    opt.step()
+    assert torch.equal(q.scale.detach(), torch.tensor([MIN_SCALE, 0.5, MIN_SCALE]))
+    assert torch.equal(q.zero_point.detach(), torch.tensor([127.0, -5.0, -128.0]))
+    handle.remove()
+    q.scale.data.fill_(-2.0)
+    opt.step()
+    assert bool((q.scale == -2.0).all())  # removed: no projection
