@@ -126,3 +126,39 @@ def test_peft_after_prepare_is_refused():
     wrapped = peft.get_peft_model(prepared, peft.LoraConfig(r=4, target_modules=TARGETS, lora_dropout=0.0))
     with pytest.raises(ValueError, match=r"applied after dal\.prepare_qat.*q_proj.*Apply peft first"):
         refuse_lora_around_qat(wrapped)
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding -> Linear -> ReLU -> Linear: a model dal exports whole (the tiny Llama does not yet)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.fc1, self.fc2 = torch.nn.Embedding(256, 32), torch.nn.Linear(32, 64), torch.nn.Linear(64, 256)
+
+    def forward(self, input_ids):
+        return self.fc2(torch.relu(self.fc1(self.emb(input_ids))))
+
+
+def test_merged_export_computes_what_the_lora_model_trained(ids, tmp_path):
+    """The ONNX of the merged model, run by onnxruntime (optimizations off), against the LoRA QAT model in torch,
+    in LSBs of the output quantizer."""
+    pytest.importorskip("onnxruntime")
+    from oracles import lsb_diff, output_scale, run_ort
+
+    from dal.nn.lora import merge_lora
+
+    config = peft.LoraConfig(r=4, target_modules=["fc1", "fc2"], lora_dropout=0.0, init_lora_weights=False)
+    model = dal.prepare_qat(peft.get_peft_model(TinyLM(), config), recipe="int8_balanced", hardware="a2000",
+                            example_inputs=(ids,), quantize_outputs=True)
+    assert len(lora_layers(model)) == 2
+    dal.calibrate(model, [ids, ids.flip(0)], progress=False)
+    dal.set_quantizer_state(model, "frozen")
+    with torch.no_grad():
+        trained = model.eval()(ids).numpy()
+    merged = merge_lora(copy.deepcopy(model))
+    assert type(merged) is TinyLM and type(merged.fc1) is dal.nn.QLinear
+    path = tmp_path / "merged.onnx"
+    dal.export_onnx(merged, (ids,), str(path))
+    (deployed,) = run_ort(str(path), {"input": ids.numpy()})
+    assert lsb_diff(deployed, trained, output_scale(path)).max() <= 1
