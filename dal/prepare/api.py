@@ -24,7 +24,7 @@ from ..nn.tree import set_submodule
 from ..quantizer import quantizer_states
 from .apply import apply_plan
 from .boundary import guard, host_steps, is_detector
-from .check import check_plan, refuse_host
+from .check import check_plan, refuse_host, refuse_nothing_quantized
 from .constraints import apply_constraints, check_constraints
 from .handle import Prepared, attach
 from .plan import build_plan, capture
@@ -97,9 +97,9 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     site_plan, site_notes = capture_sites(model, cap, resolve, example_inputs)
     plan = host_steps(model, build_plan(model, cap, resolve, site_plan))
     if hw is not None:
-        plan = check_plan(plan, rec, hw)
+        plan = check_plan(plan, rec, hw, model)
         check_constraints(plan, rec, hw)
-    _refuse_unknown(plan, strict)
+    _refuse_unknown(plan, strict, model, rec)
     model = apply_plan(model, plan, cap)
     report.rows = rows_from_plan(plan)
     report.notes += site_notes
@@ -124,7 +124,8 @@ def _resolver(rec):
     return resolve
 
 
-def _refuse_unknown(plan, strict: bool) -> None:
+def _refuse_unknown(plan, strict: bool, model, rec) -> None:
+    refuse_nothing_quantized(model, plan, rec)  # a model with no layer dal quantizes (check.py)
     refuse_host(plan, strict)  # ops of a class the hardware has no engine for (check.py)
     unknown = [s for s in plan if s.action == "float" and s.float_op is not None and s.float_op.op_class == "custom"]
     if strict and unknown:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+from torch import nn
+
 from ..config.problems import Problem
 from ..recipe import check_against_hardware
 from ..recipe.errors import RecipeError
 from ..nn.norm import FP16_NORMS
+from ..nn.registry import QAT_MODULES, registry_type
 from ..hardware.op_classes import HOST_OP_CLASSES
 from .float_ops import hardware_verdict
 from .fp16_island import is_island
@@ -23,10 +27,12 @@ FP16_NORM_NAMES = {t.__name__: c.__name__ for t, c in FP16_NORMS.items()}
 QUANTIZING = ("quantize", "fuse", "functional")
 
 
-def check_plan(plan: list[Step], recipe, hw) -> list[Step]:
+def check_plan(plan: list[Step], recipe, hw, model=None) -> list[Step]:
     """Raise ``RecipeError`` listing every problem of ``plan`` on ``hw``; return the plan with
-    each float step's reason saying how the hardware runs it (or that a skip rule keeps it)."""
-    problems: list[Problem] = []
+    each float step's reason saying how the hardware runs it (or that a skip rule keeps it).
+    With ``model``, per-group weights are also checked against the layers' shapes
+    (:func:`weight_shape_problems`)."""
+    problems: list[Problem] = [] if model is None else weight_shape_problems(model, plan, hw)
     layers = [(s.path, s.type_name, s.op_class) for s in plan if s.action in QUANTIZING]
     try:
         check_against_hardware(recipe, hw, layers)
@@ -71,6 +77,81 @@ def check_plan(plan: list[Step], recipe, hw) -> list[Step]:
     if problems:
         raise RecipeError(problems, what=f"recipe {recipe.name!r} for hardware {hw.name!r}")
     return checked
+
+
+def weight_shape_problems(model, plan: list[Step], hw) -> list[Problem]:
+    """One problem per layer whose recipe spec cannot tile its tensors on ``hw``:
+
+    * per-group weights whose blocked axis (the spec's ``axis``, else the layer's reduction axis:
+      a Linear's ``in_features``) ``group_size`` does not divide: the problem names the layer,
+      the size, and the group sizes of ``hw.weight_rules.group_sizes`` that do divide it (or, when
+      none does, per_channel); without the refusal the layer would silently get another
+      granularity;
+    * dynamic per-token activation scales on hardware that declares them
+      (``activation_rules.granularities``): dal's fake quantizers have static scales only, so
+      they are refused by layer instead of trained as something else. (Hardware that does not
+      declare them refuses them in ``check_against_hardware``.)"""
+    problems = []
+    for step in plan:
+        spec = step.spec
+        if step.action not in QUANTIZING or spec is None:
+            continue
+        for role in ("input", "output"):
+            t = getattr(spec, role, None)
+            if t is not None and t.granularity == "per_token":
+                problems.append(Problem(f"{step.path} ({step.type_name}): {role} per_token (dynamic per-token "
+                                        f"scales), which {hw.name!r} declares, is not implemented by dal's fake "
+                                        f"quantizers (static scales only); use granularity: per_tensor (rule "
+                                        f"{spec.rule_source})"))
+        w = spec.weight
+        if w is None or w.granularity != "per_group" or not w.group_size or step.action == "functional":
+            continue
+        try:
+            mod = model.get_submodule(step.path)
+        except AttributeError:
+            continue
+        weight = getattr(mod, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            continue
+        qat = QAT_MODULES.get(registry_type(type(mod)))
+        axis = w.axis if w.axis is not None else getattr(qat, "weight_reduction_axis", 1)
+        if not -weight.dim() <= axis < weight.dim():
+            continue
+        n = int(weight.shape[axis])
+        if n % w.group_size == 0:
+            continue
+        fits = [g for g in hw.weight_rules.group_sizes if n % g == 0]
+        what = "in_features" if isinstance(mod, nn.Linear) and axis in (1, -1) else f"weight axis {axis}"
+        fix = (f"group sizes that divide {n} on {hw.name}: {', '.join(map(str, fits))}; put a rule "
+               f"{{match: {step.path!r}, weight: {{format: {w.format.name}, granularity: per_group, "
+               f"group_size: {fits[-1]}}}}} before it" if fits else
+               f"no group size {hw.name} allows ({', '.join(map(str, hw.weight_rules.group_sizes)) or 'none'}) "
+               f"divides {n}; put a rule {{match: {step.path!r}, weight: {{format: {w.format.name}, "
+               f"granularity: per_channel}}}} before it")
+        problems.append(Problem(f"{step.path} ({step.type_name}): {what} {n} is not divisible by the "
+                                f"weight group_size {w.group_size} (rule {spec.rule_source}); {fix}"))
+    return problems
+
+
+def refuse_nothing_quantized(model, plan: list[Step], recipe) -> None:
+    """A ValueError when ``plan`` quantizes nothing because ``model`` has no layer dal quantizes
+    (no Linear, Conv, Embedding or other registered QAT class, no ``+ * @ cat`` in a forward fx
+    traces), naming the model and what would work. Not refused: layers a QAT class exists for that
+    the recipe leaves float, host ops and modules with parameters but no QAT class (those are
+    listed in the report; ``strict=True`` refuses them)."""
+    if any(s.action in QUANTIZING + ("ready-made", "fp16", "host") for s in plan):
+        return
+    if any(s.action == "float" and (s.float_op is None or s.float_op.op_class == "custom") for s in plan):
+        return
+    known = ", ".join(sorted(_QUANTIZABLE_NAMES()))
+    raise ValueError(
+        f"prepare_qat: recipe {recipe.name!r} quantizes nothing in {type(model).__name__}: it has no layer dal "
+        f"quantizes (one of {known}, or + * @ cat in a forward torch.fx traces). What would work: a model with "
+        f"such layers, or @dal.register_qat_module(YourLayer) on a QAT class for your own layer")
+
+
+def _QUANTIZABLE_NAMES() -> set:
+    return {getattr(t, "__name__", str(t)) for t in QAT_MODULES}
 
 
 def on_host(step: Step, hw) -> Step:

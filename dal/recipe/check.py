@@ -183,6 +183,12 @@ class _Context:
                 for v in hw.weight_rules.violations(spec.granularity, spec.group_size, spec.symmetric,
                                                     spec.narrow_range):
                     out.append((role, f"{spec.format.name} weights: {v} by hardware {hw.name!r}", None))
+            elif spec.granularity == "per_token" and "per_token" not in hw.activation_rules.granularities:
+                out.append((role, f"{role} {spec.format.name}: dynamic per-token activation scales (granularity "
+                                  f"per_token) are not declared by hardware {hw.name!r} ({hw.source or 'no file'}: "
+                                  f"activation_rules.granularities lists "
+                                  f"{', '.join(hw.activation_rules.granularities)}); use granularity: per_tensor "
+                                  f"(a static scale set by dal.calibrate)", None))
             else:
                 for v in hw.activation_rules.violations(spec.granularity, spec.symmetric,
                                                         hw.activation_granularities(op_class)):

@@ -172,6 +172,9 @@ def _tensor_spec(c: Checker, raw, path: tuple, role: str):
             kw[key] = c.string(value, p, OBSERVERS)
         elif key == "observer_args":
             kw[key] = c.scalar_args(value, p)
+    if role == "weight" and kw.get("granularity") == "per_token":
+        c.add(path + ("granularity",), "per_token (dynamic per-token scales) is for activations (input / "
+                                       "output), not weights; use per_channel or per_group")
     if len(c.problems) > before:
         return None
     return c.build(path, TensorSpec, fmt, **kw)

@@ -59,9 +59,11 @@ class TensorSpec:
 
     Attributes:
         format: the ``QFormat`` (a name such as "int8" is converted).
-        granularity: "per_tensor", "per_channel" (one scale per index of ``axis``) or
+        granularity: "per_tensor", "per_channel" (one scale per index of ``axis``),
             "per_group" (blocks of ``group_size`` consecutive elements along ``axis``, the ONNX
-            blocked-quantization meaning).
+            blocked-quantization meaning) or, for activations only, "per_token" (one scale per
+            row of the last axis, computed from each tensor at run time: dynamic; only on
+            hardware whose ``activation_rules.granularities`` list it).
         axis: the channel / blocked axis; None = the module's natural one (output channels for
             per_channel, input channels for per_group).
         group_size: block size, required exactly for per_group.
@@ -104,6 +106,8 @@ class TensorSpec:
         if self.granularity == "per_group":
             if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
                 bad("group_size", f"per_group needs group_size, a positive integer; got {self.group_size!r}")
+        elif self.granularity == "per_token" and self.axis is not None:
+            bad("axis", "per_token scales are one per row of the last axis; remove axis")
         elif self.group_size is not None:
             bad("group_size", f"group_size is only for granularity per_group (granularity is {self.granularity}); "
                               "remove it or set granularity: per_group")
