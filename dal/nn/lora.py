@@ -8,7 +8,8 @@ What deploys after LoRA is the merged layer ``W' = W + scaling * B @ A`` (peft's
 ``(B @ A) * scaling`` is computed as peft's ``get_delta_weight`` computes it and added to ``W`` as
 its merge adds it, so the weight the quantizer sees equals, bit for bit, the weight of the
 ``nn.Linear`` that ``merge_and_unload`` leaves (:func:`merged_qlinear` builds that layer's QLinear
-with the same quantizers). Gradients reach ``A``, ``B`` and learnable quantizer parameters; ``W``
+with the same quantizers; :func:`merge_lora` is ``merge_and_unload`` for a prepared model, whose own
+``merge_and_unload`` is refused: it would drop the quantizers). Gradients reach ``A``, ``B`` and learnable quantizer parameters; ``W``
 and ``b`` train only if the user left them trainable (peft freezes them).
 
 Supported: peft applied first (``get_peft_model``), then ``dal.prepare_qat``, which swaps each
@@ -71,6 +72,12 @@ class QLoraLinear(QATModule, LoraLinear):
             x = self.input_quant(x)
         bias = self.get_base_layer().bias
         return self.finish(F.linear(x, self.quantized_weight(self.merged_weight()), self.quantized_bias(bias)))
+
+    def merge(self, *args, **kwargs):
+        """Refused: peft's in-place merge (``merge_and_unload``, ``merge_adapter``) would leave a float
+        ``nn.Linear`` without this layer's quantizers; :func:`merge_lora` keeps them."""
+        raise RuntimeError(f"{self.qat_name or 'QLoraLinear'}: peft's merge would drop dal's quantizers; merge with "
+                           "dal.nn.lora.merge_lora(model), which gives each LoRA layer's QLinear with the same quantizers")
 
     def extra_repr(self):
         return self.qat_extra_repr()

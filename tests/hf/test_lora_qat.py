@@ -114,6 +114,12 @@ def test_merge_lora_keeps_the_model_bit_for_bit(trained, ids):
     assert torch.equal(before, after)
 
 
+def test_pefts_own_merge_is_refused(trained):
+    model, _, _ = trained
+    with pytest.raises(RuntimeError, match=r"q_proj: peft's merge would drop dal's quantizers.*merge_lora"):
+        copy.deepcopy(model).merge_and_unload()
+
+
 def test_lora_dropout_is_refused_naming_the_layer():
     with pytest.raises(ValueError, match=r"layers\.0\.self_attn\.q_proj.*lora_dropout=0\.1.*lora_dropout=0\.0"):
         dal.prepare_qat(lora_model(dropout=0.1), recipe="int8_balanced", hardware="a2000")
