@@ -7,8 +7,9 @@ an unsharded copy in one process (the reference), the two halves as micro-batche
 
 Per mode of ``MODES`` (a variant of the recipe, ``recipe_for``), written to ``out/<mode>/``:
 ``fsdp_rank{r}.pt`` and ``ref.pt``, each ``{"loss": [per step], "quant": [per step: {name:
-tensor}]}``: this rank's (the reference's half-``r``) loss, and after every step the weight
-quantizers' scales / zero points / observer ranges, gathered to full tensors.
+tensor}]}``: this rank's (the reference's half-``r``) loss, and after every step every
+quantizer's scale / zero point / observer range, gathered to full tensors. ``LIVE`` (the recipe
+with activation observers updating in the steps) is trained sharded only: ``fsdp_rank{r}.pt``.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import os
 import torch
 
 MODES = ("recipe", "lsq", "lsq-sharded", "lsq-sharded-projected")
+LIVE = "recipe-live"  # the recipe with activation observers live in the steps: no reference
 STEPS = 4
 BATCH, SEQ = 4, 16  # per step; a rank gets BATCH // world rows
 QUANT_STATE = ("scale", "zero_point", "observer.min_val", "observer.max_val")
@@ -48,7 +50,7 @@ def recipe_for(mode: str) -> dict:
     rec["name"] = f"{rec['name']}_{mode.replace('-', '_')}"
     for rule in rec["rules"]:
         w = rule.get("weight")
-        if mode != "recipe" and isinstance(w, dict) and "linear" in rule.get("type", ()):
+        if mode.startswith("lsq") and isinstance(w, dict) and "linear" in rule.get("type", ()):
             rule["weight"] = dict(w, learnable=True)
     return rec
 
@@ -69,14 +71,18 @@ def data():
     return calib, train
 
 
-def weight_quant_state(model) -> dict[str, torch.Tensor]:
-    """Every weight quantizer's scale / zero point / observer range, full tensors (a sharded
-    Parameter is gathered with ``DTensor.full_tensor``, which all ranks must call together)."""
+def quant_state(model) -> dict[str, torch.Tensor]:
+    """Every quantizer's scale / zero point / observer range (weights and activations), full
+    tensors (a sharded Parameter is gathered with ``DTensor.full_tensor``, which all ranks must
+    call together)."""
+    from dal.quantizer import quantizers
+
     out = {}
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if ".weight_quant." in name and name.split(".weight_quant.")[1] in QUANT_STATE:
-            full = t.full_tensor() if hasattr(t, "full_tensor") else t
-            out[name] = full.detach().clone()
+    for qname, q in quantizers(model):
+        for name, t in [*q.named_parameters(), *q.named_buffers()]:
+            if name in QUANT_STATE and t.numel():
+                full = t.full_tensor() if hasattr(t, "full_tensor") else t
+                out[f"{qname}.{name}"] = full.detach().clone()
     return out
 
 
@@ -98,7 +104,8 @@ def prepared(mode: str):
     model = dal.prepare_qat(tiny_llama(), recipe_for(mode), "a2000")
     calib, _ = data()
     dal.calibrate(model, calib, progress=False)
-    freeze_activation_quantizers(model)
+    if mode != LIVE:
+        freeze_activation_quantizers(model)
     return model
 
 
@@ -134,6 +141,8 @@ def llm_worker(rank: int, world: int, port: int, out: str) -> None:
             model = prepared(mode)
             unsharded[mode] = copy.deepcopy(model)  # calibrated, before fully_shard changes it
             torch.save(_train_sharded(model, mode, rank, world), os.path.join(out, mode, f"fsdp_rank{rank}.pt"))
+        os.makedirs(os.path.join(out, LIVE), exist_ok=True)
+        torch.save(_train_sharded(prepared(LIVE), LIVE, rank, world), os.path.join(out, LIVE, f"fsdp_rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
     if rank == 0:
@@ -163,7 +172,7 @@ def _train_sharded(model, mode: str, rank: int, world: int) -> dict:
         loss.backward()
         opt.step()
         log["loss"].append(loss.detach().clone())
-        log["quant"].append(weight_quant_state(model))
+        log["quant"].append(quant_state(model))
     return log
 
 
@@ -186,5 +195,5 @@ def _train_reference(model, mode: str, world: int) -> dict:
                 p.grad.div_(world)
         opt.step()
         log["loss"].append(losses)
-        log["quant"].append(weight_quant_state(model))
+        log["quant"].append(quant_state(model))
     return log

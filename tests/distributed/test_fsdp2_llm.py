@@ -23,6 +23,8 @@ sharded), ``lsq`` (learnable weight scales left whole by ``replicate_quantizer_p
 kept in range by a small learning rate), ``lsq-sharded-projected`` (sharded too, at a rate that
 pushes a scale below MIN_SCALE, projected on the shards by ``project_quantizer_parameters``; the
 reference projects after its steps too, where its forward would have: the same numbers).
+``recipe-live`` (activation observers updating in the steps, each rank on different data): the
+ranks' quantizer state agrees bit for bit (the observers' all-reduces).
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ import torch.multiprocessing as mp
 pytest.importorskip("transformers")
 
 from ddp_common import free_port  # noqa: E402
-from fsdp2_llm_workers import MODES, STEPS, llm_worker  # noqa: E402
+from fsdp2_llm_workers import LIVE, MODES, STEPS, llm_worker  # noqa: E402
 
 pytestmark = [pytest.mark.xdist_group("ddp"), pytest.mark.slow]
 
@@ -85,8 +87,9 @@ def test_weights_are_sharded_and_scales_follow_the_mode(out, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_gathered_weight_quantizer_state_equals_the_unsharded_run(out, mode):
-    """After every step, each rank's gathered weight-quantizer state (scale, zero point, observer
-    range: per group for the decoder linears, per channel for lm_head) == the unsharded run's."""
+    """After every step, each rank's gathered quantizer state (scale, zero point, observer range:
+    per group for the decoder linears, per channel for lm_head and the embedding, per tensor for
+    activations) == the unsharded run's."""
     fsdp, ref = _runs(out, mode)
     for s in range(STEPS):
         keys = ref["quant"][s].keys()
@@ -106,6 +109,18 @@ def test_each_ranks_loss_equals_the_unsharded_micro_batch_loss(out, mode):
     for s in range(STEPS):
         for r, run in enumerate(fsdp):
             assert torch.equal(run["loss"][s], ref["loss"][s][r])
+
+
+def test_live_activation_observers_agree_across_ranks(out):
+    """Activation observers updating in every step, each rank on its own half of the batch:
+    FSDP2 does not synchronise buffers, the observers' all-reduces do; the ranks agree on every
+    quantizer's state after every step, and activation scales did move in training."""
+    r0, r1 = (torch.load(out / LIVE / f"fsdp_rank{r}.pt", weights_only=False) for r in (0, 1))
+    for a, b in zip(r0["quant"], r1["quant"]):
+        assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
+    acts = [k for k in r0["quant"][0] if k.endswith(".scale") and "weight_quant" not in k]
+    assert any(not torch.equal(r0["quant"][0][k], r0["quant"][-1][k]) for k in acts)
+    assert not torch.equal(r0["loss"][0], r1["loss"][0])  # the ranks saw different data
 
 
 def test_learned_scales_stayed_above_min_scale(out):
