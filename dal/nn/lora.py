@@ -20,6 +20,9 @@ the layer): ``lora_dropout > 0`` (dropout on the LoRA path has no merged form; t
 is exact for ``lora_dropout=0`` only), more than one active adapter, LoRA variants (DoRA, ...),
 ``lora_bias=True`` and ``fan_in_fan_out=True``.
 
+Deploy the merged model: :func:`merge_lora` before ``dal.export_onnx`` (the unmerged layer exports
+too, with the ``B @ A`` product in the graph) and before ``dal.convert`` (which refuses it).
+
 This file imports peft; dal imports it only when a model holds a peft LoRA layer
 (``dal.nn.registry.registry_type``).
 """
