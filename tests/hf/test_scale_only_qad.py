@@ -1,9 +1,11 @@
 """Scale-only QAT and quantization-aware distillation (QAD) on a tiny LlamaForCausalLM
 (transformers, built from its config; hidden 64, 2 layers, vocab 256, sequence 16).
 
-* Scale-only (recipe ``w4a8_lsq_scales_only``, ``train: scales_only``): only quantizer scales and
-  zero points get gradients; every weight (and every other parameter) stays bit-identical through
-  the steps; the loss on a fixed batch goes down.
+* Scale-only (recipe ``w4a8_lsq_scales_only``, ``train: scales_only``, INT4 per channel; and
+  ``w4a8_fp8_llm`` made scale-only here: ``train: scales_only``, every scale learnable, INT4 per
+  group of 32, fp8 activations): only quantizer scales and zero points get gradients; every
+  weight (and every other parameter) stays bit-identical through the steps; the loss on a fixed
+  batch goes down.
 * QAD (recipe ``w4a8_fp8_llm``): the float model, deep-copied before ``prepare_qat``, teaches its
   quantized copy with ``dal.distill.KDLoss(..., class_dim=-1)`` (KL over the vocabulary of every
   token, HF ``ModelOutput``s taken as they are); the KL on a fixed batch goes down. The KL itself
@@ -42,9 +44,20 @@ def ids():
     return torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.fixture(scope="module")
-def scale_only_run(ids):
-    model = dal.prepare_qat(_tiny_llama(), "w4a8_lsq_scales_only", "a2000")
+def _llm_scales_only() -> dict:
+    rec = dal.load_recipe("w4a8_fp8_llm").to_dict()
+    rec.update(name="w4a8_fp8_llm_scales_only", train="scales_only")
+    for rule in rec["rules"]:
+        for role in ("weight", "input"):
+            if isinstance(rule.get(role), dict):
+                rule[role] = dict(rule[role], learnable=True)
+    return rec
+
+
+@pytest.fixture(scope="module", params=["w4a8_lsq_scales_only", "w4a8_fp8_llm_scales_only"])
+def scale_only_run(request, ids):
+    recipe = request.param if request.param == "w4a8_lsq_scales_only" else _llm_scales_only()
+    model = dal.prepare_qat(_tiny_llama(), recipe, "a2000")
     dal.calibrate(model, [ids], progress=False)
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -57,29 +70,35 @@ def scale_only_run(ids):
         with_grad |= {n for n, p in model.named_parameters() if p.grad is not None}
         opt.step()
         losses.append(float(loss.detach()))
-    return model, frozen, start, losses, with_grad
+    return model, frozen, start, losses, with_grad, request.param
 
 
 def test_scale_only_trains_only_quantizer_parameters(scale_only_run):
-    model, frozen, start, _, with_grad = scale_only_run
+    model, frozen, start, _, with_grad, recipe = scale_only_run
     names = dict(model.named_parameters())
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     assert len(linears) == 2 * 7 + 1
     assert {f"{n}.weight" for n in linears} <= set(frozen)  # every weight frozen ...
     assert "model.embed_tokens.weight" in frozen and "model.norm.weight" in frozen
-    assert start and all("_quant." in n for n in start)  # ... only quantizer parameters train
+    from dal.quantizer import quantizers
+
+    owned = {f"{q}.{n}" for q, m in quantizers(model) for n, _ in m.named_parameters()}
+    assert start and set(start) <= owned  # ... only quantizer parameters train
     assert with_grad == set(start)  # and exactly those got gradients
     assert {f"{n}.weight_quant.scale" for n in linears} <= with_grad
-    for n in linears:  # int4 per output channel in the decoder, int8 per channel for lm_head
-        assert names[f"{n}.weight_quant.scale"].shape == (names[f"{n}.weight"].shape[0],)
+    for n in linears:  # int4 per output channel (per group of 32) in the decoder, int8 per channel for lm_head
+        rows, cols = names[f"{n}.weight"].shape
+        per_group = recipe == "w4a8_fp8_llm_scales_only" and n != "lm_head"
+        assert names[f"{n}.weight_quant.scale"].shape == ((rows, cols // 32) if per_group else (rows,))
 
 
 def test_scale_only_keeps_weights_bit_identical_and_moves_the_scales(scale_only_run):
-    model, frozen, start, _, _ = scale_only_run
+    model, frozen, start, _, _, _ = scale_only_run
     now = dict(model.named_parameters())
     assert [n for n, w in frozen.items() if not torch.equal(now[n], w)] == []
-    moved = [n for n, s in start.items() if n.endswith("weight_quant.scale") and not torch.equal(now[n], s)]
-    assert len(moved) == 2 * 7 + 1
+    moved = {n for n, s in start.items() if not torch.equal(now[n], s)}
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert {f"{n}.weight_quant.scale" for n in linears} <= moved
 
 
 def test_scale_only_loss_decreases_on_a_fixed_batch(scale_only_run):
