@@ -1,0 +1,81 @@
+"""torch.compile of a prepared torchvision ResNet-18 and MobileNetV3 (small; random weights,
+2x3x64x64, int8_balanced on the a2000, calibrated, every quantizer in ``quantize``: min-max
+observers updating their ranges each step, BatchNorm folded and in training mode).
+
+``fullgraph=True``: the forward and the loss trace as ONE graph, so there is no graph break
+anywhere (inside dal's modules or not). The compiled step (backend ``aot_eager``: AOTAutograd's
+forward and backward graphs run op by op) equals the eager step bit for bit (torch.equal) over two
+steps, the second reading the observer buffers the first wrote: output, loss, every gradient,
+every buffer (observer ranges, scales, zero points, BatchNorm statistics). MobileNetV3's
+classifier has Dropout: the RNG is seeded identically before each eager and compiled step.
+
+The eager reference is the quantizers' torch path (``use_kernel(False)``), which
+tests/kernels/test_compile.py ties to the default C++ path. Inductor is tested on the quantizers
+alone (test_compile.py, test_compile_models.test_max_autotune_quantizer_step): on these models'
+whole step inductor's own BatchNorm and loss reductions sum in another order than eager torch, and
+the float model (no dal) compiled the same way differs from its eager step just as much (measured
+in bench/results/fake_quant.md, "torch.compile"), so that difference is torch's.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dal
+from dal.quantizer import quantizers
+
+torchvision = pytest.importorskip("torchvision")
+
+NETS = {"resnet18": lambda: torchvision.models.resnet18(num_classes=10),
+        "mobilenet_v3_small": lambda: torchvision.models.mobilenet_v3_small(num_classes=10)}
+
+
+def _prepared(name):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 64, 64)
+    model = dal.prepare_qat(NETS[name](), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    dal.calibrate(model, [torch.randn(2, 3, 64, 64) for _ in range(2)], progress=False, bn_statistics="auto")
+    model.train()
+    for n, q in quantizers(model):
+        q.set_state("quantize")
+    return model
+
+
+def _forward_loss(model, x, y):
+    out = model(x)
+    return out, F.cross_entropy(out, y)
+
+
+def _step(fn, model, x, y, seed):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    out, loss = fn(model, x, y)
+    loss.backward()
+    return out.detach(), loss.detach()
+
+
+@pytest.mark.parametrize("name", list(NETS))
+def test_compiled_step_is_the_eager_step(name):
+    model = _prepared(name)
+    observing = [n for n, q in quantizers(model) if q._tracking()]
+    assert len(observing) > 20
+    eager, cmodel = copy.deepcopy(model), copy.deepcopy(model)
+    for _, q in quantizers(eager):
+        q.use_kernel(False)
+    torch._dynamo.reset()
+    compiled = torch.compile(_forward_loss, backend="aot_eager", fullgraph=True)
+    y = torch.tensor([3, 1])
+    for i in range(2):
+        x = torch.randn(2, 3, 64, 64) * (1 + i)
+        o1, l1 = _step(_forward_loss, eager, x, y, i)
+        o2, l2 = _step(compiled, cmodel, x, y, i)
+        assert torch.equal(o1, o2) and torch.equal(l1, l2), f"{name} step {i}: outputs differ"
+        grads = [n for (n, p), (_, q) in zip(eager.named_parameters(), cmodel.named_parameters())
+                 if (p.grad is None) != (q.grad is None) or (p.grad is not None and not torch.equal(p.grad, q.grad))]
+        assert grads == [], f"{name} step {i}: gradients differ"
+        bufs = [n for (n, b), (_, c) in zip(eager.named_buffers(), cmodel.named_buffers()) if not torch.equal(b, c)]
+        assert bufs == [], f"{name} step {i}: buffers differ"
+    changed = [n for (n, b), (_, c) in zip(model.named_buffers(), cmodel.named_buffers())
+               if n.endswith(("min_val", "max_val")) and not torch.equal(b, c)]
+    assert len(changed) > 20  # the observers did update in the compiled steps
