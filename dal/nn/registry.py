@@ -44,7 +44,8 @@ EQUIVALENT_TYPES: dict[tuple[str, str], type] = {("timm.layers", "Linear"): nn.L
 
 #: (defining module, class name) -> the dal module that registers a QAT class for it, imported the
 #: first time such a class is looked up (so ``import dal`` never imports peft).
-LAZY_QAT_MODULES: dict[tuple[str, str], str] = {("peft.tuners.lora.layer", "Linear"): "dal.nn.lora"}
+LAZY_QAT_MODULES: dict[tuple[str, str], str] = {("peft.tuners.lora.layer", "Linear"): "dal.nn.lora",
+                                                 ("transformers.pytorch_utils", "Conv1D"): "dal.nn.hf_conv1d"}
 
 
 def registry_type(cls: type) -> type:

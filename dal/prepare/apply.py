@@ -10,6 +10,7 @@ from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_a
 from ..nn.registry import QAT_MODULES, registry_type
 from ..nn.fast_path import stay_on_module_path
 from ..nn.tree import replace_everywhere, set_submodule, slots_of
+from ..replace.rmsnorm import Fp16RMSNorm
 from .call_sites import install
 from .fp16_island import Fp16Function, island_module
 from .functional_ops import cat_dim, rebuild
@@ -65,6 +66,8 @@ def _leaf_module(mod: nn.Module, step: Step) -> nn.Module:
     if step.action == "quantize" and is_norm_act(mod):  # no conv to fold into (plan.py)
         return NormActAffine.from_norm_act(mod, step.spec, step.path)
     cls = _NORMS.get((step.action, type(mod)))
+    if step.action == "fp16" and step.built == "Fp16RMSNorm":  # an RMSNorm on an fp16 engine (check.py)
+        return Fp16RMSNorm.from_module(mod, step.path)
     if cls is None and step.action == "fp16":  # a float op on an fp16 engine (check.py)
         return island_module(mod, step.path, step.op_class)
     cls = cls or QAT_MODULES[registry_type(type(mod))]

@@ -44,6 +44,11 @@ def check_plan(plan: list[Step], recipe, hw, model=None) -> list[Step]:
             checked.append(dataclasses.replace(step, action="fp16", built=FP16_NORM_NAMES[step.type_name], reason=_join(
                 step.reason, f"runs in FP16 on {hw.name}'s vector engine (its FP16 layer norm; dal.nn.norm)")))
             continue
+        if _rmsnorm(step):
+            step, problem = _rmsnorm_verdict(step, recipe, hw)
+            checked.append(step)
+            problems += [problem] if problem is not None else []
+            continue
         if step.action == "float" and step.float_op is not None and step.float_op.op_class in HOST_OP_CLASSES \
                 and not hw.supports_op(step.float_op.op_class):
             checked.append(on_host(step, hw))
@@ -170,6 +175,30 @@ def refuse_host(plan, strict: bool) -> None:
     if strict and host:
         listing = "\n".join(f"  {s.path}: {s.type_name} ({s.op_class}); {s.reason}" for s in host)
         raise ValueError(f"prepare_qat(strict=True): {len(host)} op(s) the hardware cannot run:\n{listing}")
+
+
+def _rmsnorm(step: Step) -> bool:
+    return step.action == "float" and step.float_op is not None and step.float_op.function == "rmsnorm"
+
+
+def _rmsnorm_verdict(step: Step, recipe, hw) -> tuple[Step, Problem | None]:
+    """An RMSNorm (``dal.replace.rmsnorm``): an ``Fp16RMSNorm`` where ``hw`` runs layernorm in
+    FP16, unless a ``skip: true`` rule keeps it in float32; elsewhere kept off the NPU by a skip
+    or fp16-fallback rule (the recipe check notes it), or refused by path with the fix."""
+    if "layernorm" in set(getattr(hw, "fp16_ops", ()) or ()):
+        if _skip_rule(recipe, step):
+            return dataclasses.replace(step, reason=_join(step.reason, "its recipe rule (skip) keeps it in float32, "
+                                                          "off the NPU")), None
+        return dataclasses.replace(step, action="fp16", built="Fp16RMSNorm", reason=_join(
+            step.reason, f"runs in FP16 on {hw.name}'s {hw.op('layernorm').engine} engine (layernorm in fp16_ops): "
+                         f"input, weight and output rounded to fp16")), None
+    if _skipped(recipe, step):
+        return dataclasses.replace(step, reason=_join(step.reason, f"kept off the NPU by its recipe rule (skip, or "
+                                                      f"fp16 that {hw.name} lacks): {hw.name} has no FP16 engine")), None
+    return step, Problem(f"{step.path} ({step.type_name}): an RMSNorm, which hardware {hw.name!r} cannot run (no "
+                         f"FP16 engine: fp16_ops lists no layernorm, and no integer RMSNorm); fix: keep it off the "
+                         f"NPU with a rule {{match: {step.path!r}, skip: true}} (or {{type: layernorm, fallback: "
+                         f"fp16}}) before the others, or run on hardware with an FP16 vector engine")
 
 
 def _fp16_norm(step: Step, hw) -> bool:

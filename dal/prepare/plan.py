@@ -35,6 +35,7 @@ from ..nn.norm_act import is_norm_act
 from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
 from ..nn.registry import OP_CLASSES, QAT_MODULES, op_class_of, registry_type
 from ..quantizer import FakeQuantizer
+from ..replace.rmsnorm import rmsnorm_eps
 from .float_ops import FloatOp, classify_module, classify_node
 from .functional_ops import functional_kind, is_tensor_node
 from .source_lines import node_lines
@@ -87,7 +88,7 @@ def capture(model: nn.Module) -> Capture:
     """Trace the own forward of every module that has one worth reading, once each."""
     cap = Capture()
     for path, mod in model.named_modules():
-        if not needs_tracing(mod):
+        if not needs_tracing(mod) or rmsnorm_eps(mod) is not None:  # an RMSNorm is planned whole
             continue
         # A forward may cache on itself what it computes (torchvision's MultiScaleRoIAlign stores
         # its scales on the first call): under tracing those are Proxies, which the real forward
@@ -256,6 +257,9 @@ def _module_step(path: str, mod: nn.Module, resolve) -> Optional[Step]:
                     "not folded (no Conv2d before it in a forward torch.fx traces): its BN a quantized "
                     f"per-channel affine (depthwise 1x1 conv) at {path}.bn, drop and act kept at their paths",
                     built="QBatchNorm2d")
+    if rmsnorm_eps(mod) is not None:  # found by computation (dal.replace.rmsnorm); check.py decides
+        return Step(path, type_name, "layernorm", "float", None, "an RMSNorm (found by what it computes)",
+                    float_op=FloatOp("float", "layernorm", "rmsnorm"))
     if needs_tracing(mod):
         # A container's forward is captured; a user module that also owns parameters uses them
         # in that forward itself, which no QAT class quantizes.
