@@ -159,6 +159,15 @@ def test_report_lists_cache_quantizers(int8_model):
     assert "npu_attention.kv_cache" in str(rep)
 
 
+def test_dal_report_lists_cache_quantizers(int8_model, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = dal.report(int8_model, out=tmp_path / "r.html", sensitivity=False, progress=False, max_histograms=0)
+    text = path.read_text()
+    for i in range(2):
+        assert f"model.layers.{i}.self_attn.npu_attention.kv_cache" in text
+    assert text.count("KV cache quantizers key_quant, value_quant int8 per head") == 2
+
+
 def test_no_kv_rule_no_kv_quantizers():
     p = dal.prepare_qat(tiny_llama(), recipe=npu_recipe(), hardware="a2000")
     assert all(not c.quantizers() for _, c in caches(p)) and len(caches(p)) == 2
