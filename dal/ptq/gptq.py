@@ -21,7 +21,8 @@ from .hessian import solve_layerwise
 
 def gptq(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = None, *, input_fn: Optional[Callable] = None,
          block_size: int = 128, percdamp: float = 0.01, act_order: bool = False, layers=None,
-         progress: bool = False, sequential: str = "block", dtype: torch.dtype = torch.float32) -> dict:
+         progress: bool = False, sequential: str = "block", replay: bool = True,
+         dtype: torch.dtype = torch.float32) -> dict:
     """GPTQ (Frantar et al. 2022) on every calibrated QLinear of the prepared ``qmodel``, in place.
 
     Minimises ``||X W^T - X Q^T||^2`` per layer (``X``: the layer's quantized input on ``calib``,
@@ -55,4 +56,4 @@ def gptq(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = None, 
                                    mask=mask)
 
     return solve_layerwise(qmodel, calib, num_batches, solve=solve, input_fn=input_fn, layers=layers,
-                           sequential=sequential, dtype=dtype, progress=progress, what="dal.ptq.gptq")
+                           sequential=sequential, replay=replay, dtype=dtype, progress=progress, what="dal.ptq.gptq")

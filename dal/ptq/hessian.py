@@ -9,15 +9,21 @@ pass stops right after the stage's last input has been seen (``StopForward``), t
 is solved and its weights written, so every later stage sees the already quantized outputs:
 
 * ``sequential="block"`` (default): one stage per block of a ``nn.ModuleList`` (a decoder
-  layer); inside a block, a layer sees its block-mates with their calibrated round-to-nearest
-  weights. Passes: one prefix forward per block, plus one per input group outside blocks.
+  layer), joined by the linears outside any block that follow it (a head); inside a stage, a
+  layer sees its stage-mates with their calibrated round-to-nearest weights. Passes: one prefix
+  forward per block (plus one per input group outside blocks before the first block).
 * ``sequential="layer"``: one stage per input group: every layer sees the solved weights of
   every layer before it (more passes).
 
 Memory: one Hessian per input group of the current stage (``d_in^2`` each), no activations kept.
+The price is time: the passes cost the sum of the prefixes, about ``(L + 1) / 2`` forwards for
+``L`` blocks. During a pass the weight quantizers of the layers already solved are ``off``: their
+weights are on the grid (``(code - z) * s``), so that is the same forward without the fake
+quantization of those weights.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
@@ -138,7 +144,9 @@ def stages(groups: list, sequential: str = "block") -> list:
         raise ValueError(f"sequential={sequential!r} is not one of {SEQUENTIAL}")
     out: list = []
     for g in groups:
-        if sequential == "block" and out and g.block is not None and out[-1][-1].block == g.block:
+        prev = out[-1][-1].block if out else None
+        # a block's mates, and a head after a block (lm_head after the last decoder layer)
+        if sequential == "block" and prev is not None and (g.block == prev or g.block is None):
             out[-1].append(g)
         else:
             out.append([g])
@@ -146,9 +154,10 @@ def stages(groups: list, sequential: str = "block") -> list:
 
 
 def capture_hessians(model: nn.Module, stage: list, data: Iterable, num_batches: Optional[int],
-                     input_fn: Optional[Callable], dtype=torch.float32) -> None:
+                     input_fn: Optional[Callable], dtype=torch.float32, extra: Optional[list] = None) -> None:
     """Set ``g.hessian = 2/N sum x x^T`` (in ``dtype``) for every input group ``g`` of ``stage``
-    from one pass over the data; the forward of each batch stops after the stage's last input."""
+    from one pass over the data; the forward of each batch stops after the stage's last input.
+    ``extra``: more hook handles to remove after the pass."""
     sums = {id(g): None for g in stage}
     counts = {id(g): 0 for g in stage}
     last = stage[-1]
@@ -167,7 +176,7 @@ def capture_hessians(model: nn.Module, stage: list, data: Iterable, num_batches:
                 raise StopForward
         return hook
 
-    handles = [g.modules[0].register_forward_pre_hook(make_hook(g)) for g in stage]
+    handles = [g.modules[0].register_forward_pre_hook(make_hook(g)) for g in stage] + list(extra or [])
     with eval_mode(model):
         run_hooked(model, handles, data, num_batches, input_fn)
     for g in stage:
@@ -175,6 +184,21 @@ def capture_hessians(model: nn.Module, stage: list, data: Iterable, num_batches:
             raise ValueError(f"dal.ptq: {g.names[0]} never ran on the calibration data")
         g.hessian = sums[id(g)].mul_(2.0 / counts[id(g)])
         g.rows = counts[id(g)]
+
+
+@contextlib.contextmanager
+def _solved_off(mods: list):
+    """Weight quantizers of solved layers ``off`` for the block (their weights are on the grid, so
+    the forward is the same without their fake quantization), ``frozen`` again after it. Not for a
+    layer with an int32-quantized bias: its bias scale needs the active weight quantizer."""
+    mods = [m for m in mods if m.bias is None or m.weight_quant.granularity.block_size]
+    for m in mods:
+        m.weight_quant.set_state("off")
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.weight_quant.set_state("frozen")
 
 
 def weight_error(delta: torch.Tensor, H: torch.Tensor) -> float:
@@ -185,27 +209,43 @@ def weight_error(delta: torch.Tensor, H: torch.Tensor) -> float:
 @torch.no_grad()
 def solve_layerwise(model: nn.Module, data: Iterable, num_batches: Optional[int], *, solve: Callable,
                     input_fn: Optional[Callable] = None, layers=None, sequential: str = "block",
-                    dtype=torch.float32, progress: bool = False, what: str = "dal.ptq") -> dict:
+                    replay: bool = True, dtype=torch.float32, progress: bool = False, what: str = "dal.ptq") -> dict:
     """Capture the Hessians stage by stage and call ``solve(W, H, quantizers, rows, masks)`` for
     every set of stacked weights (``quantizers``: their weight quantizers, ``rows``: rows each,
     ``masks``: their current ``weight_mask`` or None); it returns ``(grid, result)`` with
     ``result["codes"]`` and optionally ``result["mask"]``. The codes are written back so that
     every layer's fake-quant weight is exactly ``(code - z) * s``, and its weight quantizer is
-    left ``frozen`` (QAT after it trains the weights against the solver's scales). Returns ``{"layers": {path:
-    {"error": e, "rtn_error": e0, "tokens": N}}, "passes": passes over the data}``, with ``e`` the
-    layer output error ``2/N ||X W^T - X Q^T||^2`` of the written weight and ``e0`` that of the
-    calibrated round-to-nearest weight, both against the float weight before the step."""
+    left ``frozen`` (QAT after it trains the weights against the solver's scales).
+
+    The calibration batches are materialised once (every pass sees the same batches in the same
+    order). ``replay`` (block stages of chained blocks, ``dal.ptq.replay``): a pass runs only the
+    last solved block and the current one; the blocks before are replayed from recorded outputs.
+
+    Returns ``{"layers": {path: {"error": e, "rtn_error": e0, "tokens": N}}, "passes": passes,
+    "replayed": passes that replayed blocks}``, with ``e`` the layer output error
+    ``2/N ||X W^T - X Q^T||^2`` of the written weight and ``e0`` that of the calibrated
+    round-to-nearest weight, both against the float weight before the step."""
     from tqdm.auto import tqdm
 
+    from ..calibration.batches import cached_inputs
     from .column_grid import grid_key
 
+    batches = cached_inputs(data, num_batches, input_fn=input_fn, desc=what)
+    data, num_batches, input_fn = batches, None, (lambda b: b)
     linears = candidate_linears(model, layers, what)
     groups = input_groups(model, linears, data, input_fn, what)
     plan = stages(groups, sequential)
-    report: dict = {"layers": {}, "passes": len(plan)}
+    report: dict = {"layers": {}, "passes": len(plan), "replayed": 0}
+    solved: list = []
+    chained: dict = {}
+    cache = None  # (ModuleList, index c, outputs of block c per batch)
     with eval_mode(model):  # in training, a tracking weight quantizer would re-derive its scale
         for stage in tqdm(plan, desc=what, disable=not progress, leave=False):
-            capture_hessians(model, stage, data, num_batches, input_fn, dtype)
+            with contextlib.ExitStack() as ctx:
+                ctx.enter_context(_solved_off(solved))
+                extra, cache = _replay_setup(model, stage, cache, replay and sequential == "block", chained,
+                                             data, input_fn, ctx, report)
+                capture_hessians(model, stage, data, num_batches, input_fn, dtype, extra)
             for g in stage:
                 H = g.hessian
                 by_key: dict = {}
@@ -213,8 +253,32 @@ def solve_layerwise(model: nn.Module, data: Iterable, num_batches: Optional[int]
                     by_key.setdefault(grid_key(mod.weight_quant), []).append((name, mod))
                 for members in by_key.values():
                     _solve_stack(members, H, g.rows, solve, report)
+                solved.extend(g.modules)
                 g.hessian = None  # one stage's Hessians at a time
     return report
+
+
+def _replay_setup(model, stage, cache, enabled, chained, data, input_fn, ctx, report):
+    """For a stage on block ``b`` of a chained ModuleList: replay blocks ``0 .. b-2`` from
+    ``cache`` when it holds block ``b-2``'s outputs, and record block ``b-1``'s outputs for the
+    next stage. Returns ``(hook handles, the next cache)``."""
+    from .replay import chains, record_outputs, replayed
+
+    block = stage[0].block
+    if not enabled or block is None:
+        return [], None
+    parent_path, _, idx = block.rpartition(".")
+    blocks = model.get_submodule(parent_path)
+    if parent_path not in chained:
+        chained[parent_path] = chains(model, blocks, data, input_fn)
+    b = int(idx)
+    if not chained[parent_path] or b < 1:
+        return [], None
+    if cache is not None and cache[0] is blocks and cache[1] == b - 2:
+        ctx.enter_context(replayed(blocks, b - 2, cache[2]))
+        report["replayed"] += 1
+    outputs: list = []
+    return [record_outputs(blocks[b - 1], outputs)], (blocks, b - 1, outputs)
 
 
 def _solve_stack(members: list, H: torch.Tensor, tokens: int, solve: Callable, report: dict) -> None:

@@ -25,7 +25,7 @@ from .hessian import solve_layerwise
 def sparsegpt(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = None, *,
               input_fn: Optional[Callable] = None, pattern: str = "2:4", block_size: int = 128,
               percdamp: float = 0.01, layers=None, progress: bool = False, sequential: str = "block",
-              dtype: torch.dtype = torch.float32) -> dict:
+              replay: bool = True, dtype: torch.dtype = torch.float32) -> dict:
     """SparseGPT (Frantar & Alistarh 2023) with ``pattern`` ("N:M", along the input columns)
     on every calibrated QLinear of ``qmodel``, in place, jointly with its weight quantization.
 
@@ -51,4 +51,4 @@ def sparsegpt(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = N
         return grid, solve_columns(W, H, grid, block_size=block_size, percdamp=percdamp, sparsity=(n, m))
 
     return solve_layerwise(qmodel, calib, num_batches, solve=solve, input_fn=input_fn, layers=layers,
-                           sequential=sequential, dtype=dtype, progress=progress, what="dal.ptq.sparsegpt")
+                           sequential=sequential, replay=replay, dtype=dtype, progress=progress, what="dal.ptq.sparsegpt")
