@@ -29,8 +29,10 @@ entry still weighs exactly 0 (``exp`` of less than -104 is 0 in float32), while 
 entry masked (a padding query) gets finite weights instead of NaN. The "lut" softmax keeps
 ``finfo.min``: below ``-1e30`` it is its mask marker (``softmax_lut.py``).
 
-``scaling`` is the module's own (its ``scaling`` attribute; a call with another value is
-refused); dropout is the call's (``attention_dropout`` while training, 0 in eval).
+``scaling`` is the call's: the query is multiplied by it before ``Q @ K^T`` (float, outside the
+quantized ops, where ``NpuAttentionCore`` would; the core's own scale is 1), so modules that scale
+the query themselves and pass 1.0 (Whisper) work too; dropout is the call's
+(``attention_dropout`` while training, 0 in eval).
 Not supported (refused by the call, naming the module): ``softcap``, ``position_bias``,
 attention sinks (``s_aux``). transformers is imported only on this path; ``import dal`` does not.
 A model saved with ``save_pretrained`` after prepare carries ``attn_implementation: dal_npu`` in
@@ -89,15 +91,15 @@ class HfNpuAttention(nn.Module):
     ``forward(query, key, value, mask=None) -> (out, P)`` on head-split tensors: ``query``
     ``[B, heads, Lq, d]``, ``key`` / ``value`` ``[B, kv_heads, Lk, d]`` (past + new entries of the
     cache), ``mask`` additive, broadcast to ``[B, heads, Lq, Lk]``; ``out`` is ``[B, heads, Lq, d]``.
-    ``out = softmax(scale * q @ repeat(K_q)^T + mask) @ repeat(V_q)`` with ``K_q, V_q`` the KV-cache
-    quantizers' outputs (identity until a recipe rule asks for them).
+    ``out = softmax(q @ repeat(K_q)^T + mask) @ repeat(V_q)`` with ``K_q, V_q`` the KV-cache
+    quantizers' outputs (identity until a recipe rule asks for them); ``q`` arrives scaled
+    (:meth:`attend`), the core's scale is 1.
     """
 
-    def __init__(self, scale: Optional[float] = None, dropout: float = 0.0,
-                 softmax_mode: Union[str, bool] = "fp16", name: str = ""):
+    def __init__(self, dropout: float = 0.0, softmax_mode: Union[str, bool] = "fp16", name: str = ""):
         super().__init__()
         self.kv_cache = QKVCache(name=f"{name}.kv_cache" if name else "kv_cache")
-        self.core = NpuAttentionCore(scale, dropout, softmax_mode, name=f"{name}.core" if name else "core")
+        self.core = NpuAttentionCore(1.0, dropout, softmax_mode, name=f"{name}.core" if name else "core")
 
     def forward(self, query, key, value, mask=None):
         key, value = self.kv_cache(key, value)
@@ -109,13 +111,13 @@ class HfNpuAttention(nn.Module):
         ``(out [B, Lq, heads, d], P)`` as transformers' attention functions return."""
         bad = [k for k in _UNSUPPORTED if kwargs.get(k) is not None]
         if bad:
-            raise NotImplementedError(f"{type(module).__name__} ({self.core.softmax.qat_name.rsplit('.core', 1)[0]}): "
+            where = self.kv_cache.qat_name.rsplit(".", 2)[0] if self.kv_cache.qat_name.count(".") >= 2 else ""
+            raise NotImplementedError(f"{where or '<attention>'} ({type(module).__name__}): "
                                       f"dal's NPU attention does not support {', '.join(bad)}; leave this model's "
                                       "attention out of the npu_attention rule")
-        expected = self.core.scale if self.core.scale is not None else query.shape[-1] ** -0.5
-        if scaling is not None and float(scaling) != float(expected):
-            raise ValueError(f"{type(module).__name__}: the attention call's scaling {scaling} differs from the "
-                             f"scale {expected} its NPU attention was built with")
+        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        if scale != 1.0:
+            query = query * scale
         if float(dropout) != self.core.dropout.p:
             self.core.dropout.p = float(dropout)
         mask = attention_mask
@@ -163,13 +165,11 @@ def _dropout_of(module: nn.Module) -> float:
 def build_hf_attention(module: nn.Module, softmax_mode: str) -> nn.Module:
     """A copy of HF attention ``module`` (same class; the same Parameters, buffers, submodules and
     config object) with an :class:`HfNpuAttention` child ``npu_attention``; ``module`` is unchanged."""
-    scale = getattr(module, "scaling", None)
-    scale = float(scale) if isinstance(scale, (int, float)) else None
     new = copy.copy(module)
     for k, v in module.__dict__.items():  # own dicts (submodules, hooks): the original stays as it was
         if k.startswith("_") and isinstance(v, (dict, set)):
             new.__dict__[k] = copy.copy(v)
-    new._modules[CHILD] = HfNpuAttention(scale, _dropout_of(module), softmax_mode, name=CHILD)
+    new._modules[CHILD] = HfNpuAttention(_dropout_of(module), softmax_mode, name=CHILD)
     new._modules[CHILD].train(module.training)
     return new
 
