@@ -128,8 +128,8 @@ class ColumnGrid:
     def quantize(self, w: torch.Tensor, column: int) -> tuple:
         """``(q, code)`` of column ``column``'s weights ``w`` (one per row), in ``self.dtype``."""
         s, z = self._column_params(column)
-        code = torch.clamp(torch.round(w / s) + z, self.qmin, self.qmax)
-        return (code - z) * s, code
+        code = torch.div(w, s).round_().add_(z).clamp_(self.qmin, self.qmax)
+        return (code - z).mul_(s), code
 
     def split(self) -> list:
         """Per stacked layer: ``(scale, zero_point)`` shaped for its quantizer (``set_qparams``)."""

@@ -85,36 +85,39 @@ def solve_columns(W: torch.Tensor, H: torch.Tensor, grid: ColumnGrid, *, block_s
     step = max(block_size, 1)
     for unit in (group if group and not act_order else 1, sparsity[1] if sparsity else 1):
         step = -(-step // unit) * unit
-    codes = torch.zeros(rows, cols, dtype=dtype)
-    mask = torch.ones(rows, cols, dtype=torch.bool) if sparsity is not None else fixed
+    # Transposed (columns x rows): a column and the trailing updates are contiguous rows.
+    Wt = W.t().contiguous()
+    codes = torch.zeros(cols, rows, dtype=dtype)
+    mask = torch.ones(cols, rows, dtype=torch.bool) if sparsity is not None else \
+        (fixed.t().contiguous() if fixed is not None else None)
+    order = perm.tolist()
     for i1 in range(0, cols, step):
         i2 = min(i1 + step, cols)
-        W1 = W[:, i1:i2].clone()
-        Err1 = torch.zeros_like(W1)
+        W1 = Wt[i1:i2].clone()
+        Err1 = torch.empty_like(W1)
         U1 = U[i1:i2, i1:i2]
+        diag = torch.diag(U1)
+        d_list = diag.tolist()
         for i in range(i2 - i1):
             j = i1 + i
-            col = int(perm[j])
+            col = order[j]
             if group and not act_order and col % group == 0:
-                grid.refresh(col, W1[:, i:i + group])
-            w = W1[:, i]
-            d = U1[i, i]
+                grid.refresh(col, W1[i:i + group].t())
+            w = W1[i]
             if sparsity is not None and i % m == 0:
-                score = W1[:, i:i + m] ** 2 / torch.diag(U1)[i:i + m].reshape(1, -1) ** 2
+                score = W1[i:i + m] ** 2 / diag[i:i + m].reshape(-1, 1) ** 2
                 # drop the m - n smallest scores (among equal scores the lower column goes first: stable sort)
-                order = torch.argsort(score, dim=1, stable=True)
+                ranks = torch.argsort(score, dim=0, stable=True)
                 pruned = torch.zeros_like(score, dtype=torch.bool)
-                pruned.scatter_(1, order[:, :m - n_keep], True)
-                mask[:, j:j + m] = ~pruned
-            if mask is not None:
-                w_in = torch.where(mask[:, j], w, torch.zeros_like(w))
-            else:
-                w_in = w
+                pruned.scatter_(0, ranks[:m - n_keep], True)
+                mask[j:j + m] = ~pruned
+            w_in = w if mask is None else torch.where(mask[j], w, torch.zeros_like(w))
             q, code = grid.quantize(w_in, col)
-            codes[:, j] = code
-            err = (w - q) / d
-            W1[:, i:] -= err.unsqueeze(1) * U1[i, i:].unsqueeze(0)
-            Err1[:, i] = err
-        W[:, i2:] -= Err1.matmul(U[i1:i2, i2:])
+            codes[j] = code
+            err = (w - q).div_(d_list[i])
+            W1[i:].addr_(U1[i, i:], err, alpha=-1.0)
+            Err1[i] = err
+        Wt[i2:].addmm_(U[i1:i2, i2:].t(), Err1, alpha=-1.0)
+    codes, mask = codes.t(), (mask.t() if mask is not None else None)
     inv = torch.argsort(perm)
     return {"codes": codes[:, inv], "mask": None if mask is None else mask[:, inv], "dead": dead, "perm": perm}
