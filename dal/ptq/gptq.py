@@ -32,14 +32,20 @@ def gptq(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = None, 
     ``act_order`` (columns by decreasing ``diag H``) groups are static: every group's scales come
     from the weights before the loop, in the original column order. Per tensor / per channel
     the calibrated scales are kept. Afterwards each layer's fake-quant weight equals GPTQ's
-    quantized weight exactly. Layers go in execution order; with ``sequential="block"`` the
-    Hessians of one ModuleList block (a decoder layer) are captured in one pass, with
-    ``"layer"`` one pass per set of linears sharing an input (``dal.ptq.hessian``). Memory: one
-    ``d_in x d_in`` Hessian per input of the current block. ``dtype``: the arithmetic
-    (``torch.float64`` for a reference-exact run). ``layers``: paths to restrict it to.
+    quantized weight exactly (weight ``(code - z) * s``; the weight quantizer is left ``frozen``
+    with GPTQ's scales). Only ``nn.Linear`` layers (QLinear); convolutions are left as they are.
 
-    Returns ``{"layers": {path: {"error", "rtn_error", "tokens"}}, "passes": n}``; ``error`` and
-    ``rtn_error`` are ``2/N ||X (W - Q)^T||^2`` for GPTQ's and round-to-nearest's ``Q``.
+    Layers go in execution order; with ``sequential="block"`` the Hessians of one ModuleList
+    block (a decoder layer) are captured in one pass, and ``replay`` replays the solved blocks
+    before it from recorded outputs instead of running them again; with ``"layer"`` one pass
+    per set of linears sharing an input (``dal.ptq.hessian``). Memory: one ``d_in x d_in``
+    Hessian per input of the current block, plus with ``replay`` one block's outputs for the
+    calibration batches. ``dtype``: the arithmetic (``torch.float64`` for a reference-exact
+    run). ``layers``: paths to restrict it to.
+
+    Returns ``{"layers": {path: {"error", "rtn_error", "tokens"}}, "passes": n, "replayed": k}``;
+    ``error`` and ``rtn_error`` are ``2/N ||X (W - Q)^T||^2`` for GPTQ's and the calibrated
+    round-to-nearest ``Q``.
     Raises ``ValueError`` for an uncalibrated model (run ``dal.calibrate`` first) or one with
     no quantized linear.
 

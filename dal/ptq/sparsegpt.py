@@ -33,7 +33,7 @@ def sparsegpt(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = N
     are runs of M consecutive input columns). Per-group scales are chosen at a group's first
     column from its current weights before its masks are. A layer whose input width is not a
     multiple of M raises ``ValueError`` naming it (pass ``layers=`` without it). Returns
-    ``gptq``'s report.
+    ``gptq``'s report (its ``rtn_error`` is that of the dense round-to-nearest weight).
 
     Example:
         >>> dal.calibrate(qmodel, calib); dal.ptq.sparsegpt(qmodel, calib)  # doctest: +SKIP

@@ -195,3 +195,14 @@ def test_replaying_solved_blocks_gives_the_same_model_as_full_passes():
             assert torch.equal(m.weight_quant.scale, lin_a[n].weight_quant.scale), n
     c, rep_c = run(sequential="layer")
     assert rep_c["passes"] == 3 * 4 + 1  # q/k/v, o, gate/up, down per decoder layer, then lm_head
+
+
+def test_gptq_is_a_step_of_the_ptq_flow():
+    lin, X = small_layer()
+    manual, _, _ = prepared()
+    gptq(manual, [X])
+    flow = dal.ptq.quantize_ptq(nn.Sequential(lin), W4_GROUP, [X], steps=["gptq"], example_inputs=(X[:4],))
+    assert torch.equal(flow[0].weight, manual[0].weight)
+    assert torch.equal(flow[0].weight_quant.scale, manual[0].weight_quant.scale)
+    with pytest.raises(ValueError, match="unknown PTQ step"):
+        dal.ptq.quantize_ptq(nn.Sequential(lin), W4_GROUP, [X], steps=["gptq2"], example_inputs=(X[:4],))
