@@ -16,12 +16,12 @@ from torch import nn
 
 from ..hardware.op_classes import OP_CLASSES as HW_OP_CLASSES
 from ..nn.base import QATModule
-from ..nn.kv_cache import attach_kv_quantizers
 from ..nn.modes import eval_mode
 from ..nn.registry import float_type_name, op_class_of
 from ..nn.spec import make_quantizer
 from ..nn.tree import set_submodule
 from ..quantizer import quantizer_states
+from ..replace.hf_attention import attach_quantizers
 from .apply import apply_plan
 from .boundary import guard, host_steps, is_detector
 from .check import check_plan, refuse_host, refuse_nothing_quantized
@@ -224,5 +224,5 @@ def _replace_operators(model, rec, hw, example_inputs, report):
     report.replacements = result
     report.notes.append(f"operator replacement: {result.summary()}")
     model = getattr(result, "model", model)
-    report.notes += attach_kv_quantizers(model, rec, hw)  # the KV caches npu_attention built (dal.nn.kv_cache)
+    report.notes += attach_quantizers(model, rec, hw)  # the KV caches npu_attention built (dal.replace.hf_attention)
     return model

@@ -33,6 +33,14 @@ entry masked (a padding query) gets finite weights instead of NaN. The "lut" sof
 quantized ops, where ``NpuAttentionCore`` would; the core's own scale is 1), so modules that scale
 the query themselves and pass 1.0 (Whisper) work too; dropout is the call's
 (``attention_dropout`` while training, 0 in eval).
+Quantizers from the recipe (:func:`attach_quantizers`, called by ``prepare_qat`` after the
+replacement): the KV cache's (a rule ``type: kv_cache``, ``dal.nn.kv_cache``), and, as an option
+(off by default), the attention probabilities: a rule reaching ``<module>.npu_attention.core.softmax``
+as ``type: softmax`` with an ``output:`` spec gives that softmax an output quantizer, in a format
+the hardware's softmax writes (``ops.softmax.output_formats``: uint8 / int8 on the a1000; the
+a2000 writes fp16 only). ``P @ V``'s input quantizer then reads it as stored. A rule with
+``fallback: fp16`` (the bundled recipes' softmax rule) asks for nothing here.
+
 Not supported (refused by the call, naming the module): ``softcap``, ``position_bias``,
 attention sinks (``s_aux``). transformers is imported only on this path; ``import dal`` does not.
 A model saved with ``save_pretrained`` after prepare carries ``attn_implementation: dal_npu`` in
@@ -48,7 +56,10 @@ import torch
 import torch.fx
 from torch import nn
 
-from ..nn.kv_cache import QKVCache
+from ..config.problems import Problem
+from ..nn.kv_cache import QKVCache, attach_kv_quantizers
+from ..nn.spec import make_quantizer
+from ..recipe.errors import RecipeError
 from .core import NpuAttentionCore
 
 #: the name of dal's function in transformers' AttentionInterface / AttentionMaskInterface
@@ -189,3 +200,34 @@ def use_dal_attention(model: nn.Module, module: nn.Module) -> Optional[str]:
         return None
     return (f"transformers attention implementation {', '.join(sorted(set(notes)))} -> {DAL_ATTENTION!r} "
             f"(dal.replace.hf_attention: each replaced attention module calls its npu_attention)")
+
+
+def attach_quantizers(model: nn.Module, recipe, hw=None) -> list[str]:
+    """The recipe's quantizers for every :class:`HfNpuAttention` of ``model``: KV cache
+    (:func:`dal.nn.kv_cache.attach_kv_quantizers`) and the optional probability quantizer (module
+    docstring), checked against ``hw`` first (one ``RecipeError`` naming every path, format and
+    the hardware). Returns report notes, one per quantized cache / probability tensor."""
+    notes = attach_kv_quantizers(model, recipe, hw)
+    if recipe is None:
+        return notes
+    plans, problems = [], []
+    for path, mod in model.named_modules():
+        if not isinstance(mod, HfNpuAttention):
+            continue
+        where = f"{path}.core.softmax" if path else "core.softmax"
+        spec = recipe.resolve(where, "NpuSoftmax", "softmax")
+        if spec is None or spec.output is None or spec.fallback_fp16:
+            continue
+        allowed = hw.allowed_formats("softmax", "output") if hw is not None else (spec.output.format,)
+        if spec.output.format not in allowed:
+            problems.append(Problem(f"{where}: attention probabilities in {spec.output.format.name} are not "
+                                    f"written by hardware {hw.name!r}'s softmax (output formats: "
+                                    f"{', '.join(f.name for f in allowed) or 'none'})", ("rules", "output"),
+                                    spec.rule_source))
+        plans.append((where, mod.core.softmax, spec.output))
+    if problems:
+        raise RecipeError(problems, what=f"recipe {recipe.name!r} for hardware {hw.name!r}")
+    for where, softmax, spec in plans:
+        softmax.output_quant = make_quantizer(spec, None, f"{where}.output_quant", force_per_tensor=True)
+        notes.append(f"{where}: attention probabilities quantized to {spec.format.name} (output_quant)")
+    return notes

@@ -189,6 +189,46 @@ def test_a1000_int8_kv_cache():
         assert bool(torch.isfinite(p(ids_batch(seed=8)).logits).all())
 
 
+PROBS = {"type": "softmax", "match": "*.npu_attention.core.softmax",
+         "output": {"format": "uint8", "granularity": "per_tensor", "symmetric": False, "observer": "minmax"}}
+
+
+def test_attention_probabilities_quantized_as_an_option_on_a1000():
+    """Off by default (the softmax rule of int8_balanced is fallback: fp16); a rule with an output
+    spec for the attention softmax quantizes P where the a1000's table softmax writes it (uint8):
+    P = float32((clamp(round_half_even(p / s) + zp, 0, 255) - zp) * s), near-ties excepted."""
+    plain = prepared(None, hardware="a1000", calibrate=False)
+    assert all(layer.self_attn.npu_attention.core.softmax.output_quant is None for layer in plain.model.layers)
+    rec = npu_recipe(None, ("npu_attention", "lut_activation")).with_rules_prepended([PROBS])
+    p = dal.prepare_qat(tiny_llama(), recipe=rec, hardware="a1000")
+    dal.calibrate(p, [ids_batch(seed=3)])
+    p.eval()
+    sm = p.model.layers[0].self_attn.npu_attention.core.softmax
+    q = sm.output_quant
+    assert q is not None and q.fmt.name == "uint8" and sm.mode == "lut"
+    assert any("attention probabilities quantized to uint8" in n for n in dal.prepared(p).report.notes)
+    seen = []
+    h = q.register_forward_hook(lambda m, i, o: seen.append((i[0].detach(), o.detach())))
+    try:
+        with torch.no_grad():
+            p(ids_batch(seed=9))
+    finally:
+        h.remove()
+    (x, y), = seen
+    s, zp = q.scale.double(), q.zero_point.double()
+    r = x.double() / s
+    want = torch.clamp(torch.round(r) + zp, 0, 255)
+    differ = want != torch.round(y.double() / s) + zp
+    assert bool((~differ | ((r - torch.floor(r) - 0.5).abs() <= REL * r.abs())).all())
+    assert torch.equal(y[~differ], ((want - zp) * s).float()[~differ])
+
+
+def test_uint8_probabilities_refused_on_a2000():
+    """The a2000's softmax writes fp16 only."""
+    with pytest.raises(RecipeError, match=r"core\.softmax: attention probabilities in uint8 .*'a2000'.*fp16"):
+        dal.prepare_qat(tiny_llama(), recipe=npu_recipe().with_rules_prepended([PROBS]), hardware="a2000")
+
+
 def test_fp8_kv_refused_on_a1000_names_the_hardware():
     with pytest.raises(RecipeError) as err:
         dal.prepare_qat(tiny_llama(), recipe=npu_recipe(FP8, ("npu_attention", "lut_activation")), hardware="a1000")
