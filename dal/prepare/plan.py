@@ -38,9 +38,10 @@ from ..quantizer import FakeQuantizer
 from ..replace.rmsnorm import rmsnorm_eps
 from .float_ops import FloatOp, classify_module, classify_node
 from .functional_ops import functional_kind, is_tensor_node
+from .position_ops import position_arithmetic
 from .source_lines import node_lines
 
-FUNCTIONAL_CLASSES = {"add": "QAdd", "mul": "QMul", "matmul": "QMatMul", "cat": "QCat"}
+FUNCTIONAL_CLASSES = {"add": "QAdd", "mul": "QMul", "matmul": "QMatMul", "cat": "QCat", "grid_sample": "QGridSample"}
 ACTIONS = ("quantize", "fuse", "functional", "ready-made", "passthrough", "fp16", "float", "host")
 
 
@@ -211,6 +212,10 @@ def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, 
             after = prefix + str(node.target)
         name = prefix + node.name
         kind = functional_kind(node)
+        if kind is not None and position_arithmetic(node):
+            steps.append(Step(name, kind, kind, "float", None, "position arithmetic (from integer positions, e.g. "
+                              "rotary cos/sin tables): no quantizer", owner, node.name, after=after))
+            continue
         if kind is not None:
             spec = resolve(name, kind, kind)
             if spec is None:

@@ -81,6 +81,7 @@ MODELS = {"llama": (_llama, _tokens, True), "qwen2": (_qwen2, _tokens, True), "m
           "phi": (_phi, _tokens, True), "gpt2": (_gpt2, _tokens, True), "bert": (_bert, _tokens, False),
           "vit": (_vit, _pixels, False), "whisper": (_whisper, _audio, False)}
 RMSNORM_MODELS = ("llama", "qwen2", "mistral")
+ROTARY_MODELS = ("llama", "qwen2", "mistral", "phi")
 A2000_CASES = [(m, "int8_balanced") for m in MODELS] + [(m, "w4a8_fp8_llm") for m, v in MODELS.items() if v[2]]
 
 
@@ -122,6 +123,9 @@ def test_a2000_flow(name, recipe):
     if recipe == "w4a8_fp8_llm":
         fmts = {m.weight_quant.fmt.name for m in linears}
         assert fmts == {"int4", "int8"}  # int4 per group, the lm_head int8 per row
+    if name in ROTARY_MODELS:  # the cos / sin tables come from integer positions: no quantizer
+        table_ops = [r for r in rows.values() if ".rotary_emb." in r.name and r.op_class in ("mul", "cat")]
+        assert table_ops and all(r.status == "float" and "position arithmetic" in r.detail for r in table_ops)
     if name in RMSNORM_MODELS:  # every RMSNorm an FP16 island, found by computation
         norms = [m for m in p.modules() if type(m).__name__ == "Fp16RMSNorm"]
         assert len(norms) == 2 * 2 + 1
