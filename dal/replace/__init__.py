@@ -8,7 +8,8 @@
     @dal.replace.rule("my_rule")       # a user rule: match(module, name) / build(module, hw)
     class MyRule: ...
 
-Built-in rules (see each module): ``npu_attention`` (attention.py), ``lut_activation``
+Built-in rules (see each module): ``npu_attention`` (attention.py; Hugging Face attention and
+its KV-cache quantizers: hf_attention.py), ``lut_activation``
 (lut.py), ``layernorm_fp16`` (layernorm.py), ``conv_bn_relu`` (conv_bn_relu.py, report only),
 ``upsample_nearest`` (resize.py). ``prepare_qat`` applies a recipe's ``replace:`` list.
 Names resolve on first use: importing this package does not import the rules.
@@ -26,6 +27,7 @@ _LAZY = {
     "softmax_mode": ("softmax", "softmax_mode"),
     "NpuMultiheadAttention": ("mha", "NpuMultiheadAttention"),
     "NpuShiftedWindowAttention": ("swin", "NpuShiftedWindowAttention"), "NpuSDPA": ("sdpa", "NpuSDPA"),
+    "HfNpuAttention": ("hf_attention", "HfNpuAttention"),
     "LutActivation": ("lut", "LutActivation"), "QLutActivation": ("lut", "QLutActivation"),
     "Fp16LayerNorm": ("layernorm", "Fp16LayerNorm"),
 }
