@@ -23,11 +23,12 @@ calling module's ``npu_attention``; a module without one gets transformers' own
 ``sdpa_attention_forward``) and with ``AttentionMaskInterface`` (transformers' ``eager_mask``:
 a float additive mask, 0 where attended, ``finfo(float32).min`` where not, always materialised).
 The mask stays float arithmetic outside the quantized ops: it is added to the scores before the
-softmax (``NpuSoftmax``'s addend). For the "fp16" and "float" softmax modes it is first clamped
-to ``-2**15`` (:data:`MASK_FLOOR`): ``scores + mask`` then stays finite in FP16 and a masked
-entry still weighs exactly 0 (``exp`` of less than -104 is 0 in float32), while a row with every
-entry masked (a padding query) gets finite weights instead of NaN. The "lut" softmax keeps
-``finfo.min``: below ``-1e30`` it is its mask marker (``softmax_lut.py``).
+softmax (``NpuSoftmax``'s addend); a masked entry weighs exactly 0 in every softmax mode (FP16:
+``scores + finfo.min`` casts to ``-inf``; the "lut" table softmax treats entries below ``-1e30``
+as masks, ``softmax_lut.py``). A query row with every key masked (a padding query of a padded
+batch) would be 0 / 0 = NaN there, and its NaN value vectors would reach every query of the
+sequence through ``0 * NaN`` in ``P @ V``: such rows are left unmasked (:func:`unmask_dead_rows`;
+their outputs are meaningless but finite, as transformers' eager attention makes them uniform).
 
 ``scaling`` is the call's: the query is multiplied by it before ``Q @ K^T`` (float, outside the
 quantized ops, where ``NpuAttentionCore`` would; the core's own scale is 1), so modules that scale
@@ -66,8 +67,8 @@ from .core import NpuAttentionCore
 DAL_ATTENTION = "dal_npu"
 #: the child an HF attention module gets
 CHILD = "npu_attention"
-#: the mask value the "fp16" / "float" softmax modes clamp to (module docstring)
-MASK_FLOOR = -2.0 ** 15
+#: additive mask entries below minus this are masked positions (as dal.replace.softmax_lut reads them)
+MASKED_BELOW = 1e30
 _UNSUPPORTED = ("softcap", "position_bias", "s_aux")
 
 
@@ -90,6 +91,13 @@ def _repeat_kv(x: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
     if n_rep == 1:
         return x
     return x[:, :, None].expand(b, kv_heads, n_rep, length, d).reshape(b, kv_heads * n_rep, length, d)
+
+
+def unmask_dead_rows(mask: torch.Tensor) -> torch.Tensor:
+    """``mask`` with every row whose entries are all below ``-MASKED_BELOW`` (no key may be attended
+    to) set to 0; other rows unchanged."""
+    dead = (mask < -MASKED_BELOW).all(dim=-1, keepdim=True)
+    return mask.masked_fill(dead, 0.0)
 
 
 # A leaf for prepare's fx trace: head repetition (a view, exact on codes) needs the shapes.
@@ -134,8 +142,8 @@ class HfNpuAttention(nn.Module):
         mask = attention_mask
         if mask is not None and mask.dtype == torch.bool:  # True = attend
             mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-        if mask is not None and self.core.softmax.mode != "lut":
-            mask = mask.clamp(min=MASK_FLOOR)
+        if mask is not None:
+            mask = unmask_dead_rows(mask)
         out, p = self(query, key, value, mask)
         return out.transpose(1, 2).contiguous(), p
 
