@@ -130,13 +130,23 @@ class _Stub:
 def _owner_codes(owner: nn.Module) -> frozenset:
     """The forward's code, and the code of the comprehensions and lambdas written in it (their
     own frames before Python 3.12: ``[self.act(o) for o in out]`` is the forward's call too)."""
-    code = getattr(type(owner).forward, "__code__", None)
-    found, todo = set(), [code] if code is not None else []
+    # A decorated forward (transformers wraps its layers' forwards, functools.wraps keeping
+    # __wrapped__) runs its own code in the innermost function, not in the wrapper.
+    todo = [c for f in _wrapped_chain(type(owner).forward) if (c := getattr(f, "__code__", None)) is not None]
+    found = set()
     while todo:
         c = todo.pop()
         found.add(c)
         todo += [k for k in c.co_consts if isinstance(k, type(c)) and k.co_name.startswith("<")]
     return frozenset(found)
+
+
+def _wrapped_chain(fn) -> list:
+    """``fn`` and each function its ``__wrapped__`` chain leads to (decorators using functools.wraps)."""
+    chain = [fn]
+    while hasattr(chain[-1], "__wrapped__") and len(chain) < 16:
+        chain.append(chain[-1].__wrapped__)
+    return chain
 
 
 class _SiteMode(TorchFunctionMode):

@@ -185,3 +185,17 @@ def test_group_size_that_does_not_divide_names_layer_and_sizes():
     assert "no group size a2000 allows (32, 64, 128) divides 48" in text
     # down_proj reads the MLP's 96 features: 32 divides it, so it is not refused
     assert "model.layers.0.mlp.down_proj" not in text and "lm_head" not in text
+
+
+def test_example_inputs_quantize_the_residual_adds():
+    """transformers decorates its layers' forwards (functools.wraps): the call sites of the
+    wrapped code are captured, so each decoder layer's two residual adds are QAdds."""
+    p = dal.prepare_qat(_llama(), recipe="int8_balanced", hardware="a2000", example_inputs=_tokens(0)[0])
+    rows = dal.prepared(p).report.rows
+    for i in range(2):
+        adds = [r for r in rows if r.name.startswith(f"model.layers.{i}.dal_sites.add_")]
+        assert len(adds) == 2 and all(r.status == "quantized" for r in adds), adds
+    dal.calibrate(p, [_tokens(1)[0][0]], progress=False)
+    args, kwargs = _tokens(2)
+    p(*args, **kwargs).loss.backward()
+    assert p.generate(args[0][:1, :4], max_new_tokens=8, do_sample=False, pad_token_id=0).shape == (1, 12)
