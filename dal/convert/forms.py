@@ -3,7 +3,7 @@
 ``QMatMul`` -> :class:`~dal.convert.attention.MatMulForm`, ``NpuSoftmax`` ->
 :class:`~dal.convert.attention.SoftmaxForm`, ``Fp16LayerNorm`` and float ``nn.LayerNorm`` ->
 :class:`~dal.convert.layernorm.LayerNormForm`, ``QLutActivation`` ->
-:class:`~dal.convert.lut.LutForm`, a float ``nn.GELU`` (or its FP16 island, ``Fp16GELU``) ->
+:class:`~dal.convert.lut.LutForm`, ``QGridSample`` -> :class:`~dal.convert.grid_sample.GridSampleForm`, a float ``nn.GELU`` (or its FP16 island, ``Fp16GELU``) ->
 :class:`~dal.convert.lut.GeluForm`, a float ``nn.Linear`` / ``nn.ConvNd`` (a skipped layer) ->
 :class:`~dal.convert.float_layers.FloatLayerForm`.
 Each keeps the QAT module (its quantizers still run, so the integer model's code taps see them)
@@ -16,12 +16,14 @@ from torch import nn
 
 from ..export.plan import TRACE_MAX_OPSET
 from ..nn.functional import QMatMul
+from ..nn.grid_sample import QGridSample
 from ..prepare.fp16_island import Fp16Island
 from ..replace.layernorm import Fp16LayerNorm
 from ..replace.lut import QLutActivation
 from ..replace.softmax import NpuSoftmax
 from .attention import MatMulForm, SoftmaxForm, half_operands
 from .float_layers import FloatLayerForm, is_float_layer
+from .grid_sample import GridSampleForm
 from .layernorm import LayerNormForm
 from .lut import GeluForm, LutForm, lut_form_why_not
 
@@ -41,6 +43,8 @@ def _form(mod: nn.Module, path: str, opset: int):
         return MatMulForm(mod, path), ""
     if isinstance(mod, NpuSoftmax):
         return SoftmaxForm(mod, path), ""
+    if isinstance(mod, QGridSample):
+        return GridSampleForm(mod, path), ""
     if isinstance(mod, Fp16LayerNorm) or type(mod) is nn.LayerNorm:
         return LayerNormForm(mod, path, opset), ""
     if _is_gelu(mod):
@@ -62,7 +66,7 @@ def swap_forms(net: nn.Module, opset: int, swap) -> dict[str, str]:
     traced = min(int(opset), TRACE_MAX_OPSET)
     listing = {}
     for path, mod in list(net.named_modules()):
-        if not path or not (isinstance(mod, (QMatMul, NpuSoftmax, Fp16LayerNorm, QLutActivation))
+        if not path or not (isinstance(mod, (QMatMul, NpuSoftmax, Fp16LayerNorm, QLutActivation, QGridSample))
                             or type(mod) is nn.LayerNorm or _is_gelu(mod) or is_float_layer(mod)):
             continue
         form, why = _form(mod, path, traced)

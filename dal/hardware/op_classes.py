@@ -43,9 +43,11 @@ OP_CLASSES: tuple[str, ...] = tuple(OP_CLASS_ROLES)
 #: integer or bool tensors: a mask built from positions), ``gather`` (elements picked by a tensor
 #: of indices: GatherElements), ``scan`` (running sums and products: CumSum), ``sort`` (sort,
 #: argsort, topk: TopK), ``conv3d``
-#: (3-D convolution). A hardware model runs one only if it lists it under ``ops:``; otherwise
-#: prepare lists each with its source line as "host" (run on the host CPU), and ``strict=True``
-#: refuses them.
+#: (3-D convolution), ``grid_sample`` (``F.grid_sample``: the input's formats; its grid is int16
+#: with a fixed scale, export/SPEC.md §5b). A hardware model runs one only if it lists it under
+#: ``ops:``; otherwise prepare lists each with its source line as "host" (run on the host CPU), and
+#: ``strict=True`` refuses them (a recipe rule that quantizes a ``grid_sample`` there is refused by
+#: path: dal.prepare.check).
 HOST_OP_CLASS_ROLES: dict[str, tuple[str, ...]] = {
     "nonzero": ("input", "output"),
     "compare": ("input", "output"),
@@ -53,6 +55,7 @@ HOST_OP_CLASS_ROLES: dict[str, tuple[str, ...]] = {
     "scan": ("input", "output"),
     "sort": ("input", "output"),
     "conv3d": ("weight", "input", "output"),
+    "grid_sample": ("input", "output"),
 }
 HOST_OP_CLASSES: tuple[str, ...] = tuple(HOST_OP_CLASS_ROLES)
 

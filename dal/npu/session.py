@@ -95,6 +95,7 @@ class Session:
             raise NPUError(f"semantics must be 'integer' or 'onnx', got {semantics!r}")
         from . import ops_cast, ops_float, ops_nn, ops_quant, ops_reduce  # noqa: F401  (registers the ops)
         from . import ops_dense  # noqa: F401  (after ops_nn: its Resize adds linear to the nearest kernel)
+        from . import ops_grid  # noqa: F401  (GridSample, export/SPEC.md §5b)
         from .fused_codes import match as match_codes
         from .integer_groups import match
         from .group_post import group_step

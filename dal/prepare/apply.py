@@ -2,6 +2,7 @@
 graphs, swap leaf modules for their QAT classes. Nothing here decides: the plan did."""
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
@@ -9,6 +10,7 @@ from ..nn.norm import FP16_NORMS, QBatchNorm2d
 from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_act
 from ..nn.registry import QAT_MODULES, registry_type
 from ..nn.fast_path import stay_on_module_path
+from ..nn.grid_sample import QGridSample, grid_sample_args
 from ..nn.tree import replace_everywhere, set_submodule, slots_of
 from ..replace.rmsnorm import Fp16RMSNorm
 from .call_sites import install
@@ -153,6 +155,11 @@ def _functional(mod: nn.Module, graph, node, step: Step, prefix: str) -> None:
         tensors = node.args[0] if node.args else node.kwargs["tensors"]
         qmod = QCat(step.spec, step.path, arity=len(tensors), dim=cat_dim(node))
         args = tuple(tensors)
+    elif step.type_name == "grid_sample":  # F.grid_sample / torch.grid_sampler: attributes from the call
+        mode, padding, align = grid_sample_args(node.args, dict(node.kwargs), node.target is torch.grid_sampler)
+        qmod = QGridSample(step.spec, step.path, mode, padding, align)
+        args = (node.args[0] if node.args else node.kwargs["input"],
+                node.args[1] if len(node.args) > 1 else node.kwargs["grid"])
     else:
         qmod = _FUNCTIONAL[step.type_name](step.spec, step.path)
         args = (node.args[0], node.args[1])

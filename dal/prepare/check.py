@@ -49,6 +49,14 @@ def check_plan(plan: list[Step], recipe, hw, model=None) -> list[Step]:
             checked.append(step)
             problems += [problem] if problem is not None else []
             continue
+        if step.action == "functional" and step.op_class in HOST_OP_CLASSES and not hw.supports_op(step.op_class):
+            # a quantized op of a class the NPU may lack (grid_sample): refused by path with the fix
+            problems.append(Problem(f"{step.path} ({step.type_name}): hardware {hw.name!r} does not run "
+                                    f"{step.op_class} (not under ops: in {hw.source or hw.name}); fix: a recipe rule "
+                                    f"with skip: true for {step.path!r} (or type {step.op_class}) keeps it in float "
+                                    "off the NPU, or use hardware that lists it (e.g. a2000)"))
+            checked.append(step)
+            continue
         if step.action == "float" and step.float_op is not None and step.float_op.op_class in HOST_OP_CLASSES \
                 and not hw.supports_op(step.float_op.op_class):
             checked.append(on_host(step, hw))

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 
 # ---- functional ops ------------------------------------------------------------------------
@@ -19,6 +20,8 @@ ADD_TARGETS = {operator.add, operator.iadd, torch.add}
 MUL_TARGETS = {operator.mul, operator.imul, torch.mul}
 MATMUL_TARGETS = {operator.matmul, torch.matmul, torch.bmm}
 CAT_TARGETS = {torch.cat, torch.concat}
+#: F.grid_sample (mode etc. as strings) and torch.grid_sampler (integer enums): dal.nn.grid_sample
+GRID_SAMPLE_TARGETS = {F.grid_sample, torch.grid_sampler}
 _METHOD_OPS = {"add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "matmul": "matmul", "bmm": "matmul"}
 _NON_TENSOR_METHODS = {"size", "dim", "numel", "__len__", "item", "tolist", "stride"}
 _NON_TENSOR_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda"}
@@ -61,8 +64,13 @@ def _is_shape_like(node) -> bool:
 
 
 def functional_kind(node: fx.Node) -> Optional[str]:
-    """"add" / "mul" / "matmul" / "cat" when the node is a quantizable tensor-tensor op."""
+    """"add" / "mul" / "matmul" / "cat" / "grid_sample" when the node is a quantizable
+    tensor-tensor op."""
     if node.op == "call_function":
+        if node.target in GRID_SAMPLE_TARGETS:
+            a = node.args[0] if node.args else node.kwargs.get("input")
+            b = node.args[1] if len(node.args) > 1 else node.kwargs.get("grid")
+            return "grid_sample" if is_tensor_node(a) and is_tensor_node(b) else None
         if node.target in CAT_TARGETS:
             seq = node.args[0] if node.args else node.kwargs.get("tensors")
             if isinstance(seq, (list, tuple)) and len(seq) >= 2 and all(is_tensor_node(t) for t in seq):
