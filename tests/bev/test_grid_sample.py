@@ -261,24 +261,29 @@ def test_nan_and_wild_grids(mode, padding, align):
                         {"x": x, "g": np.zeros(bad, np.float32)})
 
 
-def test_learned_grid_trains_one_step():
-    """Deformable-style sampling: the grid computed by a Linear (tanh of offsets added to a
-    reference grid); one QAT step gives finite gradients to the offset Linear and the convs, and
-    the grid quantizer's scale stays 2^-14."""
-    class Deform(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c1 = nn.Conv2d(3, 8, 3, padding=1)
-            self.offset = nn.Linear(8, 2)
-            self.c2 = nn.Conv2d(8, 4, 3, padding=1)
-            self.register_buffer("ref", _grid(5, False))
+class Deform(nn.Module):
+    """Deformable-style sampling: the grid is a reference grid plus offsets computed by a Linear
+    from the features (tanh-bounded), as deformable attention does per query."""
 
-        def forward(self, x):
-            f = self.c1(x)
-            pooled = F.adaptive_avg_pool2d(f, (6, 7)).permute(0, 2, 3, 1)
-            grid = self.ref + 0.1 * torch.tanh(self.offset(pooled))
-            return self.c2(F.grid_sample(f, grid, mode="bilinear", padding_mode="zeros", align_corners=False))
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.offset = nn.Linear(8, 2)
+        self.c2 = nn.Conv2d(8, 4, 3, padding=1)
+        ref = torch.rand(1, H, W, 2, generator=torch.Generator().manual_seed(5)) * 2.4 - 1.2
+        self.register_buffer("ref", ref)
 
+    def forward(self, x):
+        f = self.c1(x)
+        grid = self.ref + 0.1 * torch.tanh(self.offset(f.permute(0, 2, 3, 1)))
+        return self.c2(F.grid_sample(f, grid, mode="bilinear", padding_mode="zeros", align_corners=False))
+
+
+def test_learned_grid_trains_one_step_and_runs_bit_exact():
+    """A grid computed by a Linear: one QAT step gives finite, non-zero gradients to the offset
+    Linear and both convs and moves the offsets, the grid quantizer's scale stays 2^-14; then the
+    export runs on dal.npu equal to dal.convert on every element (the grid a computed
+    Q(int16) -> DQ)."""
     torch.manual_seed(0)
     x = torch.randn(1, 3, H, W)
     p = dal.prepare_qat(Deform(), recipe="int8_balanced", hardware="a2000")
@@ -293,3 +298,12 @@ def test_learned_grid_trains_one_step():
     opt.step()
     assert not torch.equal(before, p.offset.weight)
     assert _layer(p).grid_quant.scale.item() == S_GRID
+    p.eval()
+    proto = dal.export_onnx(p, (x,))
+    gs = next(n for n in proto.graph.node if n.op_type == "GridSample")
+    made = {o: n for n in proto.graph.node for o in n.output}
+    g_q = made[made[gs.input[1]].input[0]]
+    assert g_q.op_type == "QuantizeLinear" and g_q.input[2] in {t.name for t in proto.graph.initializer}
+    assert {t.name: t for t in proto.graph.initializer}[g_q.input[2]].data_type == TensorProto.INT16
+    sess = dal.npu.load(proto, threads=1)
+    assert_bit_exact(dal.convert(p), proto, sess, [x, torch.randn_like(x)], "deform")
