@@ -119,7 +119,11 @@ class Fp16RMSNorm(QATModule):
 
     def forward(self, x):
         x = self.input_quant(x)
-        y = F.rms_norm(x.float(), (x.shape[-1],), None, self.rms_eps).to(x.dtype)
+        h = x.float()
+        if torch.jit.is_tracing():  # the exporter has no aten::rms_norm below opset 23: its formula
+            y = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.rms_eps)).to(x.dtype)
+        else:
+            y = F.rms_norm(h, (x.shape[-1],), None, self.rms_eps).to(x.dtype)
         if self.weight is not None:
             y = y * self.weight_quant(self.weight)
         return self.output_quant(y)

@@ -114,3 +114,30 @@ def test_to_float_gives_the_module_back():
     assert not any(isinstance(c, dal.FakeQuantizer) for c in back.modules())
     with pytest.raises(ValueError, match="does not compute an RMSNorm"):
         Fp16RMSNorm.from_module(MeanSubtractingNorm(8), "x")
+
+
+def test_export_and_npu_parity(tmp_path):
+    """The FP16 RMSNorm exports (its formula between fp16 Casts: no aten::rms_norm below opset
+    23) and the integer model equals dal.npu on every element (dal.verify's verdict)."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.norm, self.fc2 = nn.Linear(64, 64), nn.RMSNorm(64, eps=1e-6), nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.fc2(self.norm(self.fc(x)))
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 64)
+    p = dal.prepare_qat(Block(), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    assert type(p.norm) is Fp16RMSNorm
+    dal.calibrate(p, [x, torch.randn(2, 8, 64)], progress=False)
+    path = tmp_path / "rms.onnx"
+    dal.export_onnx(p, (x,), str(path))
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert {"Pow", "ReduceMean", "Sqrt", "Cast"} <= set(ops)
+    rep = dal.verify(str(path), p, (x,))
+    assert rep.verdict() and rep.meets_criterion(), rep.verdict_line()
