@@ -1,0 +1,370 @@
+"""Held-out perplexity of the tiny Llama (bench/llm_common.py) under W4A8 quantization: float, RTN,
+GPTQ, SparseGPT 2:4, QAT from RTN / from GPTQ, QAT 2:4, QAT with an FP8 KV cache; each row over
+several seeds, with the share of the float-to-RTN perplexity gap it recovers and its time.
+
+    python bench/llm_accuracy.py [--seeds 0 1 2] [--qat-steps 100] [--rows float rtn qat_rtn] [--write]
+
+``--write`` merges the rows run into bench/results/llm_accuracy.json (the per-seed numbers; rows not
+run keep their stored numbers), then writes the table from it to bench/results/llm_accuracy.md and
+the README's LLM table (between the markers ``<!-- llm-accuracy-table -->``);
+tests/test_readme_llm.py checks that the two agree.
+
+What a seed fixes: the calibration batches (random windows of the training split) and, for QAT rows,
+the order of the training windows. The float model is the one cached pre-trained model, the same for
+every seed. Rows whose dal pieces are missing (dal.ptq.gptq, dal.ptq.sparsegpt, a ``kv_cache`` rule)
+print "not available" with the reason.
+
+Gap recovered = (ppl_RTN - ppl_row) / (ppl_RTN - ppl_float), from the seed means. Targets (issue 42):
+QAT rows >= 60 %, GPTQ >= 40 %.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+import llm_common as L  # bench/llm_common.py
+from cpu import cpu_flags  # bench/cpu.py
+from results_file import RESULTS, write_result  # bench/results_file.py
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+MARK = ("<!-- llm-accuracy-table -->", "<!-- /llm-accuracy-table -->")
+#: calibration: this many random [8, 128] windows of the training split
+CALIB_BATCHES = 8
+#: QAT: AdamW, peak lr a tenth of pre-training's, cosine, batch 8 x 128
+QAT = dict(steps=100, lr=3e-4, warmup=10, batch=8, length=L.SEQ)
+TARGETS = {"gptq": 0.40, "qat": 0.60}
+FP8 = {"format": "fp8_e4m3", "granularity": "per_tensor", "symmetric": True, "observer": "minmax"}
+
+
+class NotAvailable(Exception):
+    """A row whose dal piece (GPTQ, SparseGPT, KV-cache quantizers) is not in this tree."""
+
+
+def base_recipe() -> tuple[dict | str, str]:
+    """(recipe, what): ``w4a8_fp8_llm`` when the tree has it, else ``w4a8_fp8_performance`` with
+    every activation input in fp8_e4m3 (per tensor, symmetric, min-max) and min-max (RTN) weight
+    scales instead of its MSE search."""
+    import yaml
+
+    from dal.recipe import load_recipe
+
+    try:
+        load_recipe("w4a8_fp8_llm")
+        return "w4a8_fp8_llm", "recipes/w4a8_fp8_llm.yaml"
+    except Exception:  # noqa: BLE001 - not in this tree: fall back as the brief says
+        pass
+    import dal
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(dal.__file__))), "recipes",
+                        "w4a8_fp8_performance.yaml")
+    with open(path) as fh:
+        rec = yaml.safe_load(fh)
+    rec["name"] = "w4a8_fp8_performance_fp8act"
+    for rule in rec["rules"]:
+        if isinstance(rule.get("input"), dict):
+            rule["input"] = dict(FP8)
+        if isinstance(rule.get("weight"), dict) and rule["weight"].get("observer") == "mse":
+            rule["weight"] = {**rule["weight"], "observer": "minmax"}
+    return rec, "w4a8_fp8_performance, every activation fp8_e4m3 per tensor, min-max weight scales"
+
+
+def recipe_doc(recipe) -> dict:
+    """A copy of ``recipe`` as a dict: a bundled name is read from recipes/<name>.yaml."""
+    if isinstance(recipe, str):
+        import yaml
+
+        import dal
+
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(dal.__file__))), "recipes", f"{recipe}.yaml")
+        with open(path) as fh:
+            return yaml.safe_load(fh)
+    return copy.deepcopy(recipe)
+
+
+def with_weight(recipe, **spec) -> dict:
+    """``recipe`` with every int4 weight spec's keys replaced by ``spec`` (granularity, group size)."""
+    rec = recipe_doc(recipe)
+    for rule in rec["rules"]:
+        w = rule.get("weight")
+        if isinstance(w, dict) and w.get("format") == "int4":
+            rule["weight"] = {k: v for k, v in {**w, **spec}.items() if v is not None}
+    return rec
+
+
+def with_rule(recipe, **extra) -> dict:
+    """``recipe`` (name or dict) as a dict with ``extra`` keys added to every int4 linear rule."""
+    from dal.recipe import load_recipe
+
+    rec = recipe_doc(recipe)
+    for rule in rec["rules"]:
+        w = rule.get("weight")
+        if isinstance(w, dict) and w.get("format") == "int4" and "linear" in str(rule.get("type")):
+            rule.update(extra)
+    load_recipe(rec)  # refuse here, not in the middle of a run
+    return rec
+
+
+def kv_recipe(recipe) -> dict:
+    """``recipe`` with a ``type: kv_cache`` rule (fp8_e4m3 per tensor) first; NotAvailable when this
+    tree's recipe schema or hardware model has no kv_cache op class."""
+    import importlib.util
+
+    from dal.recipe import load_recipe
+
+    if importlib.util.find_spec("dal.nn.kv_cache") is None:
+        raise NotAvailable("dal/nn/kv_cache.py is not in this tree")
+    rec = copy.deepcopy(with_rule(recipe))
+    rec["rules"].insert(0, {"type": "kv_cache", "input": dict(FP8)})
+    try:
+        load_recipe(rec)
+    except Exception as exc:  # noqa: BLE001
+        raise NotAvailable(f"a kv_cache rule is refused: {str(exc).splitlines()[0]}") from exc
+    return rec
+
+
+def _ptq_step(name: str):
+    import dal.ptq
+
+    fn = getattr(dal.ptq, name, None)
+    if fn is None:
+        raise NotAvailable(f"dal.ptq.{name} is not in this tree")
+    return fn
+
+
+def _calib(seed: int):
+    from dal.datasets import text
+
+    train_ids, _ = L.data()
+    return list(text.random_batches(train_ids, 8, L.SEQ, CALIB_BATCHES, seed=10_000 + seed))
+
+
+def _prepared(recipe, seed: int, ptq: str | None = None):
+    """(model, seconds): the pre-trained tiny Llama prepared with ``recipe`` on the a2000, calibrated
+    on :data:`CALIB_BATCHES` seeded windows, then ``dal.ptq.<ptq>`` over the same windows."""
+    import dal
+
+    fn = _ptq_step(ptq) if ptq else None
+    model, _ = L.pretrained(verbose=False)
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = dal.prepare_qat(model, recipe=recipe, hardware="a2000")
+        calib = _calib(seed)
+        dal.calibrate(model, calib, progress=False, method="minmax")
+        if fn is not None:  # SparseGPT: on the layers the recipe made 2:4 (lm_head stays dense, as in QAT 2:4)
+            sparse = [n for n, m in model.named_modules() if hasattr(m, "weight_mask")]
+            fn(model, calib, **({"layers": sparse} if ptq == "sparsegpt" else {}))
+    return model, time.perf_counter() - t
+
+
+def _qat(model, seed: int) -> float:
+    train_ids, _ = L.data()
+    q = QAT
+    return L.train(model, train_ids, q["steps"], q["batch"], q["length"], q["lr"], q["warmup"], 0.0, seed=seed)
+
+
+def _release(model) -> None:
+    """Drop a 2:4 controller's global optimizer hook so the next row's optimizer is not seen by it."""
+    from dal.sparsity.controller import find_controller
+
+    ctl = find_controller(model)
+    if ctl is not None:
+        ctl.remove()
+
+
+def row_fns(recipe):
+    """name -> (kind, fn(seed) -> (model, seconds)): every row of the table, in order."""
+    sparse = lambda: with_rule(recipe, sparsity="2:4")  # noqa: E731
+
+    def qat_from(rec_fn, ptq=None):
+        def run(seed):
+            model, s = _prepared(rec_fn(), seed, ptq)
+            return model, s + _qat(model, seed)
+        return run
+
+    def pretrained_float(seed):
+        model, info = L.pretrained(verbose=False)
+        return model, info["seconds"]
+
+    return {
+        "float": ("float", pretrained_float),
+        "RTN W4A8 (FP8)": ("rtn", lambda seed: _prepared(recipe, seed)),
+        "GPTQ W4A8": ("gptq", lambda seed: _prepared(recipe, seed, "gptq")),
+        "SparseGPT 2:4 + W4A8": ("ptq", lambda seed: _prepared(sparse(), seed, "sparsegpt")),
+        "QAT W4A8 from RTN": ("qat", qat_from(lambda: recipe)),
+        "QAT W4A8 from GPTQ": ("qat", qat_from(lambda: recipe, "gptq")),
+        "QAT 2:4 + W4A8": ("qat", qat_from(sparse)),
+        "QAT W4A8 + FP8 KV cache": ("qat", qat_from(lambda: kv_recipe(recipe))),
+    }
+
+
+#: --rows ids -> table row names
+IDS = {"float": "float", "rtn": "RTN W4A8 (FP8)", "gptq": "GPTQ W4A8", "sparsegpt": "SparseGPT 2:4 + W4A8",
+       "qat_rtn": "QAT W4A8 from RTN", "qat_gptq": "QAT W4A8 from GPTQ", "qat_24": "QAT 2:4 + W4A8",
+       "qat_kv": "QAT W4A8 + FP8 KV cache"}
+
+
+def rtn_settings(recipe) -> dict:
+    """label -> recipe: the RTN settings the issue names to make the gap real (group 128, per-tensor
+    INT8 activations) and coarser ones (per channel, per tensor), on fp8 and on int8 activations."""
+    int8 = "w4a8_int8_llm"
+    per_channel = dict(granularity="per_channel", group_size=None, axis=None)
+    per_tensor = dict(granularity="per_tensor", group_size=None, axis=None)
+    out = {"int4 group 32, fp8 activations (the table's)": recipe_doc(recipe),
+           "int4 group 128, fp8 activations": with_weight(recipe, group_size=128),
+           "int4 per channel, fp8 activations": with_weight(recipe, **per_channel),
+           "int4 per tensor, fp8 activations": with_weight(recipe, **per_tensor)}
+    try:
+        recipe_doc(int8)
+    except OSError:
+        return out
+    out.update({"int4 group 32, int8 per-tensor activations": recipe_doc(int8),
+                "int4 group 128, int8 per-tensor activations": with_weight(int8, group_size=128),
+                "int4 per tensor, int8 per-tensor activations": with_weight(int8, **per_tensor)})
+    return out
+
+
+def measure_settings(recipe, held, seed: int = 0) -> dict:
+    """label -> {"ppl": held-out perplexity of RTN (prepare + calibrate) under that setting}."""
+    out = {}
+    for label, rec in rtn_settings(recipe).items():
+        model, _ = _prepared(rec, seed)
+        out[label] = {"ppl": L.perplexity(model, held), "seed": seed}
+        print(f"  RTN {label}: ppl {out[label]['ppl']:.4f}", flush=True)
+    return out
+
+
+def measure(rows: dict, seeds, held) -> dict:
+    """name -> {"ppl": [per seed], "seconds": [per seed]} or {"na": reason}."""
+    out = {}
+    for name, (kind, fn) in rows.items():
+        ppl, secs = [], []
+        try:
+            for seed in seeds:
+                model, s = fn(seed)
+                ppl.append(L.perplexity(model, held))
+                secs.append(s)
+                _release(model)
+                print(f"  {name} seed {seed}: ppl {ppl[-1]:.4f}, {s:.0f} s", flush=True)
+                if kind == "float":  # one pre-trained model: every seed would score the same
+                    break
+            out[name] = {"kind": kind, "ppl": ppl, "seconds": secs, "seeds": list(seeds)[:len(ppl)],
+                         "qat_steps": QAT["steps"] if kind == "qat" else 0}
+        except NotAvailable as exc:
+            out[name] = {"kind": kind, "na": str(exc)}
+            print(f"  {name}: not available ({exc})", flush=True)
+    return out
+
+
+def merge(results: dict, path: str) -> dict:
+    """The rows stored in ``path`` (JSON, the raw per-seed numbers behind the table) updated with
+    ``results``; written back to ``path``. A row keeps its last measured numbers until re-run."""
+    import fcntl
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "dal_llm_accuracy.lock"), "w") as lock:  # two runs of different rows may finish together
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stored = {}
+        if os.path.exists(path):
+            with open(path) as fh:
+                stored = json.load(fh)
+        stored.update(results)
+        with open(path, "w") as fh:
+            json.dump(stored, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+    return stored
+
+
+def table(results: dict, what: str) -> str:
+    """The markdown table (and its header lines) of :func:`measure`'s results: one line per row of
+    :data:`IDS` (``not available`` for rows without numbers, the reason listed below the table)."""
+    mean = {k: statistics.mean(v["ppl"]) for k, v in results.items() if k in IDS.values() and "ppl" in v}
+    f, r = mean.get("float"), mean.get("RTN W4A8 (FP8)")
+    lines = [f"Tiny Llama ({L.CONFIG['num_hidden_layers']} layers, width {L.CONFIG['hidden_size']}, byte tokens), "
+             f"held-out perplexity (bytes) on the last pydoc_data.topics topics; recipe: {what}; a2000; "
+             f"calibration {CALIB_BATCHES} windows of 8x{L.SEQ}; QAT batch {QAT['batch']}x{QAT['length']}, "
+             f"AdamW lr {QAT['lr']} cosine. A seed fixes the calibration windows and the QAT data order; "
+             f"time is calibration + PTQ + QAT (float: its pre-training), 1 torch thread on a shared machine.", "",
+             "| row | perplexity (mean) | min - max over seeds | seeds | QAT steps | gap recovered | target | time (s) |",
+             "|---|---|---|---|---|---|---|---|"]
+    reasons = []
+    for name in IDS.values():
+        v = results.get(name) or {"na": "not run yet"}
+        if "na" in v:
+            lines.append(f"| {name} | not available | - | - | - | - | - | - |")
+            reasons.append(f"{name}: {v['na']}")
+            continue
+        m = mean[name]
+        spread = "(one model)" if v["kind"] == "float" else f"{min(v['ppl']):.3f} - {max(v['ppl']):.3f}"
+        gap = "-" if v["kind"] in ("float", "rtn") or f is None or r is None or r == f else (r - m) / (r - f)
+        target = TARGETS.get(v["kind"])
+        verdict = "-" if target is None or gap == "-" else f"{'ok' if gap >= target else 'MISSED'} (>= {target:.0%})"
+        gap_s = gap if gap == "-" else f"{gap:.0%}"
+        seeds = ", ".join(str(x) for x in v["seeds"])
+        steps = v.get("qat_steps") or "-"
+        lines.append(f"| {name} | {m:.3f} | {spread} | {seeds} | {steps} | {gap_s} | {verdict} | "
+                     f"{statistics.mean(v['seconds']):.0f} |")
+    if f is not None and r is not None:
+        lines += ["", f"RTN loses {100 * (r / f - 1):.1f}% perplexity against float."]
+    if reasons:
+        lines += ["", "Not available: " + "; ".join(reasons) + "."]
+    settings = results.get("_rtn_settings")
+    if settings and f is not None:
+        lines += ["", "RTN (prepare + calibrate, seed 0) under the settings the issue names to make the gap "
+                  "larger, and coarser ones:", "", "| RTN setting | perplexity | loss vs float |", "|---|---|---|"]
+        lines += [f"| {k} | {v['ppl']:.3f} | {100 * (v['ppl'] / f - 1):.2f}% |" for k, v in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_readme(md: str) -> None:
+    """Replace the README's text between :data:`MARK` with ``md`` (the table lines only)."""
+    with open(README) as fh:
+        text = fh.read()
+    pattern = re.escape(MARK[0]) + r"\n.*?" + re.escape(MARK[1])
+    if not re.search(pattern, text, flags=re.S):
+        raise SystemExit(f"README.md has no {MARK[0]} ... {MARK[1]} block: add one under the LLM section")
+    text = re.sub(pattern, lambda _: f"{MARK[0]}\n{md.strip()}\n{MARK[1]}", text, flags=re.S)
+    with open(README, "w") as fh:
+        fh.write(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--qat-steps", type=int, default=QAT["steps"])
+    ap.add_argument("--rows", nargs="*", default=list(IDS), choices=list(IDS),
+                    help="the rows to run (default all; none: only re-write the table from the stored rows)")
+    ap.add_argument("--settings", action="store_true", help="also RTN under harder settings (group 128, int8, ...)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--write", action="store_true", help="write bench/results/llm_accuracy.md and the README table")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    QAT["steps"] = args.qat_steps
+    recipe, what = base_recipe()
+    rows = row_fns(recipe)
+    rows = {IDS[i]: rows[IDS[i]] for i in IDS if i in args.rows}
+    print(f"CPU: {cpu_flags()}; {torch.get_num_threads()} torch threads; recipe: {what}", flush=True)
+    _, held = L.data()
+    results = measure(rows, args.seeds, held)
+    if args.settings:
+        results["_rtn_settings"] = measure_settings(recipe, held)
+    if args.write:
+        results = merge(results, os.path.join(RESULTS, "llm_accuracy.json"))
+    md = table(results, what)
+    print(md)
+    if args.write:
+        write_result("llm_accuracy.md", md)
+        write_readme(md)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
