@@ -79,6 +79,8 @@ def _leaf_module(mod: nn.Module, step: Step) -> nn.Module:
 def _site_module(step: Step) -> nn.Module:
     if step.type_name == "cat":
         return QCat(step.spec, step.path, arity=step.site.arity, dim=step.site.dim)
+    if step.type_name == "grid_sample":
+        return QGridSample(step.spec, step.path, *step.site.params)
     return _FUNCTIONAL[step.type_name](step.spec, step.path)
 
 

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..nn.grid_sample import grid_sample_args
 from .float_ops import FloatOp, classify_node
 
 #: frames of torch's own dispatch wrappers between a user's call and the mode
@@ -52,15 +53,16 @@ _ADD = {"add", "__add__", "__radd__", "__iadd__", "add_"}
 _MUL = {"mul", "__mul__", "__rmul__", "__imul__", "mul_"}
 _CAT = {"cat", "concat", "concatenate"}
 _MATMUL = {"matmul", "__matmul__", "bmm"}
+_GRID_SAMPLE = {"grid_sample", "grid_sampler"}  # F.grid_sample, torch.grid_sampler (dal.nn.grid_sample)
 #: the names a routed (quantizable) call can have: any other call passes straight through
-_KIND_NAMES = frozenset(_ADD | _MUL | _CAT | _MATMUL)
+_KIND_NAMES = frozenset(_ADD | _MUL | _CAT | _MATMUL | _GRID_SAMPLE)
 SITES_ATTR = "dal_sites"
 
 
 @dataclass(frozen=True)
 class Site:
     """One call site: ``owner`` path, ``key`` (``add_l78_0``), ``kind`` ("add", "mul", "cat",
-    "matmul" — quantizable — else None), ``op`` (the FloatOp of any other op), ``arity`` (the
+    "matmul", "grid_sample" — quantizable — else None), ``op`` (the FloatOp of any other op), ``arity`` (the
     number of tensors a cat joins), ``dim`` (its axis) and ``line`` (file:line, for the report)."""
 
     owner: str
@@ -70,6 +72,7 @@ class Site:
     arity: int = 2
     dim: int = 0
     line: str = ""
+    params: tuple = ()  # grid_sample: (mode, padding_mode, align_corners) of the call
 
     @property
     def path(self) -> str:
@@ -100,6 +103,9 @@ def classify_call(func, args, kwargs) -> tuple[Optional[str], Optional[FloatOp],
         if isinstance(seq, (list, tuple)) and len(seq) >= 2 and all(_float_tensor(t) for t in seq):
             return "cat", None, len(seq), int(dim)
         return None, None, 0, 0
+    if name in _GRID_SAMPLE:
+        two = len(args) >= 2 and _float_tensor(args[0]) and _float_tensor(args[1])
+        return ("grid_sample", None, 2, 0) if two else (None, None, 0, 0)
     for kind, names in (("add", _ADD), ("mul", _MUL), ("matmul", _MATMUL)):
         if name in names:
             two = len(args) >= 2 and _float_tensor(args[0]) and _float_tensor(args[1])
@@ -179,7 +185,8 @@ class _SiteMode(TorchFunctionMode):
         key = f"{tag}_l{frame.f_lineno}_{n}"
         if self.record is not None:
             line = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-            self.record.setdefault((self.path, key), Site(self.path, key, kind, op, arity, dim, line))
+            params = grid_sample_args(args, kwargs, func is torch.grid_sampler) if kind == "grid_sample" else ()
+            self.record.setdefault((self.path, key), Site(self.path, key, kind, op, arity, dim, line, params))
         if kind is not None and self.sites is not None and key in self.sites:
             tensors = (args[0] if args else kwargs["tensors"]) if kind == "cat" else args[:2]
             return self.sites[key](*tensors)

@@ -307,3 +307,35 @@ def test_learned_grid_trains_one_step_and_runs_bit_exact():
     assert {t.name: t for t in proto.graph.initializer}[g_q.input[2]].data_type == TensorProto.INT16
     sess = dal.npu.load(proto, threads=1)
     assert_bit_exact(dal.convert(p), proto, sess, [x, torch.randn_like(x)], "deform")
+
+
+class Untraced(nn.Module):
+    """A forward torch.fx cannot trace (a branch on a shape): its grid_sample is found by call site."""
+
+    def __init__(self, grid):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 3, padding=1)
+        self.register_buffer("grid", grid)
+
+    def forward(self, x):
+        y = self.c1(x)
+        if y.shape[1] % 2 == 0:  # a Python branch on a shape: fx cannot trace it, the exporter can
+            y = torch.grid_sampler(y, self.grid, 1, 1, True)  # nearest, border, align_corners
+        return self.c2(F.grid_sample(y, self.grid, mode="bilinear", padding_mode="zeros", align_corners=False))
+
+
+def test_call_sites_in_untraced_forward():
+    """F.grid_sample and torch.grid_sampler in a forward fx cannot trace become QGridSample call
+    sites with the call's mode, padding and align_corners; export and integer engines as above."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, H, W)
+    grid = torch.rand(1, H, W, 2, generator=torch.Generator().manual_seed(2)) * 2.4 - 1.2
+    p = dal.prepare_qat(Untraced(grid), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    sites = {k: m for k, m in p.dal_sites.items() if isinstance(m, QGridSample)}
+    assert sorted((m.mode, m.padding_mode, m.align_corners) for m in sites.values()) == [
+        ("bilinear", "zeros", False), ("nearest", "border", True)]
+    dal.calibrate(p, [x, torch.randn_like(x)], progress=False)
+    p.eval()
+    proto = dal.export_onnx(p, (x,))
+    assert sum(n.op_type == "GridSample" for n in proto.graph.node) == 2
+    assert_bit_exact(dal.convert(p), proto, dal.npu.load(proto, threads=1), [x, torch.randn_like(x)], "sites")
