@@ -66,7 +66,9 @@ def test_decoder_layers_resolve(name):
     q = recipe.resolve("model.layers.0.self_attn.q_proj", "Linear", "linear")
     assert q.weight.format.name == ("int4" if w4 else "int8")
     if w4:
-        assert (q.weight.granularity, q.weight.group_size, q.weight.axis, q.weight.symmetric) == ("per_group", 32, 1, True)
+        # axis None: the layer's input axis (1 for a Linear, 0 for transformers' Conv1D)
+        assert (q.weight.granularity, q.weight.group_size, q.weight.axis, q.weight.symmetric) == \
+            ("per_group", 32, None, True)
     assert q.input.format.name == ("fp8_e4m3" if name == "w4a8_fp8_llm" else "int8")
     assert q.input.granularity == "per_tensor"  # static: one calibrated scale
     head = recipe.resolve("lm_head", "Linear", "linear")  # the last linear: its own rule
