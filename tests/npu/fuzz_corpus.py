@@ -27,14 +27,32 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import graphs  # noqa: E402
 
 FEEDS = {"mixed_u8": (1, 4, 16, 16), "mixed_s8": (1, 4, 16, 16), "conv": (1, 8, 12, 12),
-         "gemm": (5, 40)}
+         "gemm": (5, 40), "grid": (1, 8, 9, 2)}
+
+
+def grid_model(seed=4):
+    """export/SPEC.md §5b's float island with the grid as the graph input (float, so it can hold
+    NaN: the feed does): DQ(uint8 codes) -> GridSample(bilinear, zeros) -> Q -> DQ, where the
+    file's X is a constant (1, 4, 5, 6)."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.integers(0, 256, (1, 4, 5, 6)).astype(np.uint8), "x_codes"),
+             numpy_helper.from_array(np.float32(0.02), "x_scale"), numpy_helper.from_array(np.uint8(128), "x_zp")]
+    nodes = [helper.make_node("DequantizeLinear", ["x_codes", "x_scale", "x_zp"], ["x"], name="x_dq"),
+             helper.make_node("GridSample", ["x", "grid"], ["y"], name="grid_sample", mode="linear",
+                              padding_mode="zeros", align_corners=0),
+             helper.make_node("QuantizeLinear", ["y", "x_scale", "x_zp"], ["y_q"], name="y_q"),
+             helper.make_node("DequantizeLinear", ["y_q", "x_scale", "x_zp"], ["out"], name="y_dq")]
+    graph = helper.make_graph(nodes, "grid", [helper.make_tensor_value_info("grid", TensorProto.FLOAT, [1, 8, 9, 2])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
 
 
 def base_models():
     return {"mixed_u8": graphs.mixed_model(seed=0, act="u8"),
             "mixed_s8": graphs.mixed_model(seed=1, act="s8"),
             "conv": graphs.conv_model(seed=2, act="s8"),
-            "gemm": graphs.linear_model(seed=3, op="Gemm")}
+            "gemm": graphs.linear_model(seed=3, op="Gemm"),
+            "grid": grid_model()}
 
 
 def _copy(m):
@@ -192,7 +210,7 @@ def junk_metadata(m, rng):
     if rng.integers(2):
         key, val = "dal.requantizer", _JUNK[rng.integers(len(_JUNK))]
     else:
-        w = next(t.name for t in m.graph.initializer if t.name.startswith("w_"))
+        w = next((t.name for t in m.graph.initializer if t.name.startswith("w_")), m.graph.initializer[0].name)
         val = _JUNK_SPARSE[rng.integers(len(_JUNK_SPARSE))]
         key, val = "dal.sparse_24", val % w if "%s" in val else val
     helper.set_model_props(m, {key: val})
@@ -268,6 +286,7 @@ def child_main(per_kind: int, seed: int, limit_memory: bool = True, reference: b
     import dal.npu as npu
     rng = np.random.default_rng(seed + 1)
     feeds = {b: rng.standard_normal(s).astype(np.float32) for b, s in FEEDS.items()}
+    feeds["grid"].reshape(-1)[[0, 7, 30, 31]] = np.nan  # NaN coordinates sample 0.0 (export/SPEC.md §5b)
     for name, bname, data, culprits in corpus(per_kind, seed):
         print(json.dumps({"case": name, "state": "start"}), flush=True)
         x = feeds[bname]
