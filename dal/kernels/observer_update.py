@@ -14,9 +14,11 @@ and ``batches_seen += 1``, ``nonfinite_count += (number of NaN / inf in x)``. Th
 ``dal.observers.MinMaxObserver`` / ``MovingAverageMinMaxObserver`` on one process (no all-reduce)
 once their buffers exist. ``min_val`` / ``max_val`` are float32 of the scale's shape.
 
-One implementation for every device, in plain torch: minimum, maximum and the EMA are exact or
-elementwise float32 expressions whose bits do not depend on the order of a reduction, so a C++
-kernel would buy speed only (``dal_track_qparams`` fuses this step with the scale in eager QAT).
+A device-generic implementation in plain torch: minimum, maximum and the EMA are exact or
+elementwise float32 expressions whose bits do not depend on the order of a reduction. The CPU
+implementation reads the batch's extremes first (one ``aminmax`` pass) and, when they are finite
+(so is every value), skips the finite masking and the NaN count: the same buffers
+(tests/kernels/test_kernels_observe_qparams.py forces both).
 """
 from __future__ import annotations
 
@@ -45,14 +47,33 @@ def batch_extremes(x: torch.Tensor, axis: Optional[int], block_size: int) -> tup
     return for_min.reshape(shape).amin(dim=axis + 1), for_max.reshape(shape).amax(dim=axis + 1)
 
 
-@torch.library.custom_op("dal::observe_minmax_",
-                         mutates_args=("min_val", "max_val", "batches_seen", "nonfinite_count"))
-def observe_minmax_(x: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tensor, batches_seen: torch.Tensor,
-                    nonfinite_count: torch.Tensor, averaging_constant: float, axis: Optional[int],
-                    block_size: int) -> None:
-    """Update the observer's buffers in place (module docstring). Does not compute a scale:
-    ``dal::minmax_qparams`` does."""
-    lo, hi = batch_extremes(x, axis, block_size)
+def all_finite_extremes(x: torch.Tensor, axis: Optional[int], block_size: int
+                        ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`batch_extremes` in one or two passes (``aminmax``; per channel / group ``amin``,
+    ``amax``) when every value of ``x`` is finite, else None. amin / amax propagate NaN and keep
+    +-inf, so finite extremes everywhere mean a finite ``x``; min and max are exact, so the values
+    are batch_extremes'. Reads the extremes on the host: for the CPU implementation only."""
+    x = x.detach().to(torch.float32)
+    if axis is None:
+        lo, hi = torch.aminmax(x)
+    elif not block_size:
+        dims = Granularity(axis).reduce_dims(x.dim())
+        if not dims:
+            return None
+        lo, hi = x.amin(dim=dims), x.amax(dim=dims)
+    else:
+        shape = list(x.shape)
+        shape[axis:axis + 1] = [shape[axis] // block_size, block_size]
+        lo, hi = x.reshape(shape).amin(dim=axis + 1), x.reshape(shape).amax(dim=axis + 1)
+    if not bool(torch.isfinite(torch.stack([lo.reshape(-1), hi.reshape(-1)])).all()):
+        return None
+    return lo, hi
+
+
+def update_(min_val, max_val, batches_seen, nonfinite_count, lo, hi, nonfinite: Optional[torch.Tensor],
+            averaging_constant: float) -> None:
+    """The buffers' update from this batch's per-scale finite extremes ``lo`` / ``hi`` and its count of
+    NaN / inf (None: none), as the module docstring states."""
     lo, hi = lo.reshape(min_val.shape), hi.reshape(max_val.shape)
     c = averaging_constant
     if c == 0.0:  # an argument, not a tensor value: fixed at trace time
@@ -65,8 +86,38 @@ def observe_minmax_(x: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tenso
         new_max = torch.where(~torch.isfinite(max_val), hi, max_val + c * (hi - max_val))
         min_val.copy_(new_min)
         max_val.copy_(new_max)
-    nonfinite_count.add_((~torch.isfinite(x)).sum())
+    if nonfinite is not None:
+        nonfinite_count.add_(nonfinite)
     batches_seen.add_(1)
+
+
+@torch.library.custom_op("dal::observe_minmax_",
+                         mutates_args=("min_val", "max_val", "batches_seen", "nonfinite_count"))
+def observe_minmax_(x: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tensor, batches_seen: torch.Tensor,
+                    nonfinite_count: torch.Tensor, averaging_constant: float, axis: Optional[int],
+                    block_size: int) -> None:
+    """Update the observer's buffers in place (module docstring). Does not compute a scale:
+    ``dal::minmax_qparams`` does."""
+    generic(x, min_val, max_val, batches_seen, nonfinite_count, averaging_constant, axis, block_size)
+
+
+def generic(x, min_val, max_val, batches_seen, nonfinite_count, averaging_constant: float, axis: Optional[int],
+            block_size: int) -> None:
+    """The op's device-generic implementation (plain torch, no host read)."""
+    lo, hi = batch_extremes(x, axis, block_size)
+    update_(min_val, max_val, batches_seen, nonfinite_count, lo, hi, (~torch.isfinite(x)).sum(), averaging_constant)
+
+
+@observe_minmax_.register_kernel("cpu")
+def _cpu(x, min_val, max_val, batches_seen, nonfinite_count, averaging_constant, axis, block_size):
+    # the same buffers as the generic implementation; a finite x (the usual batch) in one pass
+    fast = all_finite_extremes(x, axis, block_size)
+    if fast is None:
+        lo, hi = batch_extremes(x, axis, block_size)
+        nonfinite = (~torch.isfinite(x)).sum()
+    else:
+        (lo, hi), nonfinite = fast, None
+    update_(min_val, max_val, batches_seen, nonfinite_count, lo, hi, nonfinite, averaging_constant)
 
 
 @observe_minmax_.register_fake

@@ -29,18 +29,25 @@ GRANS = [PER_TENSOR, per_channel(1), per_group(2, 5)]
 
 @pytest.mark.parametrize("gran", GRANS, ids=str)
 @pytest.mark.parametrize("ema", [0.0, 0.25])
-def test_observe_minmax_update(gran, ema):
+@pytest.mark.parametrize("path", ["cpu", "generic"])
+@pytest.mark.parametrize("nonfinite", [True, False], ids=["nonfinite", "finite"])
+def test_observe_minmax_update(gran, ema, path, nonfinite):
+    """Each path (the CPU implementation, whose all-finite batches skip the masking, and the
+    device-generic one, forced) against numpy."""
+    from dal.kernels import observer_update
+    run = observer_update.generic if path == "generic" else K.observe_minmax_
     rng = np.random.default_rng(11)
     batches = [rng.normal(0, s, (4, 6, 10)).astype(np.float32) for s in (1.0, 3.0, 0.5)]
-    batches[1].reshape(-1)[[0, 7, 30]] = [np.nan, np.inf, -np.inf]
-    batches[2][:, 2] = np.nan  # channel 2 of this batch has no finite value at all
+    if nonfinite:
+        batches[1].reshape(-1)[[0, 7, 30]] = [np.nan, np.inf, -np.inf]
+        batches[2][:, 2] = np.nan  # channel 2 of this batch has no finite value at all
     lo0, hi0 = _np_extremes(batches[0], gran)
     mn, mx = torch.tensor(lo0), torch.tensor(hi0)
     seen, bad = torch.tensor(1), torch.tensor(0)
     exp_lo, exp_hi = np.array(lo0, np.float32), np.array(hi0, np.float32)
     c = np.float32(ema)
     for b in batches[1:]:
-        K.observe_minmax_(torch.from_numpy(b), mn, mx, seen, bad, ema, gran.normalized_axis(3), gran.block_size)
+        run(torch.from_numpy(b), mn, mx, seen, bad, ema, gran.normalized_axis(3), gran.block_size)
         lo, hi = _np_extremes(b, gran)
         if ema == 0.0:
             exp_lo, exp_hi = np.minimum(exp_lo, lo), np.maximum(exp_hi, hi)
@@ -50,7 +57,7 @@ def test_observe_minmax_update(gran, ema):
             exp_hi = (exp_hi + c * (hi - exp_hi)).astype(np.float32)
     np.testing.assert_array_equal(mn.numpy(), exp_lo)
     np.testing.assert_array_equal(mx.numpy(), exp_hi)
-    assert int(seen) == 3 and int(bad) == 3 + 40
+    assert int(seen) == 3 and int(bad) == (3 + 40 if nonfinite else 0)
 
 
 def test_observe_matches_dal_observer():
