@@ -339,3 +339,14 @@ def test_call_sites_in_untraced_forward():
     proto = dal.export_onnx(p, (x,))
     assert sum(n.op_type == "GridSample" for n in proto.graph.node) == 2
     assert_bit_exact(dal.convert(p), proto, dal.npu.load(proto, threads=1), [x, torch.randn_like(x)], "sites")
+
+
+@pytest.mark.parametrize("combo", [COMBOS[0], COMBOS[-1]])
+def test_dal_verify_passes(exported, tmp_path, combo):
+    """dal.verify's one verdict on the exported file: integer model == NPU, and the float engines
+    (QAT model, onnxruntime) layer by layer within 1 LSB on near-ties only."""
+    p, proto, _, _, x = exported[combo]
+    path = tmp_path / "gs.onnx"
+    onnx.save(proto, str(path))
+    rep = dal.verify(str(path), p, (x,))
+    assert rep.verdict() and rep.meets_criterion(), rep.verdict_line()
