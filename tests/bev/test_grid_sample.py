@@ -355,3 +355,14 @@ def test_dal_verify_passes(exported, tmp_path, combo):
     onnx.save(proto, str(path))
     rep = dal.verify(str(path), p, (x,))
     assert rep.verdict() and rep.meets_criterion(), rep.verdict_line()
+
+
+def test_checkpoint_restores_exactly(exported):
+    """prepare_qat + load_state_dict restores a calibrated QGridSample (its grid quantizer's
+    buffers included): the same outputs bit for bit."""
+    p, _, _, _, x = exported[COMBOS[1]]
+    fresh = dal.prepare_qat(Sampler(*COMBOS[1], torch.zeros(1, 6, 7, 2)), recipe="int8_balanced", hardware="a2000")
+    fresh.load_state_dict(p.state_dict())
+    fresh.eval()
+    assert torch.equal(fresh(x), p(x))
+    assert _layer(fresh).grid_quant.state == _layer(p).grid_quant.state
