@@ -35,10 +35,10 @@ from ..nn.norm_act import is_norm_act
 from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
 from ..nn.registry import OP_CLASSES, QAT_MODULES, op_class_of, registry_type
 from ..quantizer import FakeQuantizer
-from ..replace.rmsnorm import rmsnorm_eps
 from .float_ops import FloatOp, classify_module, classify_node
 from .functional_ops import functional_kind, is_tensor_node
 from .position_ops import position_arithmetic
+from .whole_modules import planned_whole
 from .source_lines import node_lines
 
 FUNCTIONAL_CLASSES = {"add": "QAdd", "mul": "QMul", "matmul": "QMatMul", "cat": "QCat", "grid_sample": "QGridSample"}
@@ -89,7 +89,7 @@ def capture(model: nn.Module) -> Capture:
     """Trace the own forward of every module that has one worth reading, once each."""
     cap = Capture()
     for path, mod in model.named_modules():
-        if not needs_tracing(mod) or rmsnorm_eps(mod) is not None:  # an RMSNorm is planned whole
+        if not needs_tracing(mod) or planned_whole(mod) is not None:  # an RMSNorm, a formula activation
             continue
         # A forward may cache on itself what it computes (torchvision's MultiScaleRoIAlign stores
         # its scales on the first call): under tracing those are Proxies, which the real forward
@@ -262,9 +262,11 @@ def _module_step(path: str, mod: nn.Module, resolve) -> Optional[Step]:
                     "not folded (no Conv2d before it in a forward torch.fx traces): its BN a quantized "
                     f"per-channel affine (depthwise 1x1 conv) at {path}.bn, drop and act kept at their paths",
                     built="QBatchNorm2d")
-    if rmsnorm_eps(mod) is not None:  # found by computation (dal.replace.rmsnorm); check.py decides
-        return Step(path, type_name, "layernorm", "float", None, "an RMSNorm (found by what it computes)",
-                    float_op=FloatOp("float", "layernorm", "rmsnorm"))
+    whole = planned_whole(mod)
+    if whole is not None:  # found by what it computes (whole_modules.py); check.py decides
+        what = "an RMSNorm" if whole.function == "rmsnorm" else f"a {whole.function} written as a formula"
+        return Step(path, type_name, whole.op_class, "float", None, f"{what} (found by what it computes)",
+                    float_op=whole)
     if needs_tracing(mod):
         # A container's forward is captured; a user module that also owns parameters uses them
         # in that forward itself, which no QAT class quantizes.

@@ -92,9 +92,9 @@ def _probe_once(module: nn.Module) -> Optional[tuple[str, str]]:
 
 def function_calls(module: nn.Module) -> list[str]:
     """The torch functions ``module`` calls on the probe, in order (for reports)."""
-    calls = _Calls()
+    calls, x = _Calls(), _probe()  # the probe is made outside the mode: its calls are not the module's
     with torch.no_grad(), calls:
-        module(_probe())
+        module(x)
     return calls.names
 
 

@@ -126,6 +126,10 @@ def test_a2000_flow(name, recipe):
     if name in ROTARY_MODELS:  # the cos / sin tables come from integer positions: no quantizer
         table_ops = [r for r in rows.values() if ".rotary_emb." in r.name and r.op_class in ("mul", "cat")]
         assert table_ops and all(r.status == "float" and "position arithmetic" in r.detail for r in table_ops)
+    if name in ("phi", "gpt2"):  # gelu_new, a tanh formula, is one GELU island, not tanh + quantized * and +
+        islands = [m for m in p.modules() if type(m).__name__ == "Fp16NewGELUActivation"]
+        acts = [n for n, m in p.named_modules() if type(m).__name__ == "Fp16NewGELUActivation"]
+        assert len(islands) == 2 and not any(r.startswith(f"{a}.") for a in acts for r in rows)  # no ops inside
     if name in RMSNORM_MODELS:  # every RMSNorm an FP16 island, found by computation
         norms = [m for m in p.modules() if type(m).__name__ == "Fp16RMSNorm"]
         assert len(norms) == 2 * 2 + 1
@@ -163,6 +167,16 @@ def test_rmsnorm_on_a1000_refused_by_path_without_a_rule_keeping_it_off():
     for path in ("model.layers.0.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm"):
         assert f"{path} (LlamaRMSNorm): an RMSNorm, which hardware 'a1000' cannot run" in text
     assert f"{{match: 'model.norm', skip: true}}" in text and "silu" not in text  # the LUT took the SiLUs
+
+
+def test_a1000_names_the_gelu_formula_module():
+    """Phi's gelu_new (NewGELUActivation, a tanh formula) is refused on the a1000 as one GELU,
+    by its module path, with the lookup-table fix (not as a tanh inside it)."""
+    with pytest.raises(RecipeError) as err:
+        dal.prepare_qat(_phi(), recipe="int8_balanced", hardware="a1000")
+    text = str(err.value)
+    assert "model.layers.0.mlp.activation_fn (NewGELUActivation): the export would hold a float gelu" in text
+    assert "lut_activation" in text and "tanh" not in text
 
 
 def test_a1000_lut_silu_with_w8a8_llm():
