@@ -98,7 +98,8 @@ class OpSupport:
     input is indices) must be empty; a role it has must list at least one format.
     ``granularities``: the activation granularities this op takes when they differ from
     ``activation_rules.granularities`` (``kv_cache``: ``per_channel`` is one scale per head);
-    empty means those of ``activation_rules``.
+    empty means those of ``activation_rules``. ``grid_formats``: ``grid_sample`` only, and required
+    there: the formats its sampling grid may take (export/SPEC.md §5b: dal quantizes it to int16).
     """
 
     op_class: str
@@ -107,11 +108,16 @@ class OpSupport:
     input_formats: tuple[QFormat, ...] = ()
     output_formats: tuple[QFormat, ...] = ()
     granularities: tuple[str, ...] = ()
+    grid_formats: tuple[QFormat, ...] = ()
 
     def __post_init__(self):
         problems: list[Problem] = []
         for role in ROLES:
             _formats(self, f"{role}_formats", problems)
+        _formats(self, "grid_formats", problems)
+        if (self.op_class == "grid_sample") != bool(self.grid_formats):
+            problems.append(Problem("grid_formats is for grid_sample only, and grid_sample needs it (the sampling "
+                                    "grid's formats, e.g. [int16])", ("grid_formats",)))
         _as_tuple(self, "granularities")
         bad = [g for g in self.granularities if g not in GRANULARITIES]
         if bad:
@@ -419,7 +425,8 @@ class HardwareModel:
                                  for e in self.engines},
                      "ops": {op.op_class: {"engine": op.engine, **{f"{r}_formats": plain(op.formats(r))
                                                                   for r in op.roles},
-                                           **({"granularities": list(op.granularities)} if op.granularities else {})}
+                                           **({"granularities": list(op.granularities)} if op.granularities else {}),
+                                           **({"grid_formats": plain(op.grid_formats)} if op.grid_formats else {})}
                              for op in self.ops}}
         for f in fields(self):
             if f.name in out or f.name == "source":

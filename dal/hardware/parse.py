@@ -17,7 +17,7 @@ TOP_KEYS = ("name", "description", "engines", "ops", "weight_rules", "activation
             "fp16_ops", "lut_ops", "replace_rules_needed", "resize_modes", "shared_scale",
             "accumulator_overflow", "cost")
 ENGINE_KEYS = ("description", "formats", "compute")
-OP_KEYS = ("engine", "weight_formats", "input_formats", "output_formats", "granularities")
+OP_KEYS = ("engine", "weight_formats", "input_formats", "output_formats", "granularities", "grid_formats")
 WEIGHT_RULE_KEYS = ("symmetric_required", "granularities", "group_sizes", "narrow_range", "scale_constraint")
 ACTIVATION_RULE_KEYS = ("symmetric", "affine", "granularities", "scale_constraint")
 REQUANTIZER_KEYS = ("kind", "multiplier_bits", "rounding")
@@ -112,7 +112,7 @@ def _ops(c: Checker, raw) -> tuple:
         if c.mapping(body, path, OP_KEYS, required=("engine",)) is None:
             continue
         kw = {"engine": c.string(body.get("engine", ""), path + ("engine",))}
-        for key in OP_KEYS[1:4]:
+        for key in OP_KEYS[1:4] + ("grid_formats",):
             if key in body:
                 kw[key] = () if body[key] is None else c.qformats(body[key], path + (key,))
         if body.get("granularities") is not None:

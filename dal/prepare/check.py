@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..config.problems import Problem
+from ..formats import INT16
 from ..recipe import check_against_hardware
 from ..recipe.errors import RecipeError
 from ..nn.norm import FP16_NORMS
@@ -57,6 +58,12 @@ def check_plan(plan: list[Step], recipe, hw, model=None) -> list[Step]:
                                     "off the NPU, or use hardware that lists it (e.g. a2000)"))
             checked.append(step)
             continue
+        if step.action == "functional" and step.op_class == "grid_sample" and \
+                INT16 not in hw.op("grid_sample").grid_formats:
+            problems.append(Problem(f"{step.path} ({step.type_name}): dal quantizes a grid_sample's grid to int16 "
+                                    f"(export/SPEC.md §5b), which hardware {hw.name!r} does not list in "
+                                    f"ops.grid_sample.grid_formats; fix: a recipe rule with skip: true for "
+                                    f"{step.path!r} keeps it in float off the NPU"))
         if step.action == "float" and step.float_op is not None and step.float_op.op_class in HOST_OP_CLASSES \
                 and not hw.supports_op(step.float_op.op_class):
             checked.append(on_host(step, hw))

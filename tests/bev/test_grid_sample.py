@@ -366,3 +366,23 @@ def test_checkpoint_restores_exactly(exported):
     fresh.eval()
     assert torch.equal(fresh(x), p(x))
     assert _layer(fresh).grid_quant.state == _layer(p).grid_quant.state
+
+
+def test_hardware_declares_the_grid_format():
+    """ops.grid_sample.grid_formats: the a2000 lists int16; a model listing only int8 refuses a
+    quantized grid_sample by path; grid_sample without grid_formats (or grid_formats on another op
+    class) is refused at load."""
+    from dal.hardware import load_hardware
+    a2000 = load_hardware("a2000")
+    assert [f.name for f in a2000.op("grid_sample").grid_formats] == ["int16"]
+    doc = a2000.to_dict()
+    doc["name"] = "a2000_int8_grid"
+    doc["ops"]["grid_sample"]["grid_formats"] = ["int8"]
+    with pytest.raises(RecipeError, match=r"grid_sample \(grid_sample\): dal quantizes a grid_sample's grid to int16"):
+        dal.prepare_qat(Sampler("bilinear", "zeros", False, _grid(0, False)), recipe="int8_balanced", hardware=doc)
+    for op_class, body in (("grid_sample", {k: v for k, v in doc["ops"]["grid_sample"].items() if k != "grid_formats"}),
+                           ("add", {**doc["ops"]["add"], "grid_formats": ["int16"]})):
+        bad = copy.deepcopy(doc)
+        bad["ops"][op_class] = body
+        with pytest.raises(ValueError, match="grid_formats is for grid_sample only"):
+            load_hardware(bad)
