@@ -34,9 +34,13 @@ _PADDING_OF_ENUM = {0: "zeros", 1: "border", 2: "reflection"}
 def grid_scale(height: int, width: int) -> float:
     """The grid quantizer's scale for an input of ``height`` x ``width`` pixels: ``2^-14`` on both
     axes, the finest power of two whose int16 range ``[-2, 2)`` holds every normalized coordinate
-    that can still reach a pixel (an axis of ``n`` pixels: beyond ``+-(1 + 2 / n)`` every tap is
-    outside, or clamped to the edge). One LSB is ``n * 2^-15`` pixel along that axis: ValueError
-    when that exceeds 1/4 pixel (``n > 8192``)."""
+    that can still reach a pixel of an axis of ``n >= 2`` pixels (``n >= 4`` with
+    ``align_corners``; export/SPEC.md §5b). One LSB is at most ``n * 2^-15`` pixel along that axis:
+    ValueError when that exceeds 1/4 pixel (``n > 8192``).
+
+    >>> grid_scale(64, 64)
+    6.103515625e-05
+    """
     for n, axis in ((height, "height"), (width, "width")):
         if n > 8192:
             raise ValueError(f"grid_sample input {axis} {n} > 8192: one int16 grid LSB (2^-14) would be more than "
