@@ -1,4 +1,5 @@
-"""GPTQ as a dal.ptq step: Hessian-based weight quantization of every calibrated QLinear.
+"""GPTQ as a dal.ptq step: Hessian-based weight quantization of every calibrated QLinear (and
+plain QConv2d).
 
 For each linear, ``H = 2/N sum x x^T`` over its inputs on the calibration data, then the GPTQ
 column loop (``gptq_solver``: Cholesky of the damped ``H^-1``, column by column within blocks,
@@ -33,7 +34,9 @@ def gptq(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = None, 
     from the weights before the loop, in the original column order. Per tensor / per channel
     the calibrated scales are kept. Afterwards each layer's fake-quant weight equals GPTQ's
     quantized weight exactly (weight ``(code - z) * s``; the weight quantizer is left ``frozen``
-    with GPTQ's scales). Only ``nn.Linear`` layers (QLinear); convolutions are left as they are.
+    with GPTQ's scales). QLinears, and QConv2ds with ``groups == 1``, zero padding and per-tensor
+    or per-channel weights (over their unfolded input patches: ``dal.ptq.hessian.supported``);
+    other layers are left as they are.
 
     Layers go in execution order; with ``sequential="block"`` the Hessians of one ModuleList
     block (a decoder layer) are captured in one pass, and ``replay`` replays the solved blocks

@@ -1,4 +1,5 @@
-"""Layer-by-layer second-order PTQ of a prepared model: which QLinears, in which passes, and the
+"""Layer-by-layer second-order PTQ of a prepared model: which QLinears (and plain QConv2ds:
+``supported``), in which passes, and the
 Hessian ``H = 2/N sum_n x_n x_n^T`` of each one's input (``x_n``: the rows of the input the
 weight multiplies, i.e. after the layer's input quantizer, over all calibration batches).
 
@@ -33,9 +34,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..calibration.batches import iter_inputs
+from ..nn.conv import QConv2d
 from ..nn.linear import QLinear
 from ..nn.modes import eval_mode
 from .layers import StopForward, run_hooked
@@ -55,13 +58,34 @@ class InputGroup:
     extra: dict = field(default_factory=dict)
 
 
-def candidate_linears(model: nn.Module, layers=None, what: str = "dal.ptq") -> list:
-    """``(path, QLinear)`` of every QLinear with an integer weight quantizer that quantizes, in
-    registration order; ``layers`` (paths) restricts them. Raises ``ValueError`` naming the
-    culprit: an uncalibrated weight quantizer, an unknown path, or no such layer at all."""
+def supported(mod: nn.Module) -> bool:
+    """A QLinear, or a QConv2d with ``groups == 1``, numeric zero padding and per-tensor or
+    per-output-channel weight scales (its weight is then a ``out x (in * kh * kw)`` matrix over
+    the unfolded input patches). Depthwise / grouped convs and QConvBn2d are left alone."""
+    if isinstance(mod, QLinear):
+        return True
+    if not isinstance(mod, QConv2d) or mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str):
+        return False
+    wq = getattr(mod, "weight_quant", None)
+    return wq is None or not wq.granularity.block_size
+
+
+def layer_rows(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The rows ``x_n`` the weight matrix multiplies: the last dim for a linear, the unfolded
+    ``in * kh * kw`` patches (``F.unfold``'s order, that of ``weight.reshape(out, -1)``) for a conv."""
+    if isinstance(mod, nn.Conv2d):
+        x = F.unfold(x, mod.kernel_size, mod.dilation, mod.padding, mod.stride)
+        return x.transpose(1, 2).reshape(-1, x.shape[1])
+    return x.reshape(-1, x.shape[-1])
+
+
+def candidate_linears(model: nn.Module, layers=None, what: str = "dal.ptq", convs: bool = True) -> list:
+    """``(path, module)`` of every ``supported`` layer with an integer weight quantizer that
+    quantizes, in registration order; ``layers`` (paths) restricts them. Raises ``ValueError``
+    naming the culprit: an uncalibrated weight quantizer, an unknown path, or no such layer."""
     found, uncalibrated = [], []
     for name, mod in model.named_modules():
-        if not isinstance(mod, QLinear):
+        if not supported(mod) or (not convs and not isinstance(mod, QLinear)):
             continue
         wq = getattr(mod, "weight_quant", None)
         if wq is None or not wq.fmt.is_integer or wq.state == "off":
@@ -75,7 +99,8 @@ def candidate_linears(model: nn.Module, layers=None, what: str = "dal.ptq") -> l
         known = {n for n, _ in found}
         missing = [n for n in wanted if n not in known]
         if missing:
-            raise ValueError(f"{what}: layers {missing} are not calibrated QLinears with an integer weight quantizer "
+            raise ValueError(f"{what}: layers {missing} are not calibrated QLinears / QConv2ds with an integer weight "
+                             f"quantizer "
                              f"(known: {sorted(known)[:8]}{' ...' if len(known) > 8 else ''})")
         found = [(n, m) for n, m in found if n in wanted]
         uncalibrated = [n for n in uncalibrated if n in wanted]
@@ -84,9 +109,9 @@ def candidate_linears(model: nn.Module, layers=None, what: str = "dal.ptq") -> l
                          f"{' ...' if len(uncalibrated) > 6 else ''} has no scale (state observe): run "
                          "dal.calibrate(model, data) first")
     if not found:
-        raise ValueError(f"{what}: {type(model).__name__} has no QLinear with an integer weight quantizer: "
-                         "prepare it with dal.prepare_qat and a recipe that quantizes linear weights to an integer "
-                         "format (e.g. int4 per_group), then dal.calibrate")
+        raise ValueError(f"{what}: {type(model).__name__} has no QLinear (or plain QConv2d) with an integer weight "
+                         "quantizer: prepare it with dal.prepare_qat and a recipe that quantizes linear weights to an "
+                         "integer format (e.g. int4 per_group), then dal.calibrate")
     return found
 
 
@@ -173,7 +198,7 @@ def capture_hessians(model: nn.Module, stage: list, data: Iterable, num_batches:
             iq = mod.input_quant
             if iq is not None and iq.state != "observe":  # the input the weight multiplies
                 x = iq(x)
-            x = x.detach().reshape(-1, x.shape[-1]).to(dtype)
+            x = layer_rows(mod, x.detach()).to(dtype)
             s = x.t().matmul(x)
             sums[id(g)] = s if sums[id(g)] is None else sums[id(g)].add_(s)
             counts[id(g)] += x.shape[0]
@@ -214,7 +239,8 @@ def weight_error(delta: torch.Tensor, H: torch.Tensor) -> float:
 @torch.no_grad()
 def solve_layerwise(model: nn.Module, data: Iterable, num_batches: Optional[int], *, solve: Callable,
                     input_fn: Optional[Callable] = None, layers=None, sequential: str = "block",
-                    replay: bool = True, dtype=torch.float32, progress: bool = False, what: str = "dal.ptq") -> dict:
+                    replay: bool = True, dtype=torch.float32, progress: bool = False, what: str = "dal.ptq",
+                    convs: bool = True) -> dict:
     """Capture the Hessians stage by stage and call ``solve(W, H, quantizers, rows, masks)`` for
     every set of stacked weights (``quantizers``: their weight quantizers, ``rows``: rows each,
     ``masks``: their current ``weight_mask`` or None); it returns ``(grid, result)`` with
@@ -223,8 +249,9 @@ def solve_layerwise(model: nn.Module, data: Iterable, num_batches: Optional[int]
     left ``frozen`` (QAT after it trains the weights against the solver's scales).
 
     The calibration batches are materialised once (every pass sees the same batches in the same
-    order). ``replay`` (block stages of chained blocks, ``dal.ptq.replay``): a pass runs only the
-    last solved block and the current one; the blocks before are replayed from recorded outputs.
+    order). ``convs=False``: linears only. ``replay`` (block stages of chained blocks,
+    ``dal.ptq.replay``): a pass runs only the last solved block and the current one; the blocks
+    before are replayed from recorded outputs.
 
     Returns ``{"layers": {path: {"error": e, "rtn_error": e0, "tokens": N}}, "passes": passes,
     "replayed": passes that replayed blocks}``, with ``e`` the layer output error
@@ -237,7 +264,7 @@ def solve_layerwise(model: nn.Module, data: Iterable, num_batches: Optional[int]
 
     batches = cached_inputs(data, num_batches, input_fn=input_fn, desc=what)
     data, num_batches, input_fn = batches, None, (lambda b: b)
-    linears = candidate_linears(model, layers, what)
+    linears = candidate_linears(model, layers, what, convs)
     groups = input_groups(model, linears, data, input_fn, what)
     plan = stages(groups, sequential)
     report: dict = {"layers": {}, "passes": len(plan), "replayed": 0}
@@ -288,13 +315,14 @@ def _replay_setup(model, stage, cache, enabled, chained, data, input_fn, ctx, re
 
 def _solve_stack(members: list, H: torch.Tensor, tokens: int, solve: Callable, report: dict) -> None:
     mods = [m for _, m in members]
-    W = torch.cat([m.weight.detach().to(H.dtype).cpu() for m in mods], dim=0)
+    flat = lambda m, t: t.detach().reshape(m.weight.shape[0], -1).cpu()  # noqa: E731  (conv: out x in*kh*kw)
+    W = torch.cat([flat(m, m.weight).to(H.dtype) for m in mods], dim=0)
     masks = [getattr(m, "weight_mask", None) for m in mods]
     mask = None
     if any(k is not None for k in masks):
-        mask = torch.cat([(k if k is not None else torch.ones_like(m.weight, dtype=torch.bool)).cpu()
+        mask = torch.cat([flat(m, k if k is not None else torch.ones_like(m.weight, dtype=torch.bool))
                           for k, m in zip(masks, mods)], dim=0)
-    rtn = torch.cat([m.quantized_weight(m.weight).detach().to(H.dtype).cpu() for m in mods], dim=0)
+    rtn = torch.cat([flat(m, m.quantized_weight(m.weight)).to(H.dtype) for m in mods], dim=0)
     grid, result = solve(W, H.cpu(), [m.weight_quant for m in mods], [m.weight.shape[0] for m in mods], mask)
     Q = grid.dequantize(result["codes"])
     new_mask = result.get("mask")
@@ -305,9 +333,9 @@ def _solve_stack(members: list, H: torch.Tensor, tokens: int, solve: Callable, r
         wq = mod.weight_quant
         if grid.group:
             wq.set_qparams(s.to(wq.scale.device), z.to(wq.scale.device))
-        q = Q[r0:r0 + n].to(mod.weight.device, mod.weight.dtype)
+        q = Q[r0:r0 + n].reshape(mod.weight.shape).to(mod.weight.device, mod.weight.dtype)
         if new_mask is not None:
-            keep = new_mask[r0:r0 + n].to(mod.weight.device)
+            keep = new_mask[r0:r0 + n].reshape(mod.weight.shape).to(mod.weight.device)
             if getattr(mod, "weight_mask", None) is None:
                 mod.register_buffer("weight_mask", keep.clone())
                 mod.register_buffer("weight_sparsity_stats", torch.zeros(3, dtype=torch.float64, device=keep.device))
@@ -315,7 +343,7 @@ def _solve_stack(members: list, H: torch.Tensor, tokens: int, solve: Callable, r
                 mod.weight_mask.copy_(keep)
             w0 = W[r0:r0 + n]
             mod.weight_sparsity_stats[1] = w0.abs().sum(dtype=torch.float64)
-            mod.weight_sparsity_stats[2] = w0.masked_fill(~keep.cpu(), 0).abs().sum(dtype=torch.float64)
+            mod.weight_sparsity_stats[2] = w0.masked_fill(~keep.cpu().reshape(n, -1), 0).abs().sum(dtype=torch.float64)
         mod.weight.copy_(q)
         wq.set_state("frozen")  # the scales stay the solver's: a tracking observer would re-derive them
         got = mod.quantized_weight(mod.weight)

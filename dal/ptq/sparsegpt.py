@@ -30,7 +30,8 @@ def sparsegpt(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = N
     on every calibrated QLinear of ``qmodel``, in place, jointly with its weight quantization.
 
     Same passes, batches and arguments as ``dal.ptq.gptq`` (no ``act_order``: the N:M groups
-    are runs of M consecutive input columns). Per-group scales are chosen at a group's first
+    are runs of M consecutive input columns), QLinears only (a conv's unfolded columns do not
+    run along its input channels, where dal's N:M groups are). Per-group scales are chosen at a group's first
     column from its current weights before its masks are. A layer whose input width is not a
     multiple of M raises ``ValueError`` naming it (pass ``layers=`` without it). Returns
     ``gptq``'s report (its ``rtn_error`` is that of the dense round-to-nearest weight).
@@ -51,4 +52,5 @@ def sparsegpt(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = N
         return grid, solve_columns(W, H, grid, block_size=block_size, percdamp=percdamp, sparsity=(n, m))
 
     return solve_layerwise(qmodel, calib, num_batches, solve=solve, input_fn=input_fn, layers=layers,
-                           sequential=sequential, replay=replay, dtype=dtype, progress=progress, what="dal.ptq.sparsegpt")
+                           sequential=sequential, replay=replay, dtype=dtype, progress=progress, what="dal.ptq.sparsegpt",
+                           convs=False)

@@ -65,8 +65,10 @@ def output_error(X: np.ndarray, W: np.ndarray, Q: np.ndarray) -> float:
     return float(np.linalg.norm(X @ W.T - X @ Q.T))
 
 
-def reference(W, X, percdamp=0.01, act_order=False, sparsity=None):
-    """GPTQ (``sparsity=None``) or SparseGPT (``sparsity=(n, m)``) of ``W`` on inputs ``X``.
+def reference(W, X, percdamp=0.01, act_order=False, sparsity=None, per_channel=False):
+    """GPTQ (``sparsity=None``) or SparseGPT (``sparsity=(n, m)``) of ``W`` on inputs ``X``
+    (rows x columns); INT4 scales per group of 32 columns, or per row (``per_channel``, from
+    the weights before the loop).
 
     Returns ``codes`` (original column order), ``scales`` (rows x groups), ``mask`` (or None)
     and ``v`` (``w / s`` before rounding, per row and column: how close each code was to a tie)."""
@@ -76,9 +78,11 @@ def reference(W, X, percdamp=0.01, act_order=False, sparsity=None):
     dead = np.diag(H) == 0
     H[dead, dead] = 1.0
     W[:, dead] = 0.0
-    scales = np.zeros((rows, cols // GROUP))
+    scales = np.zeros((rows, 1 if per_channel else cols // GROUP))
     perm = np.arange(cols)
-    if act_order:
+    if per_channel:
+        scales[:, 0] = group_scale(W)
+    elif act_order:
         for g in range(cols // GROUP):  # static groups, from the weights before any update
             scales[:, g] = group_scale(W[:, g * GROUP:(g + 1) * GROUP])
         perm = np.argsort(-np.diag(H), kind="stable")
@@ -96,7 +100,8 @@ def reference(W, X, percdamp=0.01, act_order=False, sparsity=None):
     mask = np.ones((rows, cols), dtype=bool) if sparsity else None
     for j in range(cols):
         col = perm[j]
-        if not act_order and col % GROUP == 0:
+        g = 0 if per_channel else col // GROUP
+        if not act_order and not per_channel and col % GROUP == 0:
             scales[:, col // GROUP] = group_scale(W[:, j:j + GROUP])
         if sparsity and j % sparsity[1] == 0:
             n, m = sparsity
@@ -105,7 +110,7 @@ def reference(W, X, percdamp=0.01, act_order=False, sparsity=None):
             np.put_along_axis(mask[:, j:j + m], drop, False, axis=1)
         w = W[:, j].copy()
         w_in = np.where(mask[:, j], w, 0.0) if sparsity else w
-        q, code, v = rtn(w_in, scales[:, col // GROUP])
+        q, code, v = rtn(w_in, scales[:, g])
         codes[:, j], v_all[:, j] = code, v
         err = (w - q) / Hinv[j, j]
         W[:, j + 1:] -= np.outer(err, Hinv[j, j + 1:])

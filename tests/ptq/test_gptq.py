@@ -110,20 +110,45 @@ def test_uncalibrated_model_is_refused_naming_the_layer():
         gptq(q, [X])
 
 
-def test_model_without_a_quantized_linear_is_refused_naming_it():
-    class ConvOnly(nn.Module):
+def test_model_without_a_supported_layer_is_refused_naming_it():
+    class DepthwiseOnly(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv = nn.Conv2d(3, 8, 3)
+            self.conv = nn.Conv2d(4, 4, 3, groups=4)  # grouped: no single input Hessian
 
         def forward(self, x):
             return self.conv(x)
 
-    x = torch.randn(2, 3, 8, 8)
-    q = dal.prepare_qat(ConvOnly(), recipe="int8_balanced", example_inputs=(x,))
+    x = torch.randn(2, 4, 8, 8)
+    q = dal.prepare_qat(DepthwiseOnly(), recipe="int8_balanced", example_inputs=(x,))
     dal.calibrate(q, [x])
-    with pytest.raises(ValueError, match="ConvOnly has no QLinear"):
+    with pytest.raises(ValueError, match=r"DepthwiseOnly has no QLinear \(or plain QConv2d\)"):
         gptq(q, [x])
+
+
+def test_conv2d_over_unfolded_patches_equals_the_reference():
+    W4_CONV = {"name": "w4_conv_pc", "rules": [
+        {"type": ["conv"], "weight": {"format": "int4", "granularity": "per_channel", "symmetric": True,
+                                      "observer": "minmax"}}]}
+    g = torch.Generator().manual_seed(3)
+    conv = nn.Conv2d(4, 8, 3, padding=1, stride=2)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(8, 4, 3, 3, generator=g) * 0.1)
+    x = torch.randn(16, 4, 9, 9, generator=g)
+    W = conv.weight.detach().double().reshape(8, -1).numpy().copy()
+    # the rows the weight matrix multiplies: torch's own unfold (in * kh * kw patches)
+    rows = torch.nn.functional.unfold(x.double(), 3, padding=1, stride=2).transpose(1, 2).reshape(-1, 36)
+    q = dal.prepare_qat(nn.Sequential(conv), recipe=W4_CONV, example_inputs=(x[:2],))
+    dal.calibrate(q, [x])
+    report = gptq(q, [x], dtype=torch.float64)
+    ref = reference(W, rows.numpy(), per_channel=True)
+    mod = q[0]
+    s = mod.weight_quant.scale.detach().double().reshape(-1, 1)
+    codes = torch.round(mod.quantized_weight(mod.weight).detach().double().reshape(8, -1) / s).numpy()
+    assert np.array_equal(codes, ref["codes"])  # 0 LSB, as for the linear layer
+    assert np.array_equal(s.numpy()[:, 0], ref["scales"][:, 0])  # per channel: the calibrated scales
+    assert report["layers"]["0"]["tokens"] == rows.shape[0]
+    assert report["layers"]["0"]["error"] < report["layers"]["0"]["rtn_error"]
 
 
 def test_bad_arguments_are_named():
