@@ -10,18 +10,20 @@ which is ``(saturate(round(x / s) + zp) - zp) * s``. FP8 (``mode`` 1: E4M3, 2: E
 float32 whatever the input's dtype; ``y`` is cast to the input's dtype (bfloat16 input: one more
 rounding, to bfloat16, after the float32 result). NaN stays NaN (mask false: no gradient); +-inf
 saturate. The gradient is the straight-through estimator with the clip mask,
-``d y / d x = mask``; the scale and zero point get none (LSQ stays with
-``dal.formats.fake_quantize``).
+``d y / d x = mask``, as ``grad * mask`` (``dal::mask_grad``); the scale and zero point get none
+(a learnable scale: ``dal::fake_quantize_lsq``, :mod:`.lsq`).
 
-The op returns ``(y, mask)``; the mask is bool, shaped and laid out like ``x``, and empty when
-``need_mask`` is false (no gradient wanted). Granularity: ``axis`` None (per tensor), or an axis
+The op returns ``(y, mask)``; the mask is packed, one bit per element of ``x`` in logical order, in
+rows of whole bytes (:func:`mask_layout`, :func:`pack_mask` / :func:`unpack_mask`: the C++ kernel's
+layout), and empty when ``need_mask`` is false (no gradient wanted). Granularity: ``axis`` None (per tensor), or an axis
 with ``block_size`` 0 (per channel) or the block length (per group); ``scale`` and
 ``zero_point`` have ``Granularity.scale_shape(x.shape)``.
 
 CPU implementation: the C++ kernel ``dal_fq_forward`` (``dal.formats.native``), when ``x`` is
 float32, contiguous and non-empty, its granularity a layout the kernel has
 (:func:`kernel_layout`: per tensor, per channel, blocks on the last axis) and the kernel
-built; its one-bit-per-element mask is unpacked to bool. Everything else (other dtypes,
+built, and ``dal::mask_grad`` by the C++ ``dal_fq_backward`` for a float32 contiguous gradient
+(the bit mask is never unpacked on these paths). Everything else (other dtypes,
 channels-last or strided input, blocks on another axis, no compiler) runs the generic
 implementation, which is plain torch on any device and gives the same bits.
 """
@@ -88,7 +90,8 @@ def generic(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int],
     """The op in plain torch, for every device and dtype (see the module docstring)."""
     _, c, mask, s = codes(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask)
     y = laid_out_like(x, (c * s).reshape(x.shape), x.dtype)
-    m = laid_out_like(x, mask.reshape(x.shape), torch.bool) if need_mask else x.new_empty(0, dtype=torch.bool)
+    m = pack_mask(mask.reshape(x.shape), *mask_layout(x.shape, axis, block_size)) if need_mask \
+        else x.new_empty(0, dtype=torch.uint8)
     return y, m
 
 
@@ -100,12 +103,36 @@ def kernel_params(scale, zero_point, qmin: float, qmax: float, mode: int):
     return fused_kernel_params(scale, zero_point, fmt or _INTEGER, qmin, qmax)[:3]
 
 
+def mask_layout(shape, axis: Optional[int], block_size: int) -> tuple[int, int]:
+    """``(rows, row_len)`` of the op's packed mask for an input of ``shape`` (logical order): the
+    C++ kernel's rows where it has a layout (:func:`kernel_layout`), one row otherwise."""
+    n = math.prod(shape)
+    if axis is None or n == 0:
+        return 1, n
+    inner = math.prod(shape[axis + 1:])
+    if not block_size:
+        return n // inner, inner
+    if inner != 1:
+        return 1, n
+    return n // block_size, block_size
+
+
 def unpack_mask(packed: torch.Tensor, rows: int, row_len: int, shape) -> torch.Tensor:
-    """The kernel's mask (``rows`` rows of ``ceil(row_len / 8)`` bytes, bit ``j % 8`` of byte
+    """The packed mask (``rows`` rows of ``ceil(row_len / 8)`` bytes, bit ``j % 8`` of byte
     ``j // 8`` for element ``j`` of a row) as a bool tensor of ``shape``."""
-    bit = torch.arange(8, dtype=torch.uint8)
+    bit = torch.arange(8, dtype=torch.uint8, device=packed.device)
     b = (packed.reshape(rows, -1, 1) >> bit) & 1
     return b.reshape(rows, -1)[:, :row_len].reshape(shape).to(torch.bool)
+
+
+def pack_mask(mask: torch.Tensor, rows: int, row_len: int) -> torch.Tensor:
+    """A bool mask (logical order) in the layout :func:`unpack_mask` reads, the C++ kernel's."""
+    m = mask.reshape(rows, row_len).to(torch.uint8)
+    pad = (-row_len) % 8
+    if pad:
+        m = torch.cat([m, m.new_zeros(rows, pad)], dim=1)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=mask.device)
+    return (m.reshape(rows, -1, 8) * weights).sum(dim=-1, dtype=torch.uint8).reshape(-1)
 
 
 def kernel_layout(x: torch.Tensor, axis: Optional[int], block_size: int) -> Optional[tuple[int, int, int, int]]:
@@ -145,8 +172,36 @@ def cpu_kernel(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[in
     native.library().dal_fq_forward(x.data_ptr(), y.data_ptr(), packed.data_ptr() if need_mask else None,
                                     rows, row_len, div, mod, s.data_ptr(), lo.data_ptr(), hi.data_ptr(), mode,
                                     torch.get_num_threads())
-    m = unpack_mask(packed, rows, row_len, x.shape) if need_mask else x.new_empty(0, dtype=torch.bool)
-    return y, m
+    return y, (packed if need_mask else x.new_empty(0, dtype=torch.uint8))
+
+
+@torch.library.custom_op("dal::mask_grad", mutates_args=())
+def mask_grad_op(grad: torch.Tensor, packed: torch.Tensor, rows: int, row_len: int) -> torch.Tensor:
+    """``grad * mask`` with the packed mask of ``dal::fake_quantize`` (:func:`unpack_mask`): the
+    straight-through gradient (0 * g keeps g's sign: -0.0 for negative g)."""
+    return mask_grad_generic(grad, packed, rows, row_len)
+
+
+def mask_grad_generic(grad: torch.Tensor, packed: torch.Tensor, rows: int, row_len: int) -> torch.Tensor:
+    """``dal::mask_grad`` in plain torch, any device and dtype; laid out like ``grad``."""
+    return laid_out_like(grad, grad * unpack_mask(packed, rows, row_len, grad.shape), grad.dtype)
+
+
+@mask_grad_op.register_kernel("cpu")
+def _mask_grad_cpu(grad, packed, rows, row_len):
+    # the C++ dal_fq_backward, g * (0.0 or 1.0) per element as above, where it applies
+    if grad.dtype != torch.float32 or not grad.is_contiguous() or not grad.numel() or native.library() is None \
+            or type(grad) is not torch.Tensor:
+        return mask_grad_generic(grad, packed, rows, row_len)
+    out = torch.empty_like(grad)
+    native.library().dal_fq_backward(grad.data_ptr(), packed.data_ptr(), out.data_ptr(), rows, row_len,
+                                     torch.get_num_threads())
+    return out
+
+
+@mask_grad_op.register_fake
+def _mask_grad_fake(grad, packed, rows, row_len):
+    return torch.empty_like(grad)
 
 
 @torch.library.custom_op("dal::fake_quantize", mutates_args=())
@@ -165,20 +220,23 @@ def _cpu(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask):
 
 @fake_quantize_op.register_fake
 def _fake(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask):
-    mask = torch.empty_like(x, dtype=torch.bool) if need_mask else x.new_empty(0, dtype=torch.bool)
-    return torch.empty_like(x), mask
+    rows, row_len = mask_layout(x.shape, axis, block_size)
+    return torch.empty_like(x), x.new_empty(rows * ((row_len + 7) // 8) if need_mask else 0, dtype=torch.uint8)
 
 
 def _setup_context(ctx, inputs, output):
+    x, _, _, _, _, axis, block_size, _, need_mask = inputs
     ctx.save_for_backward(output[1])
+    ctx.rows, ctx.row_len = mask_layout(x.shape, axis, block_size)
+    ctx.need_mask = need_mask
 
 
 def _backward(ctx, grad_y, grad_mask):
     (mask,) = ctx.saved_tensors
-    if mask.numel() != grad_y.numel():
+    if not ctx.need_mask:
         raise RuntimeError("dal::fake_quantize was called with need_mask=False but a gradient is asked for; "
                            "call it through dal.kernels.fake_quantize, which sets need_mask")
-    return grad_y * mask, None, None, None, None, None, None, None, None
+    return mask_grad_op(grad_y, mask, ctx.rows, ctx.row_len), None, None, None, None, None, None, None, None
 
 
 fake_quantize_op.register_autograd(_backward, setup_context=_setup_context)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dal.kernels as K
-from dal.formats import FORMATS, PER_TENSOR, native, per_channel
+from dal.formats import FORMATS, PER_TENSOR, native, per_channel, per_group
 from dal.formats.qparams import code_range
 from dal.kernels import fake_quant as FQ
 
@@ -31,6 +31,11 @@ def _mask_oracle(fmt, x, s, zp, qmin, qmax):
         return np.abs(v) <= np.float32(fmt.max_value)
     r = np.rint(v) + zp
     return (r >= qmin) & (r <= qmax)
+
+
+def _unpacked(m, x, a):
+    """The op's packed mask as bool, shaped like x (a: the op's qmin, qmax, axis, block_size, mode)."""
+    return FQ.unpack_mask(m, *FQ.mask_layout(x.shape, a[2], a[3]), x.shape)
 
 
 def _expand(gran, a, shape):
@@ -66,7 +71,7 @@ def test_kernel_equals_generic_equals_onnx(fmt, gid, shape, gran, axis, block):
         assert_bits_equal(np.where(mine == 0, 0, mine), np.where(deq == 0, 0, deq), oracle)
     qmin, qmax = (0, 0) if fmt.is_float8 else code_range(fmt)
     expect = _mask_oracle(fmt, x, _expand(gran, scale, shape), _expand(gran, zp, shape), qmin, qmax)
-    np.testing.assert_array_equal(gen_m.numpy(), expect)
+    np.testing.assert_array_equal(_unpacked(gen_m, xt, a).numpy(), expect)
 
 
 @pytest.mark.parametrize("fmt", FORMATS_Q, ids=lambda f: f.name)
@@ -84,7 +89,7 @@ def test_nonfinite_inputs_as_functional_reference(fmt, gid, shape, gran, axis, b
         assert torch.equal(kern[1], gen_m)
     ref = reference(xt, fmt, st, None if fmt.is_float8 else zt, gran)
     assert_bits_equal(gen_y, ref, "vs dal.formats.fake_quantize")
-    assert not gen_m.reshape(-1)[4:7].any()  # no gradient through NaN or a saturated inf
+    assert not _unpacked(gen_m, xt, a).reshape(-1)[4:7].any()  # no gradient through NaN or a saturated inf
 
 
 def test_exact_ties_round_half_even_and_signed_zero():
@@ -187,3 +192,31 @@ def test_cuda_generic_equals_cpu_kernel(fmt, gid, shape, gran, axis, block):
     gpu_y, gpu_m = torch.ops.dal.fake_quantize(xt.cuda(), st.cuda(), zt.cuda(), *a, True)
     assert_bits_equal(gpu_y.cpu(), cpu_y)
     assert torch.equal(gpu_m.cpu(), cpu_m)
+
+
+@pytest.mark.parametrize("shape,gran", [((3, 5, 7), PER_TENSOR), ((3, 5, 7), per_channel(0)),
+                                        ((3, 5, 7), per_channel(1)), ((4, 6, 10), per_group(2, 5)),
+                                        ((4, 6, 10), per_group(1, 3))], ids=str)
+def test_mask_grad_kernel_equals_generic_and_numpy(shape, gran):
+    """dal::mask_grad's C++ path (dal_fq_backward over the packed mask) and its generic path give
+    g * inside bit for bit (numpy: -0.0 where a negative g meets a clipped element), odd row
+    lengths included; the mask packed by the C++ forward and by pack_mask are the same bytes."""
+    torch.manual_seed(0)
+    x = torch.randn(shape) * 6
+    s = torch.full(gran.scale_shape(shape), 0.03)
+    zp = torch.zeros(s.shape, dtype=torch.int32)
+    a = (-128.0, 127.0, gran.normalized_axis(len(shape)), gran.block_size, 0)
+    _, packed = FQ.generic(x, s, zp, *a, True)
+    kern = FQ.cpu_kernel(x, s, zp, *a, True)
+    if kern is not None:
+        assert torch.equal(kern[1], packed)
+    rows, row_len = FQ.mask_layout(x.shape, a[2], a[3])
+    g = torch.randn(shape)
+    inside = np.abs(np.rint(x.numpy() / np.float32(0.03))) <= 127
+    inside &= np.rint(x.numpy() / np.float32(0.03)) >= -128
+    want = g.numpy() * inside
+    assert (~inside).any() and inside.any() and (want[~inside] == 0).all()
+    assert_bits_equal(FQ.mask_grad_op(g, packed, rows, row_len), want, "C++ path")
+    assert_bits_equal(FQ.mask_grad_generic(g, packed, rows, row_len), want, "generic path")
+    gc = g.permute(2, 0, 1).contiguous().permute(1, 2, 0)  # a strided gradient takes the generic path
+    assert_bits_equal(FQ.mask_grad_op(gc, packed, rows, row_len), want, "strided")
