@@ -65,10 +65,11 @@ def output_error(X: np.ndarray, W: np.ndarray, Q: np.ndarray) -> float:
     return float(np.linalg.norm(X @ W.T - X @ Q.T))
 
 
-def reference(W, X, percdamp=0.01, act_order=False, sparsity=None, per_channel=False):
+def reference(W, X, percdamp=0.01, act_order=False, sparsity=None, per_channel=False, fixed_mask=None):
     """GPTQ (``sparsity=None``) or SparseGPT (``sparsity=(n, m)``) of ``W`` on inputs ``X``
     (rows x columns); INT4 scales per group of 32 columns, or per row (``per_channel``, from
-    the weights before the loop).
+    the weights before the loop). ``fixed_mask`` (bool, rows x columns): weights where it is False
+    are 0 before quantization (a layer that is already sparse).
 
     Returns ``codes`` (original column order), ``scales`` (rows x groups), ``mask`` (or None)
     and ``v`` (``w / s`` before rounding, per row and column: how close each code was to a tie)."""
@@ -98,6 +99,8 @@ def reference(W, X, percdamp=0.01, act_order=False, sparsity=None, per_channel=F
     codes = np.zeros((rows, cols))
     v_all = np.zeros((rows, cols))
     mask = np.ones((rows, cols), dtype=bool) if sparsity else None
+    if fixed_mask is not None:
+        mask = np.asarray(fixed_mask, dtype=bool)[:, perm].copy()
     for j in range(cols):
         col = perm[j]
         g = 0 if per_channel else col // GROUP
@@ -109,7 +112,7 @@ def reference(W, X, percdamp=0.01, act_order=False, sparsity=None, per_channel=F
             drop = np.argsort(score, axis=1, kind="stable")[:, :m - n]
             np.put_along_axis(mask[:, j:j + m], drop, False, axis=1)
         w = W[:, j].copy()
-        w_in = np.where(mask[:, j], w, 0.0) if sparsity else w
+        w_in = np.where(mask[:, j], w, 0.0) if mask is not None else w
         q, code, v = rtn(w_in, scales[:, g])
         codes[:, j], v_all[:, j] = code, v
         err = (w - q) / Hinv[j, j]

@@ -259,3 +259,19 @@ def test_gptq_model_is_closer_to_the_float_model_than_round_to_nearest_on_held_o
         with torch.no_grad():
             err[name] = float((p.eval()(held).logits - ref).norm())
     assert err["gptq"] < 0.95 * err["rtn"], err
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_a_layer_already_2_of_4_keeps_its_mask(act_order):
+    lin, X = small_layer()
+    net = dal.sparsity.prepare_sparse(nn.Sequential(lin), "2:4")
+    mask = lin.weight_mask.clone()
+    W = lin.weight.detach().double().numpy().copy()  # pruned entries are 0 already
+    q = dal.prepare_qat(net, recipe=W4_GROUP, example_inputs=(X[:4],))
+    dal.calibrate(q, [X])
+    gptq(q, [X], dtype=torch.float64, act_order=act_order)
+    codes, _, _ = codes_and_scales(q)
+    assert torch.equal(q[0].weight_mask, mask)
+    assert np.all(codes[~mask.numpy()] == 0)
+    ref = reference(W, X.double().numpy(), act_order=act_order, fixed_mask=mask.numpy())
+    assert np.array_equal(codes, ref["codes"])

@@ -117,3 +117,11 @@ def test_whole_tiny_llama_sparsegpt_then_a_qat_step():
     loss.backward()
     assert torch.isfinite(loss)
     assert down.weight.grad[~down.weight_mask].abs().max() == 0  # pruned weights get no gradient
+
+
+def test_sparsegpt_is_a_step_of_the_ptq_flow():
+    lin, X = small_layer()
+    q = dal.ptq.quantize_ptq(nn.Sequential(lin), W4_GROUP, [X], steps=["sparsegpt"], example_inputs=(X[:4],))
+    mod = q[0]
+    assert (mod.weight_mask.reshape(16, 16, 4).sum(-1) == 2).all()
+    assert torch.equal(mod.quantized_weight(mod.weight), mod.weight)
