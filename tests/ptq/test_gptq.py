@@ -275,3 +275,17 @@ def test_a_layer_already_2_of_4_keeps_its_mask(act_order):
     assert np.all(codes[~mask.numpy()] == 0)
     ref = reference(W, X.double().numpy(), act_order=act_order, fixed_mask=mask.numpy())
     assert np.array_equal(codes, ref["codes"])
+
+
+def test_the_exported_codes_and_scales_are_gptqs(tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    q, W, X = prepared()
+    gptq(q, [X], dtype=torch.float64)
+    ref = reference(W, X.double().numpy())
+    path = tmp_path / "gptq.onnx"
+    dal.export_onnx(q, (X[:4],), str(path))
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
+    assert np.array_equal(inits["0.weight_quant.codes"].astype(np.float64), ref["codes"])
+    assert np.array_equal(inits["0.weight_quant.scale"].astype(np.float64), ref["scales"])
