@@ -229,6 +229,13 @@ def _op(b, rng, cls, variant, fin, fw):
         return _resize(b, rng, fin, variant)
     if cls == "softmax":
         return b.node("Softmax", [_act_in(b, fin, _x(rng, 2, 3, 7))], axis=-1)
+    if cls == "grid_sample":  # export/SPEC.md §5b: the grid DQ(int16 codes, 2^-14, 0); opset 21
+        x = _act_in(b, fin, _x(rng, 1, 3, 5, 6))
+        b.opset = max(b.opset, 21)
+        codes = np.round(rng.uniform(-1.2, 1.2, (1, 4, 7, 2)) * 2 ** 14).astype(np.int16)
+        grid = b.node("DequantizeLinear", [b.const(codes), b.const(np.array(2.0 ** -14, np.float32)),
+                                           b.const(np.zeros((), np.int16))])
+        return b.node("GridSample", [x, grid], mode="linear", padding_mode="zeros", align_corners=0)
     assert cls == "layernorm", cls
     x = _act_in(b, fin, _x(rng, 2, 3, 8))
     dt = np.float16 if b.compute16 else np.float32
