@@ -315,6 +315,10 @@ def _replay_setup(model, stage, cache, enabled, chained, data, input_fn, ctx, re
 
 def _solve_stack(members: list, H: torch.Tensor, tokens: int, solve: Callable, report: dict) -> None:
     mods = [m for _, m in members]
+    for name, m in members:
+        if m.weight.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dal.ptq: {name} has a {m.weight.dtype} weight; the solved weight (code - z) * s is "
+                             "written exactly only in float32 or float64: model.float() first")
     flat = lambda m, t: t.detach().reshape(m.weight.shape[0], -1).cpu()  # noqa: E731  (conv: out x in*kh*kw)
     W = torch.cat([flat(m, m.weight).to(H.dtype) for m in mods], dim=0)
     masks = [getattr(m, "weight_mask", None) for m in mods]
