@@ -3,8 +3,8 @@
 The issue's target: GPTQ of the whole model in under 2x the time of one calibration pass. Models
 are transformers' LlamaForCausalLM from a config (random weights, no download), prepared with
 w4a8_fp8_performance (int4 per group of 32 for the linears, int8 lm_head, int8 activations).
-Every timed run starts from the same calibrated model (rebuilt from the seed and calibrated, not
-timed: a deep copy of a prepared Llama loses the HF attention core's attributes); the runs are
+Every timed run starts from the same calibrated model (rebuilt from the seed and calibrated with
+the recipe's method, not timed); the runs are
 interleaved, repeated, and the median is reported with the ratio to the calibration pass of the
 recipe's method (mse) and of min-max.
 
