@@ -108,6 +108,11 @@ def candidate_linears(model: nn.Module, layers=None, what: str = "dal.ptq", conv
         raise ValueError(f"{what}: the weight quantizer of {', '.join(uncalibrated[:6])}"
                          f"{' ...' if len(uncalibrated) > 6 else ''} has no scale (state observe): run "
                          "dal.calibrate(model, data) first")
+    low = [n for n, m in found if m.weight.dtype not in (torch.float32, torch.float64)]
+    if low:
+        raise ValueError(f"{what}: {', '.join(low[:6])} {'has' if len(low) == 1 else 'have'} a "
+                         f"{dict(found)[low[0]].weight.dtype} weight; the solved weight (code - z) * s is written "
+                         "exactly only in float32 or float64: model.float() first")
     if not found:
         raise ValueError(f"{what}: {type(model).__name__} has no QLinear (or plain QConv2d) with an integer weight "
                          "quantizer: prepare it with dal.prepare_qat and a recipe that quantizes linear weights to an "
@@ -315,10 +320,6 @@ def _replay_setup(model, stage, cache, enabled, chained, data, input_fn, ctx, re
 
 def _solve_stack(members: list, H: torch.Tensor, tokens: int, solve: Callable, report: dict) -> None:
     mods = [m for _, m in members]
-    for name, m in members:
-        if m.weight.dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"dal.ptq: {name} has a {m.weight.dtype} weight; the solved weight (code - z) * s is "
-                             "written exactly only in float32 or float64: model.float() first")
     flat = lambda m, t: t.detach().reshape(m.weight.shape[0], -1).cpu()  # noqa: E731  (conv: out x in*kh*kw)
     W = torch.cat([flat(m, m.weight).to(H.dtype) for m in mods], dim=0)
     masks = [getattr(m, "weight_mask", None) for m in mods]
@@ -342,9 +343,10 @@ def _solve_stack(members: list, H: torch.Tensor, tokens: int, solve: Callable, r
             keep = new_mask[r0:r0 + n].reshape(mod.weight.shape).to(mod.weight.device)
             if getattr(mod, "weight_mask", None) is None:
                 mod.register_buffer("weight_mask", keep.clone())
-                mod.register_buffer("weight_sparsity_stats", torch.zeros(3, dtype=torch.float64, device=keep.device))
             else:
-                mod.weight_mask.copy_(keep)
+                mod.weight_mask.copy_(keep)  # in place: a dal.sparsity controller holds this tensor
+            if getattr(mod, "weight_sparsity_stats", None) is None:
+                mod.register_buffer("weight_sparsity_stats", torch.zeros(3, dtype=torch.float64, device=keep.device))
             w0 = W[r0:r0 + n]
             mod.weight_sparsity_stats[1] = w0.abs().sum(dtype=torch.float64)
             mod.weight_sparsity_stats[2] = w0.masked_fill(~keep.cpu().reshape(n, -1), 0).abs().sum(dtype=torch.float64)

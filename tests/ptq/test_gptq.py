@@ -289,3 +289,10 @@ def test_the_exported_codes_and_scales_are_gptqs(tmp_path):
     inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
     assert np.array_equal(inits["0.weight_quant.codes"].astype(np.float64), ref["codes"])
     assert np.array_equal(inits["0.weight_quant.scale"].astype(np.float64), ref["scales"])
+
+
+def test_a_half_precision_weight_is_refused_by_path():
+    q, W, X = prepared()
+    q[0].weight.data = q[0].weight.data.bfloat16()
+    with pytest.raises(ValueError, match="0 has a torch.bfloat16 weight"):
+        gptq(q, [X])
