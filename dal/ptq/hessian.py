@@ -328,7 +328,12 @@ def _solve_stack(members: list, H: torch.Tensor, tokens: int, solve: Callable, r
         mask = torch.cat([flat(m, k if k is not None else torch.ones_like(m.weight, dtype=torch.bool))
                           for k, m in zip(masks, mods)], dim=0)
     rtn = torch.cat([flat(m, m.quantized_weight(m.weight)).to(H.dtype) for m in mods], dim=0)
-    grid, result = solve(W, H.cpu(), [m.weight_quant for m in mods], [m.weight.shape[0] for m in mods], mask)
+    try:
+        grid, result = solve(W, H.cpu(), [m.weight_quant for m in mods], [m.weight.shape[0] for m in mods], mask)
+    except ValueError as err:
+        if str(err).startswith(("sparsegpt:", "dal.ptq")):  # names the layers already
+            raise
+        raise ValueError(f"dal.ptq: {', '.join(n for n, _ in members)}: {err}") from err
     Q = grid.dequantize(result["codes"])
     new_mask = result.get("mask")
     params = grid.split()

@@ -296,3 +296,10 @@ def test_a_half_precision_weight_is_refused_by_path():
     q[0].weight.data = q[0].weight.data.bfloat16()
     with pytest.raises(ValueError, match="0 has a torch.bfloat16 weight"):
         gptq(q, [X])
+
+
+def test_an_unusable_hessian_names_the_layer():
+    q, W, X = prepared()
+    # one calibration row: H has rank 1, and a damping of 1e-30 of its mean diagonal does not help
+    with pytest.raises(ValueError, match=r"dal.ptq: 0: the layer's Hessian is not positive definite"):
+        gptq(q, [X[:1]], percdamp=1e-30)
