@@ -15,6 +15,8 @@ reference implements instead (written once in export/SPEC.md), and which these f
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
 * Resize linear and cubic (``F.interpolate`` bilinear, bicubic): separable in float64, rounded
   once to float32;
+* GridSample (a float ``F.grid_sample`` a recipe does not quantize; a quantized one is
+  ``QGridSample``, forms.py): export/SPEC.md §5b in float64, rounded once (grid_sample.py);
 * BatchNormalization (a BN a recipe's skip rule leaves in float; unfolded, it is otherwise a
   QBatchNorm2d, an integer layer):
   ``(x - mean) / sqrt(var + float32(eps)) * scale + B`` in float64, rounded once (torch's float32
@@ -43,6 +45,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..export.plan import TRACE_MAX_OPSET
 from .fp16_region import float32_value, to_dtype_once
+from .grid_sample import float_grid_sample
 from .instancenorm import group_norm_onnx, instance_norm_onnx
 
 
@@ -258,7 +261,7 @@ _IMPL = {
     F.silu: _silu, F.hardsigmoid: _hardsigmoid, F.hardswish: _hardswish,
     torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64, F.interpolate: _interpolate,
     F.batch_norm: batch_norm_f64, F.group_norm: group_norm_onnx, F.instance_norm: _instance_norm,
-    torch.sum: sum_f64, torch.Tensor.sum: sum_f64,
+    torch.sum: sum_f64, torch.Tensor.sum: sum_f64, F.grid_sample: float_grid_sample,
 }
 
 

@@ -61,6 +61,16 @@ def grid_sample_f64(x: torch.Tensor, grid: torch.Tensor, mode: str, padding_mode
     return torch.where(nan[:, None], zero, out).float()
 
 
+def float_grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    """A float ``F.grid_sample`` left unquantized (its recipe rule does not quantize it): the
+    exported GridSample as :func:`grid_sample_f64` computes it, or None (torch's own op) for
+    another mode, padding, rank or dtype (dal.npu refuses those modes)."""
+    if (mode not in ("bilinear", "nearest") or padding_mode not in ("zeros", "border") or input.dim() != 4
+            or input.dtype != torch.float32 or grid.dtype != torch.float32):
+        return None
+    return grid_sample_f64(input, grid, mode, padding_mode, bool(align_corners))
+
+
 class GridSampleForm(WrapsModule):
     """A ``QGridSample`` (``qat``) as the file computes it: its input and grid quantizers, the
     float64 GridSample of :func:`grid_sample_f64`, then the input quantizer again (the output

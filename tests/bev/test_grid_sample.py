@@ -386,3 +386,36 @@ def test_hardware_declares_the_grid_format():
         bad["ops"][op_class] = body
         with pytest.raises(ValueError, match="grid_formats is for grid_sample only"):
             load_hardware(bad)
+
+
+class ConvThenSample(nn.Module):
+    def __init__(self, mode, padding, align, grid):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.mode, self.padding, self.align = mode, padding, align
+        self.register_buffer("grid", grid)
+
+    def forward(self, x):
+        return F.grid_sample(self.c1(x), self.grid, mode=self.mode, padding_mode=self.padding,
+                             align_corners=self.align)
+
+
+@pytest.mark.parametrize("mode,padding,align", [COMBOS[0], COMBOS[3]])
+def test_float_grid_sample_left_by_the_recipe(mode, padding, align):
+    """A grid_sample a skip rule leaves in float (a float GridSample in the file, here the graph
+    output): dal.convert computes it as §5b says (float64, one rounding, dal/convert/float_ops.py),
+    equal to dal.npu on every element (with torch's float32 kernel instead, both cases here differ:
+    measured by removing the rule)."""
+    recipe = yaml.safe_load((Path(dal.__file__).parents[1] / "recipes" / "int8_balanced.yaml").read_text())
+    recipe["name"] = "int8_balanced_float_grid"
+    recipe["rules"].insert(0, {"type": "grid_sample", "skip": True})
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, H, W)
+    p = dal.prepare_qat(ConvThenSample(mode, padding, align, _grid(1, False)), recipe=recipe, hardware="a2000")
+    dal.calibrate(p, [x, torch.randn_like(x)], progress=False)
+    p.eval()
+    proto = dal.export_onnx(p, (x,))
+    assert [n.op_type for n in proto.graph.node][-1] == "GridSample"
+    sess = dal.npu.load(proto, threads=1)
+    want = sess.run({sess.input_names[0]: x.numpy()})[0]
+    assert np.array_equal(dal.convert(p)(x).numpy(), want)
