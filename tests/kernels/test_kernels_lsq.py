@@ -87,3 +87,27 @@ def test_opcheck():
     z = torch.full((4,), 3.2).requires_grad_()
     torch.library.opcheck(torch.ops.dal.fake_quantize_lsq.default,
                           (x, s, z, -128.0, 127.0, 0, 0, 0, 0.1, True, True))
+
+
+def test_learnable_quantizer_bfloat16_input():
+    """A learnable FakeQuantizer fed bfloat16 (autocast) takes dal::fake_quantize_lsq: scale and
+    rounding in float32, output bfloat16 = the float32 step's output on the same (widened) values
+    rounded once to bfloat16; the scale's gradient is the float32 step's of the same upstream gradient."""
+    from dal.quantizer import FakeQuantizer
+    torch.manual_seed(4)
+    q = FakeQuantizer("int8", per_channel(0), learnable=True)
+    xb = (torch.randn(6, 20) * 3).to(torch.bfloat16)
+    q(xb.float())
+    q.end_observation("quantize")
+    q.scale.data.mul_(0.5)  # some values clip
+    x16 = xb.clone().requires_grad_()
+    y16 = q(x16)
+    assert y16.dtype == torch.bfloat16
+    g = torch.randn(6, 20).to(torch.bfloat16)
+    y16.backward(g)
+    s16 = q.scale.grad.clone()
+    q.scale.grad = None
+    y32 = q(xb.float().requires_grad_())
+    assert torch.equal(y16, y32.to(torch.bfloat16))
+    y32.backward(g.float())
+    assert torch.equal(s16, q.scale.grad) and (s16 != 0).all()
