@@ -19,6 +19,7 @@ into one grid: rows are independent, so one column loop serves them all.
 from __future__ import annotations
 
 import copy
+from typing import Optional
 
 import torch
 
@@ -122,13 +123,18 @@ class ColumnGrid:
         if g != self._current:
             self._s = self.scale[:, g].to(self.dtype)
             self._z = self.zero_point[:, g].to(self.dtype)
+            self._zero = not bool(self._z.any())  # symmetric signed: skip the two zero-point ops
             self._current = g
         return self._s, self._z
 
-    def quantize(self, w: torch.Tensor, column: int) -> tuple:
-        """``(q, code)`` of column ``column``'s weights ``w`` (one per row), in ``self.dtype``."""
+    def quantize(self, w: torch.Tensor, column: int, out: Optional[torch.Tensor] = None) -> tuple:
+        """``(q, code)`` of column ``column``'s weights ``w`` (one per row), in ``self.dtype``;
+        the codes are written into ``out`` when given (the solver's code matrix row)."""
         s, z = self._column_params(column)
-        code = torch.div(w, s).round_().add_(z).clamp_(self.qmin, self.qmax)
+        code = torch.div(w, s, out=out).round_()
+        if self._zero:
+            return code.clamp_(self.qmin, self.qmax).mul(s), code
+        code.add_(z).clamp_(self.qmin, self.qmax)
         return (code - z).mul_(s), code
 
     def split(self) -> list:

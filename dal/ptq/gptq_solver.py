@@ -112,11 +112,9 @@ def solve_columns(W: torch.Tensor, H: torch.Tensor, grid: ColumnGrid, *, block_s
                 pruned.scatter_(0, ranks[:m - n_keep], True)
                 mask[j:j + m] = ~pruned
             w_in = w if mask is None else torch.where(mask[j], w, torch.zeros_like(w))
-            q, code = grid.quantize(w_in, col)
-            codes[j] = code
-            err = (w - q).div_(d_list[i])
+            q, _ = grid.quantize(w_in, col, out=codes[j])
+            err = torch.sub(w, q, out=Err1[i]).div_(d_list[i])
             W1[i:].addr_(U1[i, i:], err, alpha=-1.0)
-            Err1[i] = err
         Wt[i2:].addmm_(U[i1:i2, i2:].t(), Err1, alpha=-1.0)
     codes, mask = codes.t(), (mask.t() if mask is not None else None)
     inv = torch.argsort(perm)
