@@ -19,7 +19,7 @@ division by the scale may become a multiplication by its reciprocal (the one-LSB
 torch's own fake-quant ops have with ONNX, FACTS.md); an opaque op runs the same code compiled or
 not, so a compiled step gives the eager step's bits.
 
-Ops: :mod:`.fake_quant` (``dal::fake_quantize``), :mod:`.observer_update` (``dal::observe_minmax_``),
+Ops: :mod:`.fake_quant` (``dal::fake_quantize``, its backward ``dal::mask_grad``), :mod:`.observer_update` (``dal::observe_minmax_``),
 :mod:`.qparams` (``dal::minmax_qparams``), :mod:`.cast` (``dal::fp_round_trip``), :mod:`.fold_factor`
 (``dal::fold_factor``, QConvBn2d's BN fold factor), :mod:`.lsq` (``dal::fake_quantize_lsq``, a learnable
 scale and zero point: LSQ / LSQ+).
