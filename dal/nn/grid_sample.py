@@ -49,13 +49,15 @@ def grid_scale(height: int, width: int) -> float:
 
 
 class GridQuantizer(FakeQuantizer):
-    """int16, symmetric, per tensor, scale ``2^-14`` and zero point 0 from the start: calibration
-    and QAT never move it (``compute_qparams`` writes the fixed values, no range tracking)."""
+    """int16, symmetric, per tensor, scale ``2^-14`` and zero point 0 from the start, in state
+    ``frozen``: calibration leaves it alone (it quantizes the grid while the other quantizers
+    observe) and QAT never moves it; put in ``observe`` / ``quantize`` by hand, it still takes
+    the fixed values (``compute_qparams``) and tracks no range."""
 
     def __init__(self, name: str = ""):
         super().__init__("int16", symmetric=True, observer="minmax", name=name)
         self.set_qparams(torch.tensor(2.0 ** -GRID_SCALE_LOG2), torch.tensor(0, dtype=torch.int32))
-        self.set_state(QState.QUANTIZE)
+        self.set_state(QState.FROZEN)
 
     @torch.no_grad()
     def compute_qparams(self) -> None:
