@@ -15,7 +15,6 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from ..formats import fake_quantize
 from ..quantizer import FakeQuantizer, QState
