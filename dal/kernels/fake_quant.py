@@ -13,16 +13,18 @@ saturate. The gradient is the straight-through estimator with the clip mask,
 ``d y / d x = mask``, as ``grad * mask`` (``dal::mask_grad``); the scale and zero point get none
 (a learnable scale: ``dal::fake_quantize_lsq``, :mod:`.lsq`).
 
-The op returns ``(y, mask)``; the mask is packed, one bit per element of ``x`` in logical order, in
+The op returns ``(y, mask)``; the mask is packed, one bit per element of ``x`` in logical order
+(per tensor: in ``x``'s memory order, the logical order of ``x.permute(memory_perm(x))``), in
 rows of whole bytes (:func:`mask_layout`, :func:`pack_mask` / :func:`unpack_mask`: the C++ kernel's
 layout), and empty when ``need_mask`` is false (no gradient wanted). Granularity: ``axis`` None (per tensor), or an axis
 with ``block_size`` 0 (per channel) or the block length (per group); ``scale`` and
 ``zero_point`` have ``Granularity.scale_shape(x.shape)``.
 
 CPU implementation: the C++ kernel ``dal_fq_forward`` (``dal.formats.native``), when ``x`` is
-float32, contiguous and non-empty, its granularity a layout the kernel has
+float32, contiguous (per tensor: any dense layout, e.g. channels-last, elementwise over the memory
+order, ``y`` with ``x``'s strides) and non-empty, its granularity a layout the kernel has
 (:func:`kernel_layout`: per tensor, per channel, blocks on the last axis) and the kernel
-built, and ``dal::mask_grad`` by the C++ ``dal_fq_backward`` for a float32 contiguous gradient
+built, and ``dal::mask_grad`` by the C++ ``dal_fq_backward`` for a float32 gradient contiguous in that order
 (the bit mask is never unpacked on these paths). Everything else (other dtypes,
 channels-last or strided input, blocks on another axis, no compiler) runs the generic
 implementation, which is plain torch on any device and gives the same bits.
@@ -59,6 +61,12 @@ def laid_out_like(x: torch.Tensor, t: torch.Tensor, dtype: torch.dtype) -> torch
     return ref.copy_(t)
 
 
+def memory_perm(x: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions of ``x`` by decreasing stride (stable): ``x.permute(memory_perm(x))`` is
+    contiguous when ``x`` is non-overlapping and dense, so its logical order is x's memory order."""
+    return tuple(sorted(range(x.dim()), key=lambda d: -x.stride(d)))
+
+
 def codes(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int], block_size: int, mode: int,
           need_mask: bool):
     """``(v, c, mask, s)`` in float32, shaped for broadcasting (``broadcast_view``): ``v = x / s``, the
@@ -90,8 +98,13 @@ def generic(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int],
     """The op in plain torch, for every device and dtype (see the module docstring)."""
     _, c, mask, s = codes(x, scale, zero_point, qmin, qmax, axis, block_size, mode, need_mask)
     y = laid_out_like(x, (c * s).reshape(x.shape), x.dtype)
-    m = pack_mask(mask.reshape(x.shape), *mask_layout(x.shape, axis, block_size)) if need_mask \
-        else x.new_empty(0, dtype=torch.uint8)
+    if need_mask:
+        mask = mask.reshape(x.shape)
+        if axis is None:
+            mask = mask.permute(memory_perm(x))
+        m = pack_mask(mask, *mask_layout(x.shape, axis, block_size))
+    else:
+        m = x.new_empty(0, dtype=torch.uint8)
     return y, m
 
 
@@ -136,11 +149,13 @@ def pack_mask(mask: torch.Tensor, rows: int, row_len: int) -> torch.Tensor:
 
 
 def kernel_layout(x: torch.Tensor, axis: Optional[int], block_size: int) -> Optional[tuple[int, int, int, int]]:
-    """``(rows, row_len, param_div, param_mod)`` of ``dal_fq_forward``: x as ``rows`` contiguous rows,
+    """``(rows, row_len, param_div, param_mod)`` of ``dal_fq_forward``: x as ``rows`` contiguous rows
+    (per tensor: one row, x's memory in order, any dense layout),
     row ``r`` quantized with parameter ``(r // param_div) % param_mod``; None where the C++ kernel
-    does not apply (not float32 contiguous on the CPU, empty, blocks on an axis other than the
+    does not apply (not float32 contiguous, or per tensor dense, on the CPU, empty, blocks on an axis other than the
     last, or no kernel built)."""
-    if not (x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and x.numel()):
+    dense = x.is_contiguous() or (axis is None and x.permute(memory_perm(x)).is_contiguous())
+    if not (x.device.type == "cpu" and x.dtype == torch.float32 and dense and x.numel()):
         return None
     if type(x) not in (torch.Tensor, torch.nn.Parameter) or native.library() is None:
         return None
@@ -229,6 +244,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(output[1])
     ctx.rows, ctx.row_len = mask_layout(x.shape, axis, block_size)
     ctx.need_mask = need_mask
+    ctx.perm = memory_perm(x) if axis is None else None
 
 
 def _backward(ctx, grad_y, grad_mask):
@@ -236,7 +252,12 @@ def _backward(ctx, grad_y, grad_mask):
     if not ctx.need_mask:
         raise RuntimeError("dal::fake_quantize was called with need_mask=False but a gradient is asked for; "
                            "call it through dal.kernels.fake_quantize, which sets need_mask")
-    return mask_grad_op(grad_y, mask, ctx.rows, ctx.row_len), None, None, None, None, None, None, None, None
+    if ctx.perm is None:
+        grad_x = mask_grad_op(grad_y, mask, ctx.rows, ctx.row_len)
+    else:  # the mask in x's memory order: grad_y permuted alike (contiguous when laid out as x)
+        inverse = sorted(range(len(ctx.perm)), key=ctx.perm.__getitem__)
+        grad_x = mask_grad_op(grad_y.permute(ctx.perm), mask, ctx.rows, ctx.row_len).permute(inverse)
+    return grad_x, None, None, None, None, None, None, None, None
 
 
 fake_quantize_op.register_autograd(_backward, setup_context=_setup_context)
