@@ -1,5 +1,6 @@
 """pyproject.toml declares what the code needs: ninja, and extras whose union is ``all`` (``docs``, the
-documentation site's tools, is not a feature of dal: it is in ``dev`` only)."""
+documentation site's tools, is not a feature of dal: it is in ``dev`` only; ``bench``, the peers only
+bench/ measures, is in neither)."""
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def test_all_is_every_user_extra():
     assert names(extras["report"]) == {"matplotlib"}
     assert names(extras["ort"]) == {"onnxruntime", "onnxscript"}
     assert names(extras["lightning"]) == {"pytorch-lightning"}
-    user = set().union(*(names(v) for k, v in extras.items() if k not in ("all", "dev", "docs")))
+    user = set().union(*(names(v) for k, v in extras.items() if k not in ("all", "dev", "docs", "bench")))
     assert names(extras["all"]) == user
     assert user <= names(extras["dev"])  # make test runs every integration
     assert names(extras["docs"]) <= names(extras["dev"])  # and builds the docs site (tests/docs)
