@@ -14,7 +14,8 @@ model of the same architecture (fused Conv+BN+ReLU), the reference eager QAT flo
 
 ``--compile BACKEND`` (default inductor) adds the compiled float and compiled dal columns
 (``torch.compile`` of each model; the quantizers run dal.kernels' ops); their warm-up step
-includes the compile.
+includes the compile. ``--no-layout-optimization`` passes inductor ``options={"layout_optimization":
+False}`` to both (no channels-last relayout of the convolutions' activations).
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ CASES = {"r18-112": ("resnet18", 112), "r18-224": ("resnet18", 224), "mnv3l-224"
 EAGER_TARGETS = {112: 1.25, 224: 1.15}
 COMPILED_TARGET = 1.10
 PEER_TARGET = 0.8
+#: inductor's layout optimization (channels-last convolutions) for the compiled steps; --no-layout-optimization
+LAYOUT_OPTIMIZATION = True
 
 
 def _models(arch: str, size: int, batch: int, backend: str | None = None) -> dict:
@@ -70,9 +73,10 @@ def _models(arch: str, size: int, batch: int, backend: str | None = None) -> dic
     steps = {"float": _step_fn(getattr(torchvision.models, arch)(weights=None).train(), x, y),
              "dal": _step_fn(qat(), x, y), "torch.ao": _step_fn(ao_model, x, y)}
     if backend:
+        opts = {"options": {"layout_optimization": False}} if not LAYOUT_OPTIMIZATION else {}
         steps["compiled float"] = _step_fn(torch.compile(getattr(torchvision.models, arch)(weights=None).train(),
-                                                         backend=backend), x, y)
-        steps["compiled dal"] = _step_fn(torch.compile(qat(), backend=backend), x, y)
+                                                         backend=backend, **opts), x, y)
+        steps["compiled dal"] = _step_fn(torch.compile(qat(), backend=backend, **opts), x, y)
     return steps
 
 
@@ -107,7 +111,8 @@ def run(cases, batch: int, reps: int, backend: str | None = None) -> list[str]:
     compiled = " | compiled float (ms) | compiled dal (ms) | compiled dal / compiled float | compiled dal / eager dal"
     lines = [f"CPU: {_cpu_flags()}; {torch.get_num_threads()} torch threads; {os.cpu_count()} cores", "",
              f"Train step (SGD), batch {batch}, medians of {reps} round-robin repetitions"
-             + (f"; torch.compile(backend={backend!r})" if backend else "") + ":", "",
+             + (f"; torch.compile(backend={backend!r}{'' if LAYOUT_OPTIMIZATION else ', options={layout_optimization: False}'})"
+                if backend else "") + ":", "",
              "| case | clock | float (ms) | dal (ms) | dal / float | torch.ao (ms) | dal / torch.ao"
              + (compiled if backend else "") + " | load before -> after |",
              "|---" * (8 + (4 if backend else 0)) + "|"]
@@ -139,7 +144,11 @@ def main() -> None:
     ap.add_argument("--write", metavar="PATH", help="also write the markdown table to PATH")
     ap.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                     help="also time the compiled float and dal steps (torch.compile with BACKEND, default inductor)")
+    ap.add_argument("--no-layout-optimization", action="store_true",
+                    help='compile with inductor options={"layout_optimization": False}')
     args = ap.parse_args()
+    global LAYOUT_OPTIMIZATION
+    LAYOUT_OPTIMIZATION = not args.no_layout_optimization
     if args.threads:
         torch.set_num_threads(args.threads)
     text = "\n".join(run(args.cases, args.batch, args.reps, args.compile))

@@ -1,6 +1,6 @@
 """A FakeQuantizer's forward under ``torch.compile`` (and for bfloat16 / float16 input, as under
 autocast: scales and rounding in float32, output in the input's dtype): the registered ops of
-``dal.kernels``.
+``dal.kernels`` (under ``torch.compile`` the observer's update in its plain-torch form, see below).
 
 No ``.item()``, no ctypes call, no Python branch on a tensor's value, so dynamo traces it without
 a graph break, and each op runs the same code compiled or not:
@@ -11,8 +11,26 @@ a graph break, and each op runs the same code compiled or not:
 * a learnable scale (LSQ / LSQ+, ``quantize`` or ``frozen``): ``dal::fake_quantize_lsq`` (:func:`ops_learnable`);
 * FP16 / BF16: ``dal::fp_round_trip``;  ``observe`` (calibration): ``dal::observe_minmax_``.
 
-The same bits as the eager forward (tests/kernels/test_compile.py). Eagerly the C++ paths of
-``dal.formats`` stay, which fuse the observer's step with the fake quantization in one pass.
+Which form per op under ``torch.compile`` (:data:`COMPILED_FORM`; both forms give the same bits, so
+the faster compiled step decides; ResNet-18 batch 8 at 112, SGD, 1 thread, CPU ms per compiled step,
+bench/results/qat_step.md "compiled: which form per op"):
+
+* fake quantization and its STE backward: the opaque ``dal::fake_quantize`` / ``dal::mask_grad``.
+  The inlined plain-torch form (:class:`dal.kernels.fake_quant_inline.FakeQuantizeInline`), which
+  inductor fuses with the BatchNorm / ReLU / add around it, is slower: 392 vs 337 ms (layout
+  optimization off, observer op in both), 482 vs 434 ms (on, observer inlined in both). The C++
+  kernel is one vectorized pass writing a bit-packed mask; inductor's fused kernel writes byte
+  masks that its backward reads back;
+* the observer's update: plain torch (``dal.kernels.observer_update.generic``, inlined):
+  334 vs 337 ms (off), 434 vs 444 ms (on) for the op;
+* the scale (``dal::minmax_qparams``) and QConvBn2d's fold factor (``dal::fold_factor``) stay ops
+  for their bits: inductor recompiles the float64 scale arithmetic with its own flags, and would
+  recompute a plain-torch fold factor from the running variance BatchNorm already updated
+  (pytorch/pytorch#197039).
+
+The same bits as the eager forward (tests/kernels/test_compile.py, test_fake_quant_inline.py).
+Eagerly the C++ paths of ``dal.formats`` stay, which fuse the observer's step with the fake
+quantization in one pass.
 Observers the ops do not cover (histogram, percentile, a fixed scale, several processes that
 all-reduce, buffers not created yet) run their own code here too, with graph breaks.
 """
@@ -23,9 +41,15 @@ from typing import Optional
 import torch
 
 from . import kernels
+from .kernels import observer_update
+from .kernels.fake_quant_inline import fake_quantize_inline
 from .formats.autograd import pow2_scale_ste
 from .observers.distributed import world_size
 from .observers.minmax import MinMaxObserver, MovingAverageMinMaxObserver
+
+#: The form of each step under ``torch.compile`` ("inline": plain torch that inductor fuses; "op": the
+#: opaque registered op). See the module docstring for the measurement behind each choice.
+COMPILED_FORM = {"fake_quantize": "op", "observe": "inline"}
 
 
 def ops_forward(q, x: torch.Tensor) -> torch.Tensor:
@@ -38,6 +62,8 @@ def ops_forward(q, x: torch.Tensor) -> torch.Tensor:
             raise RuntimeError(f"quantizer {q.name or '<unnamed>'} has no scale: calibrate first")
         if q.learnable:
             return ops_learnable(q, x)
+        if COMPILED_FORM["fake_quantize"] == "inline" and torch.compiler.is_compiling():
+            return fake_quantize_inline(x, scale, zero_point, q.fmt, q.granularity, q.narrow_range)
         return kernels.fake_quantize(x, scale, zero_point, q.fmt, q.granularity, q.narrow_range)
     if q._cast:
         return kernels.fp_round_trip(x, q.fmt.torch_dtype())
@@ -58,9 +84,11 @@ def ops_observe(q, x: torch.Tensor, qparams: bool) -> Optional[tuple[torch.Tenso
             return None
         q.compute_qparams()
         return q.scale.clone(), q.zero_point.clone()
-    kernels.observe_minmax_(x, o.min_val, o.max_val, o.batches_seen, o.nonfinite_count,
-                            getattr(o, "averaging_constant", 0.0), q.granularity.normalized_axis(x.dim()),
-                            q.granularity.block_size)
+    observe = observer_update.generic if COMPILED_FORM["observe"] == "inline" and torch.compiler.is_compiling() \
+        else kernels.observe_minmax_
+    observe(x, o.min_val, o.max_val, o.batches_seen, o.nonfinite_count,
+            getattr(o, "averaging_constant", 0.0), q.granularity.normalized_axis(x.dim()),
+            q.granularity.block_size)
     if not qparams:
         return None
     scale, zero_point = kernels.minmax_qparams(o.min_val, o.max_val, q.fmt.name, q.symmetric, q.narrow_range,
