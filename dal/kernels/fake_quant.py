@@ -14,15 +14,16 @@ saturate. The gradient is the straight-through estimator with the clip mask,
 (a learnable scale: ``dal::fake_quantize_lsq``, :mod:`.lsq`).
 
 The op returns ``(y, mask)``; the mask is packed, one bit per element of ``x`` in logical order
-(per tensor: in ``x``'s memory order, the logical order of ``x.permute(memory_perm(x))``), in
+(per tensor, and per channel where ``x``'s memory keeps the axes up to the channel axis outermost
+in order, e.g. a channels-last weight: in ``x``'s memory order, :func:`mask_perm`), in
 rows of whole bytes (:func:`mask_layout`, :func:`pack_mask` / :func:`unpack_mask`: the C++ kernel's
 layout), and empty when ``need_mask`` is false (no gradient wanted). Granularity: ``axis`` None (per tensor), or an axis
 with ``block_size`` 0 (per channel) or the block length (per group); ``scale`` and
 ``zero_point`` have ``Granularity.scale_shape(x.shape)``.
 
 CPU implementation: the C++ kernel ``dal_fq_forward`` (``dal.formats.native``), when ``x`` is
-float32, contiguous (per tensor: any dense layout, e.g. channels-last, elementwise over the memory
-order, ``y`` with ``x``'s strides) and non-empty, its granularity a layout the kernel has
+float32, contiguous (per tensor or per channel: any dense layout :func:`mask_perm` accepts, e.g.
+channels-last, over the memory order, ``y`` with ``x``'s strides) and non-empty, its granularity a layout the kernel has
 (:func:`kernel_layout`: per tensor, per channel, blocks on the last axis) and the kernel
 built, and ``dal::mask_grad`` by the C++ ``dal_fq_backward`` for a float32 gradient contiguous in that order
 (the bit mask is never unpacked on these paths). Everything else (other dtypes,
@@ -67,6 +68,16 @@ def memory_perm(x: torch.Tensor) -> tuple[int, ...]:
     return tuple(sorted(range(x.dim()), key=lambda d: -x.stride(d)))
 
 
+def mask_perm(x: torch.Tensor, axis: Optional[int], block_size: int) -> Optional[tuple[int, ...]]:
+    """The permutation whose logical order the op's mask follows: :func:`memory_perm` per tensor, and
+    per channel when it keeps dimensions ``0..axis`` first and in order (each channel's elements
+    then one block of memory per outer index); None (x's logical order) otherwise."""
+    if axis is not None and block_size:
+        return None
+    perm = memory_perm(x)
+    return perm if axis is None or perm[:axis + 1] == tuple(range(axis + 1)) else None
+
+
 def codes(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int], block_size: int, mode: int,
           need_mask: bool):
     """``(v, c, mask, s)`` in float32, shaped for broadcasting (``broadcast_view``): ``v = x / s``, the
@@ -100,8 +111,9 @@ def generic(x, scale, zero_point, qmin: float, qmax: float, axis: Optional[int],
     y = laid_out_like(x, (c * s).reshape(x.shape), x.dtype)
     if need_mask:
         mask = mask.reshape(x.shape)
-        if axis is None:
-            mask = mask.permute(memory_perm(x))
+        perm = mask_perm(x, axis, block_size)
+        if perm is not None:
+            mask = mask.permute(perm)
         m = pack_mask(mask, *mask_layout(x.shape, axis, block_size))
     else:
         m = x.new_empty(0, dtype=torch.uint8)
@@ -150,11 +162,12 @@ def pack_mask(mask: torch.Tensor, rows: int, row_len: int) -> torch.Tensor:
 
 def kernel_layout(x: torch.Tensor, axis: Optional[int], block_size: int) -> Optional[tuple[int, int, int, int]]:
     """``(rows, row_len, param_div, param_mod)`` of ``dal_fq_forward``: x as ``rows`` contiguous rows
-    (per tensor: one row, x's memory in order, any dense layout),
+    (x's memory in order for a dense layout :func:`mask_perm` accepts),
     row ``r`` quantized with parameter ``(r // param_div) % param_mod``; None where the C++ kernel
-    does not apply (not float32 contiguous, or per tensor dense, on the CPU, empty, blocks on an axis other than the
+    does not apply (not float32 contiguous or dense as above on the CPU, empty, blocks on an axis other than the
     last, or no kernel built)."""
-    dense = x.is_contiguous() or (axis is None and x.permute(memory_perm(x)).is_contiguous())
+    perm = mask_perm(x, axis, block_size)
+    dense = x.is_contiguous() or (perm is not None and x.permute(perm).is_contiguous())
     if not (x.device.type == "cpu" and x.dtype == torch.float32 and dense and x.numel()):
         return None
     if type(x) not in (torch.Tensor, torch.nn.Parameter) or native.library() is None:
@@ -244,7 +257,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(output[1])
     ctx.rows, ctx.row_len = mask_layout(x.shape, axis, block_size)
     ctx.need_mask = need_mask
-    ctx.perm = memory_perm(x) if axis is None else None
+    ctx.perm = mask_perm(x, axis, block_size)
 
 
 def _backward(ctx, grad_y, grad_mask):
