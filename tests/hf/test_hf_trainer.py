@@ -26,23 +26,6 @@ hf = pytest.importorskip("dal.integrations.hf_trainer")
 SEQ = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def no_shadowed_datasets():
-    """tests/conftest.py puts tests/ on sys.path, where the folder tests/datasets is a namespace
-    package named ``datasets``: transformers then takes it for Hugging Face ``datasets`` and the
-    Trainer fails on ``datasets.Dataset``. With HF datasets not installed, the Trainer is told so."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("datasets")
-    mp = pytest.MonkeyPatch()
-    if spec is not None and spec.origin in (None, "namespace"):
-        import transformers.trainer
-
-        mp.setattr(transformers.trainer, "is_datasets_available", lambda: False)
-    yield
-    mp.undo()
-
-
 def tiny_llama():
     torch.manual_seed(0)
     cfg = T.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
