@@ -18,7 +18,8 @@ bench/results/qat_step.md "compiled: which form per op"):
 * fake quantization and its STE backward: the opaque ``dal::fake_quantize`` / ``dal::mask_grad``.
   The inlined plain-torch form (:class:`dal.kernels.fake_quant_inline.FakeQuantizeInline`), which
   inductor fuses with the BatchNorm / ReLU / add around it, is slower: 392 vs 337 ms (layout
-  optimization off, observer op in both), 482 vs 434 ms (on, observer inlined in both). The C++
+  optimization off, observer op in both), 482 vs 434 ms (on, observer inlined in both; measured before
+  the kernel took channels-last input, which brought the op's 434 to 370). The C++
   kernel is one vectorized pass writing a bit-packed mask; inductor's fused kernel writes byte
   masks that its backward reads back;
 * the observer's update: plain torch (``dal.kernels.observer_update.generic``, inlined):

@@ -6,7 +6,8 @@ dal); ``import dal`` does not import it. Each op has
 
 * a device-generic implementation in plain torch (CUDA, bfloat16, channels-last, any strides),
 * a CPU implementation that calls the C++ kernel of ``dal.formats.native`` where that kernel applies
-  (float32, contiguous, a layout it has, the kernel built) and the generic one elsewhere; both give
+  (float32, contiguous or a dense layout it reads in memory order, a layout it has, the kernel
+  built) and the generic one elsewhere; both give
   the same bits (tests/kernels),
 * a fake (meta) implementation (``register_fake``) so that dynamo / AOTAutograd trace it without
   running it, and
