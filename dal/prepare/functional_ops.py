@@ -7,6 +7,7 @@ whole model at once, is what lets prepare_qat work on models that do not trace a
 """
 from __future__ import annotations
 
+import copy
 import operator
 from typing import Optional
 
@@ -96,10 +97,25 @@ def cat_dim(node: fx.Node) -> int:
     return int(node.kwargs.get("dim", 0))
 
 
+class RewrittenModule(fx.GraphModule):
+    """The GraphModule prepare puts in place of a module whose forward it rewrote. Unlike
+    fx.GraphModule, ``copy.deepcopy`` keeps every entry of its ``__dict__`` (deep-copied), so the
+    plain attributes a parent reads (``prepare.apply.keep_attributes``: RAFT's
+    ``update_block.hidden_state_size``) survive the copies dal.convert and users make."""
+
+    def __deepcopy__(self, memo):
+        res = super().__deepcopy__(memo)
+        for key, value in self.__dict__.items():
+            if key not in res.__dict__:
+                res.__dict__[key] = copy.deepcopy(value, memo)
+        return res
+
+
 def rebuild(mod: nn.Module, graph: fx.Graph) -> fx.GraphModule:
-    """A GraphModule running ``graph`` over ``mod``'s submodules (same objects, same names)."""
+    """A GraphModule (:class:`RewrittenModule`) running ``graph`` over ``mod``'s submodules (same
+    objects, same names)."""
     graph.lint()
-    gm = fx.GraphModule(mod, graph, class_name=type(mod).__name__)
+    gm = RewrittenModule(mod, graph, class_name=type(mod).__name__)
     # The root's own flag only: gm.train() would also reset every child, undoing a user's
     # frozen BN or dropout inside a training model.
     gm.training = mod.training

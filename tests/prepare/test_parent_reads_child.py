@@ -7,6 +7,8 @@
   plan's name ``cpe1`` was gone ("CoaT has no attribute `cpe1`"), and a module under two names
   would have been quantized under one and left float under the other.
 """
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -47,6 +49,10 @@ def test_a_rewritten_child_keeps_its_attributes():
     qat.load_state_dict(float_model.state_dict(), strict=False)
     dal.prepare.set_quantizer_state(qat, "off")
     assert torch.equal(qat(x), want)  # quantizers off: the float computation, with the * 3 the parent read
+    # copy.deepcopy (dal.convert's first step, users' EMA / teacher copies) keeps the attribute:
+    # fx.GraphModule's own deepcopy drops every attribute its graph does not use.
+    copied = copy.deepcopy(qat)
+    assert copied.block.scale_hint == 3 and torch.equal(copied(x), want)
 
 
 def test_raft_reads_its_update_blocks_hidden_state_size():
@@ -57,6 +63,9 @@ def test_raft_reads_its_update_blocks_hidden_state_size():
     qat = dal.prepare_qat(float_model, recipe="int8_balanced", hardware="a2000", example_inputs=x)
     assert qat.update_block.hidden_state_size == 96  # raft_small's, read by RAFT.forward
     dal.calibrate(qat, [(x,)], progress=False)
+    # dal.convert deep-copies the model (before a forward: RAFT's CorrBlock then caches its pyramid,
+    # non-leaf tensors deepcopy refuses)
+    assert copy.deepcopy(qat).update_block.hidden_state_size == 96
     flows = qat.eval()(*x)
     assert len(flows) == 12 and flows[-1].shape == (1, 2, 128, 128) and torch.isfinite(flows[-1]).all()
 
