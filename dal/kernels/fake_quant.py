@@ -276,6 +276,19 @@ def _backward(ctx, grad_y, grad_mask):
 fake_quantize_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def op_format_args(fmt, narrow_range: bool = False) -> tuple[int, float, float]:
+    """The ops' ``(mode, qmin, qmax)`` for a scaled format: an FP8 format's kernel mode and
+    ``-+max``; an integer format mode 0 and its code range (narrowed with ``narrow_range``).
+    A format without a scale (fp16, bf16) is a ValueError naming fp_round_trip."""
+    fmt = get_format(fmt)
+    if not fmt.is_scaled:
+        raise ValueError(f"format {fmt.name!r} has no scale: use dal.kernels.fp_round_trip")
+    if fmt.is_float8:
+        return FP8_MODES[fmt.name], -fmt.max_value, fmt.max_value
+    qmin, qmax = code_range(fmt, narrow_range)
+    return 0, qmin, qmax
+
+
 def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: Optional[torch.Tensor], fmt,
                   granularity: Granularity = PER_TENSOR, narrow_range: bool = False) -> torch.Tensor:
     """``dequantize(quantize(x))`` by ``dal::fake_quantize``: integer or FP8 ``fmt`` at ``granularity``,
@@ -285,13 +298,7 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: Optional[tor
     >>> fake_quantize(torch.tensor([0.5, 1.5, 2.5, 300.0]), torch.tensor(1.0), None, "int8").tolist()
     [0.0, 2.0, 2.0, 127.0]
     """
-    fmt = get_format(fmt)
-    if not fmt.is_scaled:
-        raise ValueError(f"format {fmt.name!r} has no scale: use dal.kernels.fp_round_trip")
-    if fmt.is_float8:
-        mode, (qmin, qmax) = FP8_MODES[fmt.name], (-fmt.max_value, fmt.max_value)
-    else:
-        mode, (qmin, qmax) = 0, code_range(fmt, narrow_range)
+    mode, qmin, qmax = op_format_args(fmt, narrow_range)
     if zero_point is None:
         zero_point = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
     need_mask = x.requires_grad and torch.is_grad_enabled()

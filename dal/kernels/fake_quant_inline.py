@@ -17,9 +17,7 @@ from typing import Optional
 import torch
 
 from ..formats.granularity import PER_TENSOR, Granularity
-from ..formats.qformat import get_format
-from ..formats.qparams import code_range
-from .fake_quant import FP8_MODES, codes
+from .fake_quant import codes, op_format_args
 
 
 class FakeQuantizeInline(torch.autograd.Function):
@@ -47,13 +45,7 @@ def fake_quantize_inline(x: torch.Tensor, scale: torch.Tensor, zero_point: Optio
     >>> fake_quantize_inline(torch.tensor([0.5, 1.5, 2.5, 300.0]), torch.tensor(1.0), None, "int8").tolist()
     [0.0, 2.0, 2.0, 127.0]
     """
-    fmt = get_format(fmt)
-    if not fmt.is_scaled:
-        raise ValueError(f"format {fmt.name!r} has no scale: use dal.kernels.fp_round_trip")
-    if fmt.is_float8:
-        mode, (qmin, qmax) = FP8_MODES[fmt.name], (-fmt.max_value, fmt.max_value)
-    else:
-        mode, (qmin, qmax) = 0, code_range(fmt, narrow_range)
+    mode, qmin, qmax = op_format_args(fmt, narrow_range)
     if zero_point is None:
         zero_point = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
     return FakeQuantizeInline.apply(x, scale, zero_point, float(qmin), float(qmax),

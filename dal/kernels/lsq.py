@@ -35,9 +35,8 @@ import torch
 
 from ..formats.autograd import broadcast_view, reduce_to_param
 from ..formats.granularity import PER_TENSOR, Granularity
-from ..formats.qformat import get_format
-from ..formats.qparams import MIN_SCALE, code_range
-from .fake_quant import FP8_MODES, codes, laid_out_like
+from ..formats.qparams import MIN_SCALE
+from .fake_quant import codes, op_format_args, laid_out_like
 
 
 def lsq_grad_scale(numel: int, scale_numel: int, qmax: float) -> float:
@@ -120,13 +119,7 @@ def fake_quantize_lsq(x: torch.Tensor, scale: torch.Tensor, zero_point: Optional
     >>> round(s.grad.item(), 4)   # (0 - 0.3) + (2 - 1.5) + 127
     127.2
     """
-    fmt = get_format(fmt)
-    if not fmt.is_scaled:
-        raise ValueError(f"format {fmt.name!r} has no scale: use dal.kernels.fp_round_trip")
-    if fmt.is_float8:
-        mode, (qmin, qmax) = FP8_MODES[fmt.name], (-fmt.max_value, fmt.max_value)
-    else:
-        mode, (qmin, qmax) = 0, code_range(fmt, narrow_range)
+    mode, qmin, qmax = op_format_args(fmt, narrow_range)
     if zero_point is None:
         zero_point = torch.zeros(scale.shape, dtype=torch.float32, device=scale.device)
     grad = torch.is_grad_enabled()
