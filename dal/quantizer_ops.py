@@ -11,19 +11,18 @@ a graph break, and each op runs the same code compiled or not:
 * a learnable scale (LSQ / LSQ+, ``quantize`` or ``frozen``): ``dal::fake_quantize_lsq`` (:func:`ops_learnable`);
 * FP16 / BF16: ``dal::fp_round_trip``;  ``observe`` (calibration): ``dal::observe_minmax_``.
 
-Which form per op under ``torch.compile`` (:data:`COMPILED_FORM`; both forms give the same bits, so
-the faster compiled step decides; ResNet-18 batch 8 at 112, SGD, 1 thread, CPU ms per compiled step,
-bench/results/qat_step.md "compiled: which form per op"):
+Which form per op under ``torch.compile`` (:data:`COMPILED_FORM`). Both forms give the same bits,
+so the faster compiled step decides; the measurements are in bench/results/qat_step.md,
+"compiled: which form per op":
 
 * fake quantization and its STE backward: the opaque ``dal::fake_quantize`` / ``dal::mask_grad``.
-  The inlined plain-torch form (:class:`dal.kernels.fake_quant_inline.FakeQuantizeInline`), which
-  inductor fuses with the BatchNorm / ReLU / add around it, is slower: 392 vs 337 ms (layout
-  optimization off, observer op in both), 482 vs 434 ms (on, observer inlined in both; measured before
-  the kernel took channels-last input, which brought the op's 434 to 370). The C++
-  kernel is one vectorized pass writing a bit-packed mask; inductor's fused kernel writes byte
-  masks that its backward reads back;
-* the observer's update: plain torch (``dal.kernels.observer_update.generic``, inlined):
-  334 vs 337 ms (off), 434 vs 444 ms (on) for the op;
+  Its C++ kernel is one vectorized pass writing a bit-packed mask; the inlined plain-torch form
+  (:class:`dal.kernels.fake_quant_inline.FakeQuantizeInline`), which inductor fuses with the
+  BatchNorm / ReLU / add around it, writes a byte mask that its backward reads back, and the
+  step is slower. The inlined form stays as the measured alternative for devices where inductor's
+  fused kernel may win (it is the op's device-generic formula);
+* the observer's update: plain torch (``dal.kernels.observer_update.generic``, inlined), no slower
+  than the op;
 * the scale (``dal::minmax_qparams``) and QConvBn2d's fold factor (``dal::fold_factor``) stay ops
   for their bits: inductor recompiles the float64 scale arithmetic with its own flags, and would
   recompute a plain-torch fold factor from the running variance BatchNorm already updated
