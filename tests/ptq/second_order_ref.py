@@ -34,6 +34,18 @@ def small_layer(seed: int = 0, outlier_columns: bool = True):
     return lin, X
 
 
+def prepared_small_layer(seed: int = 0):
+    """``(q, W, X)``: :func:`small_layer` prepared with :data:`W4_GROUP` and calibrated on ``X``,
+    and its float weight ``W`` (float64 numpy) before any PTQ step."""
+    import dal
+
+    lin, X = small_layer(seed)
+    W = lin.weight.detach().double().numpy().copy()
+    q = dal.prepare_qat(nn.Sequential(lin), recipe=W4_GROUP, example_inputs=(X[:4],))
+    dal.calibrate(q, [X])
+    return q, W, X
+
+
 def group_scale(w: np.ndarray) -> np.ndarray:
     """INT4 symmetric min-max scale per row of ``w`` (rows x group): ``float32(amax / 7)``, 1 for 0."""
     amax = np.abs(w.astype(np.float32)).max(axis=1).astype(np.float64)

@@ -12,16 +12,14 @@ from torch import nn
 import dal
 from dal.ptq import gptq
 
-from second_order_ref import W4_GROUP, output_error, reference, rtn_per_group, small_layer, \
-    first_differences_are_ties
+from second_order_ref import (W4_GROUP, first_differences_are_ties, output_error, prepared_small_layer, reference,
+                              rtn_per_group, small_layer)
 
 
-def prepared(seed=0):
-    lin, X = small_layer(seed)
-    W = lin.weight.detach().double().numpy().copy()
-    q = dal.prepare_qat(nn.Sequential(lin), recipe=W4_GROUP, example_inputs=(X[:4],))
-    dal.calibrate(q, [X])
-    return q, W, X
+def tiny_llama_config(layers: int):
+    T = pytest.importorskip("transformers")
+    return T, T.LlamaConfig(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=128, vocab_size=256, max_position_embeddings=128)
 
 
 def codes_and_scales(q):
@@ -35,7 +33,7 @@ def codes_and_scales(q):
 
 @pytest.mark.parametrize("act_order", [False, True])
 def test_float64_run_equals_the_reference_in_codes_and_scales(act_order):
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     report = gptq(q, [X], dtype=torch.float64, act_order=act_order, block_size=16)
     ref = reference(W, X.double().numpy(), act_order=act_order)
     codes, scales, _ = codes_and_scales(q)
@@ -50,7 +48,7 @@ def test_float64_run_equals_the_reference_in_codes_and_scales(act_order):
 
 
 def test_the_layers_fake_quant_weight_is_gptqs_quantized_weight_exactly():
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     gptq(q, [X])
     mod = q[0]
     s = mod.weight_quant.scale.detach().repeat_interleave(32, dim=1)
@@ -62,7 +60,7 @@ def test_the_layers_fake_quant_weight_is_gptqs_quantized_weight_exactly():
 
 
 def test_default_float32_run_matches_the_reference_up_to_first_flips_at_ties():
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     gptq(q, [X])  # float32 arithmetic, lazy blocks of 128
     ref = reference(W, X.double().numpy())
     codes, _, _ = codes_and_scales(q)
@@ -74,7 +72,7 @@ def test_default_float32_run_matches_the_reference_up_to_first_flips_at_ties():
 
 
 def test_gptq_beats_round_to_nearest_on_the_layer_output():
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     Xd = X.double().numpy()
     err_rtn = output_error(Xd, W, rtn_per_group(W))
     gptq(q, [X])
@@ -84,7 +82,7 @@ def test_gptq_beats_round_to_nearest_on_the_layer_output():
 
 
 def test_act_order_beats_round_to_nearest_too():
-    q, W, X = prepared(seed=1)
+    q, W, X = prepared_small_layer(seed=1)
     Xd = X.double().numpy()
     gptq(q, [X], act_order=True)
     _, _, Q = codes_and_scales(q)
@@ -152,7 +150,7 @@ def test_conv2d_over_unfolded_patches_equals_the_reference():
 
 
 def test_bad_arguments_are_named():
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     with pytest.raises(ValueError, match="percdamp"):
         gptq(q, [X], percdamp=0.0)
     with pytest.raises(ValueError, match="sequential"):
@@ -163,10 +161,8 @@ def test_bad_arguments_are_named():
 
 @pytest.fixture(scope="module")
 def llama_ids():
-    T = pytest.importorskip("transformers")
+    T, cfg = tiny_llama_config(2)
     torch.manual_seed(0)
-    cfg = T.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                        intermediate_size=128, vocab_size=256, max_position_embeddings=128)
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(0, 256, (2, 16), generator=g) for _ in range(2)]
     return T.LlamaForCausalLM(cfg), ids
@@ -197,9 +193,7 @@ def test_whole_tiny_llama_gptq_then_a_qat_step(llama_ids):
 
 
 def test_replaying_solved_blocks_gives_the_same_model_as_full_passes():
-    T = pytest.importorskip("transformers")
-    cfg = T.LlamaConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                        intermediate_size=128, vocab_size=256, max_position_embeddings=128)
+    T, cfg = tiny_llama_config(3)
     g = torch.Generator().manual_seed(1)
     ids = [torch.randint(0, 256, (2, 16), generator=g) for _ in range(2)]
 
@@ -228,7 +222,7 @@ def test_replaying_solved_blocks_gives_the_same_model_as_full_passes():
 
 def test_gptq_is_a_step_of_the_ptq_flow():
     lin, X = small_layer()
-    manual, _, _ = prepared()
+    manual, _, _ = prepared_small_layer()
     gptq(manual, [X])
     flow = dal.ptq.quantize_ptq(nn.Sequential(lin), W4_GROUP, [X], steps=["gptq"], example_inputs=(X[:4],))
     assert torch.equal(flow[0].weight, manual[0].weight)
@@ -238,9 +232,7 @@ def test_gptq_is_a_step_of_the_ptq_flow():
 
 
 def test_gptq_model_is_closer_to_the_float_model_than_round_to_nearest_on_held_out_tokens():
-    T = pytest.importorskip("transformers")
-    cfg = T.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                        intermediate_size=128, vocab_size=256, max_position_embeddings=128)
+    T, cfg = tiny_llama_config(2)
     g = torch.Generator().manual_seed(1)
     # 1024 calibration tokens: more rows than any linear's input width (with fewer, H is
     # rank-deficient and GPTQ fits the calibration tokens at the expense of others)
@@ -281,7 +273,7 @@ def test_the_exported_codes_and_scales_are_gptqs(tmp_path):
     import onnx
     from onnx import numpy_helper
 
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     gptq(q, [X], dtype=torch.float64)
     ref = reference(W, X.double().numpy())
     path = tmp_path / "gptq.onnx"
@@ -292,14 +284,14 @@ def test_the_exported_codes_and_scales_are_gptqs(tmp_path):
 
 
 def test_a_half_precision_weight_is_refused_by_path():
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     q[0].weight.data = q[0].weight.data.bfloat16()
     with pytest.raises(ValueError, match="0 has a torch.bfloat16 weight"):
         gptq(q, [X])
 
 
 def test_an_unusable_hessian_names_the_layer():
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     # one calibration row: H has rank 1, and a damping of 1e-30 of its mean diagonal does not help
     with pytest.raises(ValueError, match=r"dal.ptq: 0: the layer's Hessian is not positive definite"):
         gptq(q, [X[:1]], percdamp=1e-30)

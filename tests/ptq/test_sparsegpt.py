@@ -12,15 +12,8 @@ from torch import nn
 
 import dal
 from dal.ptq import sparsegpt
-from second_order_ref import GROUP, W4_GROUP, group_scale, output_error, reference, rtn, small_layer
-
-
-def prepared(seed=0):
-    lin, X = small_layer(seed)
-    W = lin.weight.detach().double().numpy().copy()
-    q = dal.prepare_qat(nn.Sequential(lin), recipe=W4_GROUP, example_inputs=(X[:4],))
-    dal.calibrate(q, [X])
-    return q, W, X
+from second_order_ref import (GROUP, W4_GROUP, group_scale, output_error, prepared_small_layer, reference, rtn,
+                              small_layer)
 
 
 def magnitude_then_rtn(W):
@@ -44,7 +37,7 @@ def layer_result(q):
 
 
 def test_float64_run_equals_the_reference_in_mask_codes_and_scales():
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     sparsegpt(q, [X], dtype=torch.float64, block_size=16)
     ref = reference(W, X.double().numpy(), sparsity=(2, 4))
     codes, _, mask = layer_result(q)
@@ -56,7 +49,7 @@ def test_float64_run_equals_the_reference_in_mask_codes_and_scales():
 
 
 def test_the_mask_is_2_of_4_and_the_weight_is_sparsegpts_result():
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     sparsegpt(q, [X])
     codes, Q, mask = layer_result(q)
     mod = q[0]
@@ -69,7 +62,7 @@ def test_the_mask_is_2_of_4_and_the_weight_is_sparsegpts_result():
 
 
 def test_sparsegpt_beats_magnitude_pruning_then_round_to_nearest():
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     Xd = X.double().numpy()
     sparsegpt(q, [X])
     _, Q, _ = layer_result(q)
@@ -78,7 +71,7 @@ def test_sparsegpt_beats_magnitude_pruning_then_round_to_nearest():
 
 
 def test_export_lists_the_weight_as_2_of_4(tmp_path):
-    q, W, X = prepared()
+    q, W, X = prepared_small_layer()
     sparsegpt(q, [X])
     path = tmp_path / "sparse.onnx"
     dal.export_onnx(q, (X[:4],), str(path))
