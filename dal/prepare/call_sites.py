@@ -88,6 +88,51 @@ def _caller():
     return f
 
 
+#: how many plain-function frames a call may sit below the owner's forward (helper calling helper)
+_HELPER_DEPTH = 8
+#: packages whose functions are the library's, not the user's: a call inside them is no call site
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,))
+
+
+def _helper_of(frame, codes: frozenset) -> Optional[str]:
+    """Whose call ``frame`` makes: ``""`` when it is the owner's own forward code (``codes``), the
+    name of the helper function when the forward reaches it through plain functions (Deformable-DETR's
+    ``ms_deform_attn_core_pytorch(value, ...)``: a module-level function, not a method), None for
+    anyone else's code: a module's method (a submodule's forward, the owner's own loss method:
+    its ``self`` is an ``nn.Module``), torch's or torchvision's own functions, or a frame more
+    than ``_HELPER_DEPTH`` plain functions below the forward."""
+    if frame is None:
+        return None
+    if frame.f_code in codes:
+        return ""
+    f = frame
+    for _ in range(_HELPER_DEPTH):
+        code = f.f_code
+        if code.co_filename.startswith(_library_dirs()) or _module_method(f):
+            return None
+        f = f.f_back
+        if f is None:
+            return None
+        if f.f_code in codes:
+            name = frame.f_code.co_name
+            return name if name.isidentifier() else "helper"
+    return None
+
+
+def _library_dirs() -> tuple:
+    """torch's and (when installed and imported) torchvision's package folders."""
+    import sys
+    tv = sys.modules.get("torchvision")
+    return _LIBRARY_DIRS + ((os.path.dirname(tv.__file__) + os.sep,) if getattr(tv, "__file__", None) else ())
+
+
+def _module_method(frame) -> bool:
+    """The frame runs a method of an ``nn.Module`` (its first argument ``self`` is one)."""
+    code = frame.f_code
+    return code.co_argcount > 0 and code.co_varnames[0] == "self" and \
+        isinstance(frame.f_locals.get("self"), nn.Module)
+
+
 def _float_tensor(t) -> bool:
     return torch.is_tensor(t) and t.is_floating_point()
 
@@ -174,12 +219,14 @@ class _SiteMode(TorchFunctionMode):
         if self.record is None and getattr(func, "__name__", "") not in _KIND_NAMES:
             return func(*args, **kwargs)
         frame = _caller()
-        if frame is None or frame.f_code not in self.codes:
+        helper = _helper_of(frame, self.codes)
+        if helper is None:
             return func(*args, **kwargs)
         kind, op, arity, dim = classify_call(func, args, kwargs)
         if kind is None and op is None:
             return func(*args, **kwargs)
         tag = kind or op.function
+        tag = f"{tag}_{helper}" if helper else tag
         n = self.counts.get((tag, frame.f_lineno), 0)
         self.counts[(tag, frame.f_lineno)] = n + 1
         key = f"{tag}_l{frame.f_lineno}_{n}"

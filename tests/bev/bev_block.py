@@ -1,0 +1,108 @@
+"""A hand-written BEV-style module, as a new user writes one (issue 44): a shared small CNN over
+six camera feature maps, ``F.grid_sample`` of each camera onto a BEV grid from fixed reference
+points, a multi-scale deformable-attention block in plain PyTorch as in Deformable-DETR's
+reference code (``ms_deform_attn_core_pytorch``, a helper function, not a method), the residual
+``y = self.norm(query + self.attn(...))`` and a BEV conv head.
+
+Neither forward traces with torch.fx (``B, N, C, H, W = x.shape`` unpacks a Proxy; the core
+iterates over a tensor of level shapes), so prepare captures their functional ops by call site.
+Tiny sizes: a forward is a few milliseconds.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CAMERAS, IMG, BEV, D_MODEL = 6, 16, 8, 16
+
+
+def ms_deform_attn_core_pytorch(value, value_spatial_shapes, sampling_locations, attention_weights):
+    """Deformable-DETR's reference (models/ops/functions/ms_deform_attn_func.py), unchanged."""
+    N_, S_, M_, D_ = value.shape
+    _, Lq_, M_, L_, P_, _ = sampling_locations.shape
+    value_list = value.split([H_ * W_ for H_, W_ in value_spatial_shapes], dim=1)
+    sampling_grids = 2 * sampling_locations - 1
+    sampling_value_list = []
+    for lid_, (H_, W_) in enumerate(value_spatial_shapes):
+        # N_, H_*W_, M_, D_ -> N_, H_*W_, M_*D_ -> N_, M_*D_, H_*W_ -> N_*M_, D_, H_, W_
+        value_l_ = value_list[lid_].flatten(2).transpose(1, 2).reshape(N_ * M_, D_, H_, W_)
+        # N_, Lq_, M_, P_, 2 -> N_, M_, Lq_, P_, 2 -> N_*M_, Lq_, P_, 2
+        sampling_grid_l_ = sampling_grids[:, :, :, lid_].transpose(1, 2).flatten(0, 1)
+        # N_*M_, D_, Lq_, P_
+        sampling_value_l_ = F.grid_sample(value_l_, sampling_grid_l_,
+                                          mode="bilinear", padding_mode="zeros", align_corners=False)
+        sampling_value_list.append(sampling_value_l_)
+    # (N_, Lq_, M_, L_, P_) -> (N_, M_, Lq_, L_, P_) -> (N_, M_, 1, Lq_, L_*P_)
+    attention_weights = attention_weights.transpose(1, 2).reshape(N_ * M_, 1, Lq_, L_ * P_)
+    output = (torch.stack(sampling_value_list, dim=-2).flatten(-2) * attention_weights).sum(-1).view(N_, M_ * D_, Lq_)
+    return output.transpose(1, 2).contiguous()
+
+
+class MSDeformAttn(nn.Module):
+    """Deformable-DETR's ``MSDeformAttn`` (2-D reference points, no padding mask)."""
+
+    def __init__(self, d_model=D_MODEL, n_levels=3, n_heads=2, n_points=2):
+        super().__init__()
+        self.d_model, self.n_levels, self.n_heads, self.n_points = d_model, n_levels, n_heads, n_points
+        self.sampling_offsets = nn.Linear(d_model, n_heads * n_levels * n_points * 2)
+        self.attention_weights = nn.Linear(d_model, n_heads * n_levels * n_points)
+        self.value_proj = nn.Linear(d_model, d_model)
+        self.output_proj = nn.Linear(d_model, d_model)
+        with torch.no_grad():  # as Deformable-DETR's _reset_parameters: offsets start small
+            self.sampling_offsets.weight.mul_(0.1)
+
+    def forward(self, query, reference_points, input_flatten, input_spatial_shapes, input_level_start_index):
+        N, Len_q, _ = query.shape
+        N, Len_in, _ = input_flatten.shape
+        value = self.value_proj(input_flatten)
+        value = value.view(N, Len_in, self.n_heads, self.d_model // self.n_heads)
+        sampling_offsets = self.sampling_offsets(query).view(N, Len_q, self.n_heads, self.n_levels, self.n_points, 2)
+        attention_weights = self.attention_weights(query).view(N, Len_q, self.n_heads, self.n_levels * self.n_points)
+        attention_weights = F.softmax(attention_weights, -1).view(N, Len_q, self.n_heads, self.n_levels, self.n_points)
+        offset_normalizer = torch.stack([input_spatial_shapes[..., 1], input_spatial_shapes[..., 0]], -1)
+        sampling_locations = reference_points[:, :, None, :, None, :] \
+            + sampling_offsets / offset_normalizer[None, None, None, :, None, :]
+        output = ms_deform_attn_core_pytorch(value, input_spatial_shapes, sampling_locations, attention_weights)
+        return self.output_proj(output)
+
+
+def _cnn(c_in, c_out, stride=1):
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+
+
+class BEVBlock(nn.Module):
+    """Six cameras ``x`` (B, 6, 3, 16, 16) -> BEV logits (B, 4, 8, 8)."""
+
+    def __init__(self, d_model=D_MODEL, n_levels=3):
+        super().__init__()
+        self.backbone = nn.Sequential(_cnn(3, 8), _cnn(8, d_model, 2))  # shared over the cameras
+        g = torch.Generator().manual_seed(7)
+        # fixed reference points: where each BEV cell lands in each camera's feature map
+        self.register_buffer("cam_grids", torch.rand(CAMERAS, BEV, BEV, 2, generator=g) * 2.2 - 1.1)
+        self.down = nn.ModuleList([_cnn(d_model, d_model, 2) for _ in range(n_levels - 1)])
+        shapes = [(BEV >> i, BEV >> i) for i in range(n_levels)]
+        self.register_buffer("spatial_shapes", torch.tensor(shapes, dtype=torch.long))
+        self.register_buffer("level_start_index", torch.tensor([0] + [h * w for h, w in shapes[:-1]]).cumsum(0))
+        c = (torch.arange(BEV, dtype=torch.float32) + 0.5) / BEV
+        ref = torch.stack(torch.meshgrid(c, c, indexing="xy"), -1).reshape(1, BEV * BEV, 1, 2)
+        self.register_buffer("reference_points", ref.expand(1, BEV * BEV, n_levels, 2).contiguous())
+        self.attn = MSDeformAttn(d_model, n_levels)
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Sequential(_cnn(d_model, d_model), nn.Conv2d(d_model, 4, 1))
+
+    def forward(self, x):
+        B, N, C, H, W = x.shape
+        feats = self.backbone(x.flatten(0, 1)).unflatten(0, (B, N))
+        bev = 0
+        for cam in range(N):
+            grid = self.cam_grids[cam].expand(B, BEV, BEV, 2)
+            bev = bev + F.grid_sample(feats[:, cam], grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        levels = [bev]
+        for down in self.down:
+            levels.append(down(levels[-1]))
+        value = torch.cat([lvl.flatten(2).transpose(1, 2) for lvl in levels], 1)
+        query = bev.flatten(2).transpose(1, 2)
+        ref = self.reference_points.expand(B, -1, -1, -1)
+        y = self.norm(query + self.attn(query, ref, value, self.spatial_shapes, self.level_start_index))
+        return self.head(y.transpose(1, 2).reshape(B, -1, BEV, BEV))
