@@ -17,6 +17,7 @@ from torch import nn
 from ..export.plan import TRACE_MAX_OPSET
 from ..nn.functional import QMatMul
 from ..nn.grid_sample import QGridSample
+from ..nn.scatter_add import QScatterAdd
 from ..prepare.fp16_island import Fp16Island
 from ..replace.layernorm import Fp16LayerNorm
 from ..replace.lut import QLutActivation
@@ -24,6 +25,7 @@ from ..replace.softmax import NpuSoftmax
 from .attention import MatMulForm, SoftmaxForm, half_operands
 from .float_layers import FloatLayerForm, is_float_layer
 from .grid_sample import GridSampleForm
+from .scatter import ScatterAddForm
 from .layernorm import LayerNormForm
 from .lut import GeluForm, LutForm, lut_form_why_not
 
@@ -45,6 +47,8 @@ def _form(mod: nn.Module, path: str, opset: int):
         return SoftmaxForm(mod, path), ""
     if isinstance(mod, QGridSample):
         return GridSampleForm(mod, path), ""
+    if isinstance(mod, QScatterAdd):
+        return ScatterAddForm(mod, path), ""
     if isinstance(mod, Fp16LayerNorm) or type(mod) is nn.LayerNorm:
         return LayerNormForm(mod, path, opset), ""
     if _is_gelu(mod):
@@ -66,7 +70,8 @@ def swap_forms(net: nn.Module, opset: int, swap) -> dict[str, str]:
     traced = min(int(opset), TRACE_MAX_OPSET)
     listing = {}
     for path, mod in list(net.named_modules()):
-        if not path or not (isinstance(mod, (QMatMul, NpuSoftmax, Fp16LayerNorm, QLutActivation, QGridSample))
+        if not path or not (isinstance(mod, (QMatMul, NpuSoftmax, Fp16LayerNorm, QLutActivation, QGridSample,
+                                  QScatterAdd))
                             or type(mod) is nn.LayerNorm or _is_gelu(mod) or is_float_layer(mod)):
             continue
         form, why = _form(mod, path, traced)

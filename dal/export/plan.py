@@ -43,7 +43,8 @@ class QuantizerEntry:
         need = max(q.fmt.min_opset, MIN_OPSET if q.fmt.is_scaled and q.granularity.axis is not None else 1)
         if q.granularity.block_size:
             need = max(need, 21)  # blocked quantization (block_size attribute) arrived in opset 21
-        return need
+        # a QAT module whose exported operator needs a newer opset says so (QScatterAdd: 16)
+        return max(need, int(getattr(self.owner, "min_opset", 1)))
 
 
 @dataclass

@@ -43,15 +43,16 @@ ACC_LIMIT = 2 ** 31
 FLOAT32_EXACT = 2 ** 24
 
 
-def check_index(path: str, index: torch.Tensor, size: int, what: str, negative_ok: bool = False) -> None:
+def check_index(path: str, index: torch.Tensor, size: int, what: str, negative_ok: bool = False,
+                values: bool = True) -> None:
     """ValueError naming ``path`` unless ``index`` is an integer tensor whose values lie in
-    ``[0, size)`` (``[-size, size)`` with ``negative_ok``). A data-dependent check: skipped while
-    torch.compile or a tracer builds a graph."""
+    ``[0, size)`` (``[-size, size)`` with ``negative_ok``). The values are read (a host sync)
+    only with ``values`` and never while torch.compile or a tracer builds a graph; the dtype always."""
     where = path or "scatter/gather"
     if index.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
         raise ValueError(f"{where}: {what} must be an integer tensor (int64 / int32), got {index.dtype}; "
                          "indices of a float type are not indices (cast them with .long() where they are built)")
-    if index.numel() == 0 or torch.compiler.is_compiling() or torch.jit.is_tracing():
+    if not values or index.numel() == 0 or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return
     lo, hi = int(index.min()), int(index.max())
     low = -size if negative_ok else 0
@@ -61,15 +62,15 @@ def check_index(path: str, index: torch.Tensor, size: int, what: str, negative_o
 
 
 def scatter_operands(kind: str, x: torch.Tensor, index: torch.Tensor, src: torch.Tensor, dim: int,
-                     path: str = "") -> tuple[int, torch.Tensor, torch.Tensor]:
+                     path: str = "", values: bool = True) -> tuple[int, torch.Tensor, torch.Tensor]:
     """``(dim, index_e, src_e)`` such that ``torch.scatter_add(x, dim, index_e, src_e)`` computes
     the call of ``kind`` (module doc): ``index_e`` has ``src_e``'s shape. Shapes are checked
-    (ValueError naming ``path``), index values too (:func:`check_index`)."""
+    (ValueError naming ``path``), index values too with ``values`` (:func:`check_index`)."""
     where = path or f"QScatterAdd({kind})"
     if not x.is_floating_point() or not src.is_floating_point():
         raise ValueError(f"{where}: destination and updates must be float tensors, got {x.dtype} and {src.dtype}")
     if kind == "index_put":
-        check_index(path, index, x.shape[0] if x.dim() else 0, "index_put index", negative_ok=True)
+        check_index(path, index, x.shape[0] if x.dim() else 0, "index_put index", negative_ok=True, values=values)
         want = tuple(index.shape) + tuple(x.shape[1:])
         if x.dim() == 0 or tuple(src.shape) != want:
             raise ValueError(f"{where}: index_put updates must have shape index.shape + x.shape[1:] = {list(want)}, "
@@ -90,7 +91,7 @@ def scatter_operands(kind: str, x: torch.Tensor, index: torch.Tensor, src: torch
             raise ValueError(f"{where}: index_add needs a 1-D index and source of x's shape with index.numel() rows "
                              f"along dim {dim}; got x {list(x.shape)}, index {list(index.shape)}, source "
                              f"{list(src.shape)}")
-        check_index(path, index, x.shape[dim], "index_add index")
+        check_index(path, index, x.shape[dim], "index_add index", values=values)
         shape = [1] * nd
         shape[dim] = index.shape[0]
         return dim, index.long().reshape(shape).expand(src.shape), src
@@ -101,7 +102,7 @@ def scatter_operands(kind: str, x: torch.Tensor, index: torch.Tensor, src: torch
         raise ValueError(f"{where}: scatter_add needs index and src of x's rank with index.size(d) <= src.size(d) "
                          f"and <= x.size(d) for d != dim; got x {list(x.shape)}, index {list(index.shape)}, src "
                          f"{list(src.shape)}")
-    check_index(path, index, x.shape[dim], "scatter_add index")
+    check_index(path, index, x.shape[dim], "scatter_add index", values=values)
     if tuple(src.shape) != tuple(index.shape):  # torch reads src only where index is
         src = src[tuple(slice(0, n) for n in index.shape)]
     return dim, index.long(), src
@@ -120,8 +121,10 @@ def _round_ste(v: torch.Tensor) -> torch.Tensor:
 class QScatterAdd(QATModule):
     """``index_put_(accumulate=True)`` / ``scatter_add`` / ``index_add`` with an integer
     accumulator (module doc). Called as ``module(x, index, src)``: the destination, the index
-    (integer; float: ValueError naming the module's path; out of range: ValueError), the updates.
-    ``dim`` is ignored for ``index_put`` (dim 0)."""
+    (integer, else ValueError naming the module's path), the updates. Index values out of range are
+    a ValueError naming the path while calibrating (the input quantizer observing) and in training
+    mode; in eval mode (export, dal.convert) torch's own check applies. ``dim`` is ignored for
+    ``index_put`` (dim 0)."""
 
     op_class = "scatter_add"
     swappable = False
@@ -164,8 +167,9 @@ class QScatterAdd(QATModule):
         return (k + 1) * width
 
     def forward(self, x: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-        dim, idx, upd = scatter_operands(self.kind, x, index, src, self.dim, self.qat_name)
         q = self.input_quant
+        values = self.training or (q is not None and q.state == "observe")
+        dim, idx, upd = scatter_operands(self.kind, x, index, src, self.dim, self.qat_name, values)
         if q is None or not q.state.quantizes:  # float, or calibrating: observe, sum in float
             u = q(upd) if q is not None else upd
             return self._out(torch.scatter_add(x, dim, idx, u))
