@@ -44,7 +44,10 @@ OP_CLASSES: tuple[str, ...] = tuple(OP_CLASS_ROLES)
 #: of indices: GatherElements), ``scan`` (running sums and products: CumSum), ``sort`` (sort,
 #: argsort, topk: TopK), ``conv3d``
 #: (3-D convolution), ``grid_sample`` (``F.grid_sample``: the input's formats; its grid is int16
-#: with a fixed scale, export/SPEC.md §5b). A hardware model runs one only if it lists it under
+#: with a fixed scale, export/SPEC.md §5b), ``scatter_add`` (BEV pooling: ``index_put_`` with
+#: accumulate, ``scatter_add``, ``index_add``, summed in int32 on the codes and requantized,
+#: §5c); ``gather`` quantized is ``torch.gather`` / ``index_select`` / ``take_along_dim`` on codes
+#: with the input's scale (§5d). A hardware model runs one only if it lists it under
 #: ``ops:``; otherwise prepare lists each with its source line as "host" (run on the host CPU), and
 #: ``strict=True`` refuses them (a recipe rule that quantizes a ``grid_sample`` there is refused by
 #: path: dal.prepare.check).
@@ -56,6 +59,7 @@ HOST_OP_CLASS_ROLES: dict[str, tuple[str, ...]] = {
     "sort": ("input", "output"),
     "conv3d": ("weight", "input", "output"),
     "grid_sample": ("input", "output"),
+    "scatter_add": ("input", "output"),
 }
 HOST_OP_CLASSES: tuple[str, ...] = tuple(HOST_OP_CLASS_ROLES)
 

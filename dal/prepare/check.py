@@ -65,7 +65,7 @@ def check_plan(plan: list[Step], recipe, hw, model=None) -> list[Step]:
                                     f"ops.grid_sample.grid_formats; fix: a recipe rule with skip: true for "
                                     f"{step.path!r} keeps it in float off the NPU"))
         if step.action == "float" and step.float_op is not None and step.float_op.op_class in HOST_OP_CLASSES \
-                and not hw.supports_op(step.float_op.op_class):
+                and not runs_float(hw, step.float_op.op_class):
             checked.append(on_host(step, hw))
             continue
         if step.action == "float" and step.float_op is not None and step.float_op.kind == "float":
@@ -172,6 +172,13 @@ def refuse_nothing_quantized(model, plan: list[Step], recipe) -> None:
 
 def _QUANTIZABLE_NAMES() -> set:
     return {getattr(t, "__name__", str(t)) for t in QAT_MODULES}
+
+
+def runs_float(hw, op_class: str) -> bool:
+    """Does ``hw`` run a float (unquantized) op of host op class ``op_class``? Only where it lists
+    the class with fp16 among its input formats: a float tensor reaches the chip as fp16. The
+    a2000's ``gather`` and ``scatter_add`` take integer codes only, so a float one stays on the host."""
+    return hw.supports_op(op_class) and "fp16" in {f.name for f in hw.allowed_formats(op_class, "input")}
 
 
 def on_host(step: Step, hw) -> Step:

@@ -236,6 +236,14 @@ def _op(b, rng, cls, variant, fin, fw):
         grid = b.node("DequantizeLinear", [b.const(codes), b.const(np.array(2.0 ** -14, np.float32)),
                                            b.const(np.zeros((), np.int16))])
         return b.node("GridSample", [x, grid], mode="linear", padding_mode="zeros", align_corners=0)
+    if cls == "gather":  # export/SPEC.md §5d: GatherElements on the codes (a copy), negative indices too
+        x = _act_in(b, fin, _x(rng, 2, 6, 5))
+        return b.node("GatherElements", [x, b.const(rng.integers(-6, 6, size=(2, 4, 5)).astype(np.int64))], axis=1)
+    if cls == "scatter_add":  # §5c: DQ(d), DQ(u) on one scale -> ScatterElements(add) -> Q; opset 16
+        d, u = _act_in(b, fin, _x(rng, 6, 5)), _act_in(b, fin, _x(rng, 12, 5))
+        b.opset = max(b.opset, 16)
+        return b.node("ScatterElements", [d, b.const(rng.integers(0, 6, size=(12, 5)).astype(np.int64)), u],
+                      axis=0, reduction="add")
     assert cls == "layernorm", cls
     x = _act_in(b, fin, _x(rng, 2, 3, 8))
     dt = np.float16 if b.compute16 else np.float32
