@@ -35,6 +35,7 @@ from .graph import Graph
 
 #: the additive mask value of a masked position (what transformers' eager mask writes)
 MASKED = float(torch.finfo(torch.float32).min)
+_PREFIX = "lm."  # DecoderStep's child holding the model
 _PASS = {"Slice", "Identity", "Reshape", "Squeeze", "Unsqueeze"}
 
 
@@ -111,12 +112,11 @@ def _codes_boundary(proto: onnx.ModelProto, n_layers: int, decode: bool) -> None
             raise ExportError(f"export_decoder: graph output {o.name} is not a KV-cache quantizer's output "
                               f"(found {dq.op_type if dq is not None else 'a graph input'})")
         codes = dq.input[0]
-        for node in reversed(chain):  # the same slicing, on the codes
-            out = graph.fresh(f"{node.output[0]}.codes")
-            copy = graph.make_node(node.op_type, [codes, *node.input[1:]], [out], f"{node.name}.codes")
-            copy.attribute.extend(node.attribute)
-            graph.nodes.append(copy)
-            codes = out
+        if chain:  # decode: the new entry sliced from the dequantized cache, quantized again with the
+            # same scale and zero point: the same codes (Q(DQ(c)) == c), and Slice takes no float8
+            codes = graph.fresh(f"{o.name}.codes")
+            graph.nodes.append(graph.make_node("QuantizeLinear", [o.name, *dq.input[1:3]], [codes],
+                                               f"{o.name}.quantize"))
         graph.outputs.discard(o.name)
         graph.outputs.add(codes)
         o.name = codes
@@ -160,14 +160,22 @@ def _first_quantize(name: str, consumers: dict) -> Optional[onnx.NodeProto]:
 
 
 def _rename(proto: onnx.ModelProto, names_in: list[str], names_out: list[str]) -> None:
+    """Graph inputs / outputs get ``names_in`` / ``names_out``; every other name loses the
+    ``lm.`` prefix of DecoderStep's child, so quantizers, weights and nodes carry the model's own
+    module paths (``model.layers.0.mlp.up_proj.input_quant``), as in dal.export_onnx's files."""
     g = proto.graph
     rename = {i.name: n for i, n in zip(g.input, names_in)}
     rename.update({o.name: n for o, n in zip(g.output, names_out)})
+
+    def new(x: str) -> str:
+        return rename.get(x, x[len(_PREFIX):] if x.startswith(_PREFIX) else x)
+
     for node in g.node:
-        node.input[:] = [rename.get(x, x) for x in node.input]
-        node.output[:] = [rename.get(x, x) for x in node.output]
-    for item in (*g.input, *g.output):
-        item.name = rename.get(item.name, item.name)
+        node.input[:] = [new(x) for x in node.input]
+        node.output[:] = [new(x) for x in node.output]
+        node.name = new(node.name)
+    for item in (*g.input, *g.output, *g.initializer):
+        item.name = new(item.name)
 
 
 def export_decoder(model: nn.Module, path_prefix: Union[str, os.PathLike], *, prompt_len: int, cache_len: int,

@@ -86,17 +86,18 @@ class DecoderStep(nn.Module):
         super().__init__()
         self.lm = model
         self.decode = bool(decode)
-        self._parts = decoder_parts(model)
+        parts = decoder_parts(model)
         probe = next(model.parameters())
         pos = torch.arange(int(cache_len), device=probe.device)[None]
         with torch.no_grad():
-            cos, sin = self._parts["rotary"](probe.new_zeros(1, dtype=torch.float32), pos)
+            cos, sin = parts["rotary"](probe.new_zeros(1, dtype=torch.float32), pos)
         self.register_buffer("cos_table", cos[0].float().clone(), persistent=False)
         self.register_buffer("sin_table", sin[0].float().clone(), persistent=False)
-        self._kw = _cache_kwarg(self._parts["attn"][0])
+        self._kw = _cache_kwarg(parts["attn"][0])
 
     def forward(self, input_ids, position_ids, mask, *past):
-        parts = self._parts
+        # looked up at every call: dal.convert swaps submodules of a copy of this module
+        parts = decoder_parts(self.lm)
         if self.decode and len(past) != 2 * len(parts["layers"]):
             raise ExportError(f"decode step: {len(past)} past tensors for {len(parts['layers'])} layers "
                               "(past_key_i, past_value_i per layer)")
@@ -120,3 +121,32 @@ class DecoderStep(nn.Module):
                 k, v = k[:, :, -1:], v[:, :, -1:]
             out += [k, v]
         return tuple(out)
+
+
+class CodesStep(nn.Module):
+    """A :class:`DecoderStep` with the exported graph's boundary: ``past`` inputs are the KV
+    quantizers' codes (dequantized here as DequantizeLinear does, ``(c - zp) * s``), the
+    ``key_i`` / ``value_i`` outputs their codes (``quantize`` with the same scale and zero point,
+    exact on values already on the grid). Takes and returns what the decoder files do, so
+    ``dal.convert(CodesStep(...))`` and dal.verify pair with the files element for element."""
+
+    def __init__(self, step: DecoderStep):
+        super().__init__()
+        self.step = step
+
+    def _quantizers(self) -> list:
+        return [q for kv in decoder_parts(self.step.lm)["kv"] for q in (kv.key_quant, kv.value_quant)]
+
+    def forward(self, input_ids, position_ids, mask, *past):
+        from ..formats import dequantize, quantize
+        qs = self._quantizers()
+        floats = []
+        for q, c in zip(qs, past):
+            s, zp = q.effective_qparams()
+            floats.append(dequantize(c, q.fmt, s.float(), zp, q.granularity))
+        out = self.step(input_ids, position_ids, mask, *floats)
+        codes = []
+        for q, t in zip(qs, out[1:]):
+            s, zp = q.effective_qparams()
+            codes.append(quantize(t, q.fmt, s.float(), zp, q.granularity))
+        return (out[0], *codes)

@@ -1,0 +1,190 @@
+"""dal.generate_check: greedy decoding with the integer model and with dal.npu on the exported
+prefill / decode graphs (dal.export_decoder), step by step, and the first step where they differ.
+
+Both engines get the same inputs at every step: the prompt (right-padded to P, padding masked),
+then each step's token, position and mask, and the KV cache as codes. The host side is this
+module's: it writes the prefill's entries to cache slots ``0 .. P-1`` and the entry of the token
+at position ``p`` to slot ``p``, masks slots not written yet (and padding), and feeds each engine
+its own cache and its own next token (``argmax`` of the last valid position's logits, lowest index
+on ties), so a difference shows at the step it arises. Both are integer engines: their logits and
+cache codes must be identical on every element (export/SPEC.md, decoder graphs), compared bit for
+bit (float32 logits by their bits, codes by value).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+
+@dataclass
+class StepDifference:
+    """Where the engines first differ: ``prompt`` index, ``step`` (0 the prefill, k the k-th
+    decode step), ``what`` (``tokens``, ``logits`` or an output name) and how many elements."""
+
+    prompt: int
+    step: int
+    what: str
+    differ: int
+    elements: int
+
+    def __str__(self) -> str:
+        where = "prefill" if self.step == 0 else f"decode step {self.step}"
+        return f"prompt {self.prompt}, {where}: {self.what} differ ({self.differ}/{self.elements} elements)"
+
+
+@dataclass
+class GenerateReport:
+    """``first`` is None when the integer model and dal.npu gave identical tokens, logits and
+    cache codes for every prompt and step; ``tokens_integer`` / ``tokens_npu`` hold each prompt's
+    generated tokens; ``elements`` counts every compared element (logits and cache codes)."""
+
+    prompts: int
+    steps: int
+    first: Optional[StepDifference] = None
+    elements: int = 0
+    tokens_integer: list = field(default_factory=list)
+    tokens_npu: list = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return self.first is None and self.elements > 0
+
+    def __str__(self) -> str:
+        head = f"generate_check: {self.prompts} prompt(s), prefill + {self.steps} decode step(s), " \
+               f"{self.elements} elements compared: "
+        return head + ("integer model == dal.npu on every token, logit and cache code" if self.first is None
+                       else f"first difference at {self.first}")
+
+
+def _meta(proto: onnx.ModelProto, key: str, path: str) -> str:
+    meta = {p.key: p.value for p in proto.metadata_props}
+    if key not in meta:
+        raise ValueError(f"generate_check: {path} has no {key} metadata; give the files dal.export_decoder wrote")
+    return meta[key]
+
+
+def _differ(a: np.ndarray, b: np.ndarray) -> int:
+    """Elements of ``a`` and ``b`` that are not the same bits (shapes must match)."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    if a.shape != b.shape or a.dtype.itemsize != b.dtype.itemsize:
+        return int(max(a.size, b.size))
+    view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+    return int((a.view(view) != b.view(view)).sum())
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        import ml_dtypes
+        kind = ml_dtypes.float8_e4m3fn if t.dtype == torch.float8_e4m3fn else ml_dtypes.float8_e5m2
+        return t.contiguous().view(torch.uint8).cpu().numpy().view(kind)
+    return t.detach().cpu().numpy()
+
+
+def _torch(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    if like.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).view(like.dtype)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def generate_check(model: nn.Module, onnx_paths: Sequence, prompts: Sequence, steps: int) -> GenerateReport:
+    """Greedy decoding of ``prompts`` for ``steps`` tokens with ``dal.convert``'s integer model
+    and with dal.npu on ``onnx_paths = (prefill file, decode file)`` of ``dal.export_decoder``;
+    a :class:`GenerateReport` naming the first prompt / step / output where they differ (None).
+
+    ``prompts``: 1-D int token tensors (or lists), each of length 1 .. P, decoded one at a time
+    (the files' batch must be 1). ``len(prompt) + steps`` must not exceed the cache length L (the
+    last token's position is ``len(prompt) + steps - 1 < L``). ValueError naming the prompt
+    otherwise. After a difference the prompt's decoding stops; later prompts still run.
+
+    Example:
+        >>> pre, dec = dal.export_decoder(model, "tiny", prompt_len=8, cache_len=16)
+        >>> print(dal.generate_check(model, (pre, dec), [ids[:5], ids[5:13]], steps=8))
+    """
+    import dal.npu
+    from ..convert import convert
+    from ..export.decoder import causal_mask
+    from ..export.decoder_module import CodesStep, DecoderStep
+
+    pre_path, dec_path = (str(p) for p in onnx_paths)
+    pre, dec = onnx.load(pre_path), onnx.load(dec_path)
+    prompt_len, cache_len = int(_meta(pre, "dal.decoder.prompt_len", pre_path)), int(_meta(dec, "dal.decoder.cache_len", dec_path))
+    if _meta(pre, "dal.decoder.batch", pre_path) != "1":
+        raise ValueError(f"generate_check: {pre_path} was exported for batch {_meta(pre, 'dal.decoder.batch', pre_path)}; "
+                         "export with batch=1")
+    steps = int(steps)
+    prompts = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in prompts]
+    for i, p in enumerate(prompts):
+        if not 1 <= p.numel() <= prompt_len:
+            raise ValueError(f"generate_check: prompt {i} has {p.numel()} tokens; the prefill graph takes 1 .. "
+                             f"{prompt_len} (prompt_len P)")
+        if p.numel() + steps > cache_len:
+            raise ValueError(f"generate_check: prompt {i} ({p.numel()} tokens) + {steps} steps exceeds the decode "
+                             f"graph's cache of {cache_len} slots")
+    int_pre = convert(CodesStep(DecoderStep(model, cache_len, False)))
+    int_dec = convert(CodesStep(DecoderStep(model, cache_len, True)))
+    npu_pre, npu_dec = dal.npu.load(pre), dal.npu.load(dec)
+    names_pre, names_dec = [i.name for i in pre.graph.input], [i.name for i in dec.graph.input]
+    out_names = [o.name for o in dec.graph.output]
+    report = GenerateReport(len(prompts), steps)
+
+    def run_int(int_model, inputs):
+        with torch.no_grad():
+            return list(int_model(*inputs))
+
+    def run_npu(sess, names, inputs):
+        return sess.run(dict(zip(names, [_numpy(t) for t in inputs])))
+
+    for i, prompt in enumerate(prompts):
+        n = prompt.numel()
+        ids = torch.zeros(1, prompt_len, dtype=torch.long)
+        ids[0, :n] = prompt
+        inputs = (ids, torch.arange(prompt_len)[None], causal_mask(torch.arange(prompt_len)[None] < n, prompt_len, False))
+        mine, theirs = run_int(int_pre, inputs), run_npu(npu_pre, names_pre, inputs)
+        caches = None
+        toks_i, toks_n = [], []
+        for step in range(steps + 1):
+            if step:
+                pos = n + step - 1
+                where = (torch.tensor([[pos]]), causal_mask(torch.arange(cache_len)[None] < pos, 1, True))
+                mine = run_int(int_dec, (torch.tensor([[toks_i[-1]]]), *where, *caches[0]))
+                theirs = run_npu(npu_dec, names_dec, (torch.tensor([[toks_n[-1]]]), *where, *caches[1]))
+            last = n - 1 if step == 0 else 0
+            diff = None
+            for name, a, b in zip(out_names, mine, theirs):
+                d = _differ(_numpy(a), np.asarray(b))
+                report.elements += int(np.size(b))
+                if d and diff is None:
+                    diff = StepDifference(i, step, "logits" if name == "logits" else name, d, int(np.size(b)))
+            ti, tn = int(mine[0][0, last].argmax()), int(np.argmax(theirs[0][0, last]))
+            toks_i.append(ti)
+            toks_n.append(tn)
+            if diff is None and ti != tn:
+                diff = StepDifference(i, step, "tokens", 1, 1)
+            if diff is not None:
+                report.first = report.first or diff
+                break
+            if step == steps:
+                break
+            # the host's cache: prefill entries to slots 0..P-1, a decode entry to its position's slot
+            if caches is None:
+                caches = ([], [])
+                for k in range(1, len(mine)):
+                    shape = list(mine[k].shape)
+                    shape[2] = cache_len
+                    for side, new in ((0, mine[k]), (1, _torch(theirs[k], mine[k]))):
+                        c = torch.zeros(shape, dtype=torch.uint8).view(new.dtype) if new.dtype.is_floating_point \
+                            else torch.zeros(shape, dtype=new.dtype)
+                        c[:, :, :prompt_len] = new
+                        caches[side].append(c)
+            else:
+                for k in range(1, len(mine)):
+                    caches[0][k - 1][:, :, pos:pos + 1] = mine[k]
+                    caches[1][k - 1][:, :, pos:pos + 1] = _torch(theirs[k], mine[k])
+        report.tokens_integer.append(toks_i[:steps + 1])
+        report.tokens_npu.append(toks_n[:steps + 1])
+    return report
