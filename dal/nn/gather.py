@@ -89,3 +89,28 @@ class QGather(QATModule):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, dim={self.dim}"
+
+
+#: torch functions and Tensor methods QGather computes
+GATHER_FUNCTIONS = {torch.gather: "gather", torch.index_select: "index_select", torch.take_along_dim: "take_along_dim"}
+GATHER_METHODS = {"gather": "gather", "index_select": "index_select", "take_along_dim": "take_along_dim"}
+
+
+def gather_call_args(target, args: tuple, kwargs: dict, method: bool = False):
+    """``(kind, dim, x, index)`` of a call of ``torch.gather(x, dim, index)``,
+    ``index_select(x, dim, index)`` or ``take_along_dim(x, index, dim)`` (``target`` a torch
+    function, or with ``method`` a Tensor method name), or None: another call, ``take_along_dim``
+    without ``dim``, ``sparse_grad`` or ``out``. The values may be fx Nodes."""
+    kind = GATHER_METHODS.get(target) if method else GATHER_FUNCTIONS.get(target)
+    if kind is None or kwargs.get("sparse_grad") or kwargs.get("out") is not None:
+        return None
+
+    def arg(i, name):
+        return args[i] if len(args) > i else kwargs.get(name)
+
+    x = args[0] if args else kwargs.get("input")
+    if kind == "take_along_dim":
+        index, dim = arg(1, "indices"), arg(2, "dim")
+    else:
+        dim, index = arg(1, "dim"), arg(2, "index")
+    return (kind, dim, x, index) if isinstance(dim, int) else None

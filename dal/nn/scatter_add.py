@@ -195,3 +195,36 @@ class QScatterAdd(QATModule):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, dim={self.dim}"
+
+
+#: torch functions and Tensor methods of the three spellings (``index_put`` only with accumulate=True)
+SCATTER_FUNCTIONS = {torch.scatter_add: "scatter_add", torch.index_add: "index_add", torch.index_put: "index_put",
+                     torch.index_put_: "index_put"}
+SCATTER_METHODS = {"scatter_add": "scatter_add", "scatter_add_": "scatter_add", "index_add": "index_add",
+                   "index_add_": "index_add", "index_put": "index_put", "index_put_": "index_put"}
+
+
+def scatter_call(target, args: tuple, kwargs: dict, method: bool = False):
+    """``(kind, dim, x, index, src, in_place)`` of a call of a scatter-add spelling (``target`` a
+    torch function, or with ``method`` a Tensor method name; ``args`` start with the tensor), or
+    None when it is not one: ``index_put`` without ``accumulate=True`` or with several index
+    tensors, ``index_add`` with ``alpha`` other than 1. The values may be fx Nodes."""
+    kind = SCATTER_METHODS.get(target) if method else SCATTER_FUNCTIONS.get(target)
+    if kind is None:
+        return None
+    in_place = method and str(target).endswith("_") or target is torch.index_put_
+
+    def arg(i, name, default=None):
+        return args[i] if len(args) > i else kwargs.get(name, default)
+
+    x = arg(0, "self" if method else "input", kwargs.get("input"))
+    if kind == "index_put":
+        indices, values, accumulate = arg(1, "indices"), arg(2, "values"), arg(3, "accumulate", False)
+        if accumulate is not True or not isinstance(indices, (tuple, list)) or len(indices) != 1:
+            return None
+        return kind, 0, x, indices[0], values, in_place
+    dim, index = arg(1, "dim"), arg(2, "index")
+    src = arg(3, "src" if kind == "scatter_add" else "source")
+    if not isinstance(dim, int) or kind == "index_add" and kwargs.get("alpha", 1) != 1 or len(args) > 4:
+        return None
+    return kind, dim, x, index, src, in_place

@@ -397,6 +397,9 @@ def match(g, node):
     if node.op_type in ("Flatten", "Reshape") and node.input:  # shape_codes.py
         from .shape_codes import match as match_shape
         return match_shape(g, node, _dq_params(g, node.input[0]), _q_after(g, node.output[0]))
+    if node.op_type in ("ScatterElements", "ScatterND"):  # ops_scatter.py: the scatter-add group
+        from .ops_scatter import match as match_scatter
+        return match_scatter(g, node)
     if node.op_type == "MaxPool":
         if len(node.output) > 1 and node.output[1]:
             return None

@@ -211,7 +211,7 @@ class ScatterAddCodes:
         return out
 
 
-def match(g, node, requantizer):
+def match(g, node):
     """A :class:`ScatterAddCodes` step for ``node`` when it heads the scatter-add group, else None."""
     if node.op_type not in ("ScatterElements", "ScatterND") or len(node.input) < 3:
         return None
@@ -225,4 +225,5 @@ def match(g, node, requantizer):
     q = _q(g, g.sole_consumer(node.output[0]))
     if q is None:
         return None
-    return ScatterAddCodes(g, node, dd, du, q, requantizer)
+    from .metadata import read_requantizer
+    return ScatterAddCodes(g, node, dd, du, q, read_requantizer(g.model))

@@ -95,9 +95,7 @@ class Session:
             raise NPUError(f"semantics must be 'integer' or 'onnx', got {semantics!r}")
         from . import ops_cast, ops_float, ops_nn, ops_quant, ops_reduce  # noqa: F401  (registers the ops)
         from . import ops_dense  # noqa: F401  (after ops_nn: its Resize adds linear to the nearest kernel)
-        from . import ops_grid  # noqa: F401  (GridSample, export/SPEC.md §5b)
-        from . import ops_scatter  # noqa: F401  (Gather, GatherElements, ScatterND / ScatterElements: §5c, §5d)
-        from .ops_scatter import match as match_scatter
+        from . import ops_grid, ops_scatter  # noqa: F401  (GridSample §5b; Gather*, Scatter* §5c-d: export/SPEC.md)
         from .fused_codes import match as match_codes
         from .integer_groups import match
         from .group_post import group_step
@@ -147,11 +145,6 @@ class Session:
                         absorbed.update(id(c) for c in g.consumers(o))
                 continue
             if semantics == "integer":
-                sstep = match_scatter(g, n, self.requantizer)  # DQ -> scatter-add -> Q (ops_scatter.py)
-                if sstep is not None:
-                    steps.append(sstep)
-                    absorbed.update(id(c) for c in sstep.absorbed)
-                    continue
                 try:
                     cstep = match_codes(g, n)
                 except Exception:  # unusual attributes: the node-by-node path reports them

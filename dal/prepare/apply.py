@@ -10,7 +10,9 @@ from ..nn.norm import FP16_NORMS, QBatchNorm2d
 from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_act
 from ..nn.registry import QAT_MODULES, registry_type
 from ..nn.fast_path import stay_on_module_path
+from ..nn.gather import QGather, gather_call_args
 from ..nn.grid_sample import QGridSample, grid_sample_args
+from ..nn.scatter_add import QScatterAdd, scatter_call
 from ..nn.tree import replace_everywhere, set_submodule, slots_of
 from ..replace.rmsnorm import Fp16RMSNorm
 from .call_sites import install
@@ -162,6 +164,13 @@ def _functional(mod: nn.Module, graph, node, step: Step, prefix: str) -> None:
         qmod = QGridSample(step.spec, step.path, mode, padding, align)
         args = (node.args[0] if node.args else node.kwargs["input"],
                 node.args[1] if len(node.args) > 1 else node.kwargs["grid"])
+    elif step.type_name == "scatter_add":  # index_put_(accumulate) / scatter_add / index_add: dal.nn.scatter_add
+        kind, dim, x, index, src, in_place = scatter_call(node.target, node.args, dict(node.kwargs),
+                                                          node.op == "call_method")
+        qmod, args = QScatterAdd(step.spec, step.path, kind, dim), (x, index, src)
+    elif step.type_name == "gather":  # gather / index_select / take_along_dim: dal.nn.gather
+        kind, dim, x, index = gather_call_args(node.target, node.args, dict(node.kwargs), node.op == "call_method")
+        qmod, args = QGather(step.spec, step.path, kind, dim), (x, index)
     else:
         qmod = _FUNCTIONAL[step.type_name](step.spec, step.path)
         args = (node.args[0], node.args[1])
@@ -169,4 +178,15 @@ def _functional(mod: nn.Module, graph, node, step: Step, prefix: str) -> None:
     with graph.inserting_after(node):
         new = graph.call_module(attr, args)
     node.replace_all_uses_with(new)
+    if step.type_name == "scatter_add" and in_place:
+        _after_in_place(graph, node, args[0], new)
     graph.erase_node(node)
+
+
+def _after_in_place(graph, node, dest, new) -> None:
+    """``dest.index_put_(...)`` wrote into ``dest``: its later readers read ``new`` (the module's
+    out-of-place result) instead."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for user in list(dest.users):
+        if user is not new and order[user] > order[node]:
+            user.replace_input_with(dest, new)

@@ -65,8 +65,13 @@ def _is_shape_like(node) -> bool:
 
 
 def functional_kind(node: fx.Node) -> Optional[str]:
-    """"add" / "mul" / "matmul" / "cat" / "grid_sample" when the node is a quantizable
-    tensor-tensor op."""
+    """"add" / "mul" / "matmul" / "cat" / "grid_sample" / "scatter_add" / "gather" when the node
+    is a quantizable tensor-tensor op (scatter_add: dal.nn.scatter_add.scatter_call; gather:
+    dal.nn.gather.gather_call_args)."""
+    if node.op in ("call_function", "call_method"):
+        kind = index_kind(node)
+        if kind is not None:
+            return kind
     if node.op == "call_function":
         if node.target in GRID_SAMPLE_TARGETS:
             a = node.args[0] if node.args else node.kwargs.get("input")
@@ -89,6 +94,22 @@ def functional_kind(node: fx.Node) -> Optional[str]:
         return None
     a, b = node.args[0], node.args[1]
     return kind if is_tensor_node(a) and is_tensor_node(b) else None
+
+
+def index_kind(node: fx.Node) -> Optional[str]:
+    """"scatter_add" / "gather" for a scatter-add or gather call on tensors (the module doc's
+    other kinds: None)."""
+    from ..nn.gather import gather_call_args
+    from ..nn.scatter_add import scatter_call
+
+    method = node.op == "call_method"
+    sc = scatter_call(node.target, node.args, dict(node.kwargs), method)
+    if sc is not None:
+        return "scatter_add" if all(is_tensor_node(t) for t in sc[2:5]) else None
+    gc = gather_call_args(node.target, node.args, dict(node.kwargs), method)
+    if gc is not None:
+        return "gather" if is_tensor_node(gc[2]) and is_tensor_node(gc[3]) else None
+    return None
 
 
 def cat_dim(node: fx.Node) -> int:

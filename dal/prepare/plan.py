@@ -41,7 +41,8 @@ from .position_ops import position_arithmetic
 from .whole_modules import planned_whole
 from .source_lines import node_lines
 
-FUNCTIONAL_CLASSES = {"add": "QAdd", "mul": "QMul", "matmul": "QMatMul", "cat": "QCat", "grid_sample": "QGridSample"}
+FUNCTIONAL_CLASSES = {"add": "QAdd", "mul": "QMul", "matmul": "QMatMul", "cat": "QCat", "grid_sample": "QGridSample",
+                      "scatter_add": "QScatterAdd", "gather": "QGather"}
 ACTIONS = ("quantize", "fuse", "functional", "ready-made", "passthrough", "fp16", "float", "host")
 
 
@@ -212,6 +213,8 @@ def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, 
             after = prefix + str(node.target)
         name = prefix + node.name
         kind = functional_kind(node)
+        if kind in ("scatter_add", "gather") and resolve(name, kind, kind) is None:
+            kind = None  # not quantized: listed as the float op it is (a host op where the NPU lacks it)
         if kind is not None and position_arithmetic(node):
             steps.append(Step(name, kind, kind, "float", None, "position arithmetic (from integer positions, e.g. "
                               "rotary cos/sin tables): no quantizer", owner, node.name, after=after))
