@@ -6,8 +6,9 @@ Shared by ``dal.prepare`` (which fuses the chains) and ``dal.replace``'s report-
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.fx as fx
@@ -72,6 +73,11 @@ def trace_own_forward(mod: nn.Module) -> fx.Graph:
     if typed:
         raise ValueError(f"forward tests the type of {', '.join(typed)} (torch.fx passes a Proxy and would keep "
                          "one branch)")
+    with attributes_kept(mod):
+        return _trace_leaves(mod)
+
+
+def _trace_leaves(mod: nn.Module) -> fx.Graph:
     tracer = _OwnForwardTracer()
     subs = [m for m in mod.modules() if m is not mod]
     saved = [(m, m.__dict__.get("forward", _UNSET)) for m in subs]
@@ -90,6 +96,32 @@ def trace_own_forward(mod: nn.Module) -> fx.Graph:
 
 
 _UNSET = object()
+
+
+@contextmanager
+def attributes_kept(mod: nn.Module) -> Iterator[nn.Module]:
+    """Trace ``mod`` inside this block: on exit its plain attributes are what they were before.
+
+    A forward may cache on itself what it computes: torchvision's ``MultiScaleRoIAlign`` stores
+    ``self.scales`` / ``self.map_levels`` on its first call. Under fx those are Proxies, which
+    the real forward would then use ("Proxy object cannot be iterated" in Mask R-CNN's training
+    step after a ``replace:`` rule traced it). Holds for every entry of ``mod.__dict__`` except
+    its parameter, buffer and submodule tables and fx's own constants: a key added while tracing
+    is removed, a changed or deleted one put back. fx stores a tensor the forward makes
+    (``FrozenBatchNorm2d``'s ``eps`` arithmetic) on the root as ``_tensor_constant<i>`` /
+    ``_param_constant<i>``, which the graph reads: those stay. Submodules are not covered (a
+    leaf tracer never runs them)."""
+    saved = {k: v for k, v in mod.__dict__.items() if k not in _TABLES}
+    try:
+        yield mod
+    finally:
+        for k in [k for k in mod.__dict__ if k not in saved and k not in _TABLES and not k.startswith(_FX_CONSTANTS)]:
+            del mod.__dict__[k]
+        mod.__dict__.update(saved)
+
+
+_TABLES = ("_parameters", "_buffers", "_modules")
+_FX_CONSTANTS = ("_tensor_constant", "_param_constant")
 
 
 def _leaf_call(tracer: fx.Tracer, sub: nn.Module, forward):

@@ -92,19 +92,11 @@ def capture(model: nn.Module) -> Capture:
     for path, mod in model.named_modules():
         if not needs_tracing(mod) or planned_whole(mod) is not None:  # an RMSNorm, a formula activation
             continue
-        # A forward may cache on itself what it computes (torchvision's MultiScaleRoIAlign stores
-        # its scales on the first call): under tracing those are Proxies, which the real forward
-        # would then use. The module's plain attributes are put back as they were.
-        saved = {k: v for k, v in mod.__dict__.items() if not k.startswith(("_parameters", "_buffers", "_modules"))}
-        try:
+        try:  # the module's plain attributes stay as they were (own_forward.attributes_kept)
             cap.graphs[path] = trace_own_forward(mod)
         except Exception as err:  # noqa: BLE001 - any tracing failure means "leave this forward as is"
             msg = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
             cap.untraced[path] = (type(mod).__name__, msg)
-        finally:
-            for k in [k for k in mod.__dict__ if k not in saved and not k.startswith("_")]:
-                del mod.__dict__[k]
-            mod.__dict__.update(saved)
     return cap
 
 

@@ -15,6 +15,8 @@ import re
 import torch.fx as fx
 from torch import nn
 
+from ..nn.own_forward import attributes_kept
+
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
@@ -33,7 +35,8 @@ def node_lines(mod: nn.Module) -> dict[str, str]:
     """``{node name: "file:line"}`` of ``mod``'s own forward: the innermost frame of each node's
     stack trace that lies in the file defining the forward (else the innermost frame)."""
     try:
-        graph = _LineTracer().trace(mod)
+        with attributes_kept(mod):  # a forward that caches on itself keeps no Proxy
+            graph = _LineTracer().trace(mod)
         home = os.path.abspath(type(mod).forward.__code__.co_filename)
     except Exception:  # noqa: BLE001 -- a forward fx cannot trace again: no lines, not an error
         return {}

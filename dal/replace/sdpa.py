@@ -18,6 +18,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn.own_forward import attributes_kept
 from .core import NpuAttentionCore
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -92,7 +93,8 @@ def sdpa_graph(mod: nn.Module) -> Optional[fx.Graph]:
     if isinstance(mod, fx.GraphModule) or type(mod).__module__.startswith(("torch.", "dal.")):
         return None
     try:
-        graph = _LeafTracer().trace(mod)
+        with attributes_kept(mod):  # a forward that caches on itself keeps no Proxy
+            graph = _LeafTracer().trace(mod)
     except Exception:  # noqa: BLE001 - a forward that does not trace is simply not a candidate
         return None
     return graph if any(_sdpa_call(n) for n in graph.nodes) else None
