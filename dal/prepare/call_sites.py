@@ -96,19 +96,19 @@ _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,))
 
 def _helper_of(frame, codes: frozenset) -> Optional[str]:
     """Whose call ``frame`` makes: ``""`` when it is the owner's own forward code (``codes``), the
-    name of the helper function when the forward reaches it through plain functions (Deformable-DETR's
-    ``ms_deform_attn_core_pytorch(value, ...)``: a module-level function, not a method), None for
-    anyone else's code: a module's method (a submodule's forward, the owner's own loss method:
-    its ``self`` is an ``nn.Module``), torch's or torchvision's own functions, or a frame more
-    than ``_HELPER_DEPTH`` plain functions below the forward."""
+    name of the helper function when the forward reaches it through plain functions only
+    (Deformable-DETR's ``ms_deform_attn_core_pytorch(value, ...)``, transformers'
+    ``multi_scale_deformable_attention``: module-level functions), None for anyone else's code: a
+    method (a submodule's forward, the owner's loss method, a KV cache's ``update``: its first
+    argument is ``self`` or ``cls``), torch's or torchvision's own functions, or a frame more than
+    ``_HELPER_DEPTH`` plain functions below the forward."""
     if frame is None:
         return None
     if frame.f_code in codes:
         return ""
     f = frame
     for _ in range(_HELPER_DEPTH):
-        code = f.f_code
-        if code.co_filename.startswith(_library_dirs()) or _module_method(f):
+        if f.f_code.co_filename.startswith(_library_dirs()) or _method(f.f_code):
             return None
         f = f.f_back
         if f is None:
@@ -120,17 +120,15 @@ def _helper_of(frame, codes: frozenset) -> Optional[str]:
 
 
 def _library_dirs() -> tuple:
-    """torch's and (when installed and imported) torchvision's package folders."""
+    """torch's and (when imported) torchvision's package folders."""
     import sys
     tv = sys.modules.get("torchvision")
     return _LIBRARY_DIRS + ((os.path.dirname(tv.__file__) + os.sep,) if getattr(tv, "__file__", None) else ())
 
 
-def _module_method(frame) -> bool:
-    """The frame runs a method of an ``nn.Module`` (its first argument ``self`` is one)."""
-    code = frame.f_code
-    return code.co_argcount > 0 and code.co_varnames[0] == "self" and \
-        isinstance(frame.f_locals.get("self"), nn.Module)
+def _method(code) -> bool:
+    """The code is a method's (its first argument is ``self`` or ``cls``), not a plain function's."""
+    return code.co_argcount > 0 and code.co_varnames[0] in ("self", "cls")
 
 
 def _float_tensor(t) -> bool:
@@ -157,10 +155,36 @@ def classify_call(func, args, kwargs) -> tuple[Optional[str], Optional[FloatOp],
             same = two and args[0].dim() > 0 and args[1].dim() > 0
             if same and kwargs.get("alpha") is None and len(args) == 2:
                 return kind, None, 2, 0
-            return None, None, 0, 0
+            return None, _float_arithmetic(name, args), 0, 0
+    if name in _ARITHMETIC:
+        return None, _float_arithmetic(name, args), 0, 0
+    if name == "sum" and args and _float_tensor(args[0]) and args[0].dim() > 0:
+        return None, FloatOp("float", "reduce", "sum"), 0, 0
     node = _Stub(func, name, args, kwargs)
     op = classify_node(node)
     return None, op, 0, 0
+
+
+#: element-wise arithmetic no QAT module computes (a QAdd / QMul takes two float tensors)
+_ARITHMETIC = {"sub", "__sub__", "__rsub__", "__isub__", "sub_", "rsub", "div", "__truediv__", "__rtruediv__",
+               "__itruediv__", "div_", "true_divide"}
+
+
+def _float_arithmetic(name: str, args) -> Optional[FloatOp]:
+    """The float op ``float_<op>`` (op class ``elementwise``) of an add / mul / sub / div that no
+    QAT module computes: a float tensor of rank >= 1 with a Python number or an integer tensor
+    (Deformable-DETR's ``2 * loc - 1``, ``offsets / offset_normalizer``), or two float tensors that
+    are not a QAdd / QMul (a sub, a div). It stays a float node in the export, which the hardware
+    check lists or refuses by path. Integer-only arithmetic (shapes, indices) is no op: None."""
+    tensors = [a for a in args[:2] if torch.is_tensor(a)]
+    if not any(_float_tensor(t) and t.dim() > 0 for t in tensors):
+        return None
+    base = name.strip("_")
+    base = base[1:] if base in ("iadd", "imul", "isub", "itruediv") else base
+    return FloatOp("float", "elementwise", "float_" + _BASE_OP.get(base, base))
+
+
+_BASE_OP = {"radd": "add", "rmul": "mul", "rsub": "sub", "truediv": "div", "rtruediv": "div", "true_divide": "div"}
 
 
 #: the classes whose methods are tensor methods (torch.Tensor and its C base class), not ``object``

@@ -18,7 +18,7 @@ from ..recipe import check_against_hardware
 from ..recipe.errors import RecipeError
 from ..nn.norm import FP16_NORMS
 from ..nn.registry import QAT_MODULES, registry_type
-from ..hardware.op_classes import HOST_OP_CLASSES
+from ..hardware.op_classes import HOST_OP_CLASSES, OP_CLASS_ROLES
 from .float_ops import hardware_verdict
 from .fp16_island import is_island
 from .plan import Step
@@ -233,14 +233,14 @@ def _fp16_norm(step: Step, hw) -> bool:
 def _skipped(recipe, step: Step) -> bool:
     """A ``skip: true`` rule, or a ``fallback: fp16`` rule on hardware without FP16 for the op
     (the recipe check's note: it runs outside the NPU), matches the step: kept off the NPU."""
-    op_class = step.op_class if step.op_class not in ("norm", "custom", "passthrough") else None
+    op_class = step.op_class if step.op_class in OP_CLASS_ROLES else None  # "norm", "elementwise": by name
     index = recipe.match(step.path, step.type_name, op_class)
     return index is not None and (recipe.rules[index].skip or recipe.rules[index].fallback_fp16)
 
 
 def _skip_rule(recipe, step: Step) -> bool:
     """A ``skip: true`` rule matches the step: the user keeps it off the NPU, in float32 (no island)."""
-    op_class = step.op_class if step.op_class not in ("norm", "custom", "passthrough") else None
+    op_class = step.op_class if step.op_class in OP_CLASS_ROLES else None  # "norm", "elementwise": by name
     index = recipe.match(step.path, step.type_name, op_class)
     return index is not None and bool(recipe.rules[index].skip)
 

@@ -114,6 +114,21 @@ def test_residual_add_after_an_owner_callee_runs_and_calibrates(trained):
     assert called == [1]
 
 
+def test_a1000_refuses_every_grid_sample_and_float_op_by_path():
+    """On the a1000 (no grid_sample, no float engine) every op of the module is quantized and
+    listed or refused by path: the nine grid_samples (six per camera, three in the helper), the
+    weighted sum's ``.sum``, and the sampling arithmetic (``/ offset_normalizer``, ``2 * loc - 1``)."""
+    x = _x()
+    with pytest.raises(RecipeError) as err:
+        dal.prepare_qat(BEVBlock(), recipe="int8_balanced", hardware="a1000", example_inputs=(x,))
+    text = str(err.value)
+    assert text.count("does not run grid_sample") == 9, text
+    assert text.count("attn.dal_sites.grid_sample_ms_deform_attn_core_pytorch_l") == 3 * 2  # path and fix
+    for what in ("attn.dal_sites.sum_ms_deform_attn_core_pytorch_l", "attn.dal_sites.float_div_l",
+                 "attn.dal_sites.float_sub_ms_deform_attn_core_pytorch_l"):
+        assert what in text, (what, text)
+
+
 def test_bev_block_verifies_on_the_a2000(trained, tmp_path):
     """prepare -> calibrate -> one QAT step -> export -> dal.verify: one verdict, OK (integer
     model == dal.npu on every element; onnxruntime within 1 LSB on near-ties, layer by layer)."""
