@@ -1,0 +1,210 @@
+"""The multi-camera BEV example (examples/bev) on the deployed numbers: occupancy mIoU and
+digit-class accuracy of float, PTQ INT8, QAT INT8 (int8_balanced: the grid_sample's grid int16
+at 2^-14, its output on its input's scale) and QAT W4A8 (w4a8_fp8_performance), each scored from
+the torch model and from dal.npu running the exported file, with the same post-processing
+(argmax per cell, ``bev_model.bev_metrics``). Then, interleaved in the same run, the training
+step QAT INT8 vs float (target <= 1.25x, CPU time of this process) and the exported QAT model
+on dal.npu vs onnxruntime.
+
+Protocol (the float row is the fair baseline: same total steps as every QAT row):
+  1. float: F Adam steps (cosine lr), shared by every row;
+  2. "float" row: Q more float steps at the fine-tune learning rate (F + Q in all);
+     PTQ INT8 is that model calibrated (no training);
+  3. QAT rows: the F-step model, prepared, calibrated, then Q QAT steps at the same learning rate.
+
+    python bench/bev.py --write            # writes bench/results/bev.md
+    python bench/bev.py --quick            # smoke run, numbers not meaningful
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples", "bev"))
+
+import dal  # noqa: E402
+from bev_model import GridSampleBEV  # noqa: E402
+from bev_scenes import CAMERAS, CELLS, IMAGE, bev_scenes  # noqa: E402
+from cpu import cpu_flags  # noqa: E402  (bench/cpu.py)
+from results_file import write_result  # noqa: E402
+from timing import interleaved_times  # noqa: E402
+from train_bev import batches, evaluate, npu_runner, torch_runner, train_steps  # noqa: E402
+
+ROWS = [("PTQ INT8", "int8_balanced", False), ("QAT INT8", "int8_balanced", True),
+        ("QAT W4A8", "w4a8_fp8_performance", True)]
+LIMITS = {"QAT INT8": 0.5, "QAT W4A8": 2.0}
+BATCH, LR = 16, 2e-3
+
+
+def quantized(float_model, recipe, train, test, qat_steps):
+    """prepare_qat + calibrate (16 batches) (+ QAT steps at LR / 4); returns (model, CPU seconds)."""
+    c0 = time.process_time()
+    model = dal.prepare_qat(copy.deepcopy(float_model), recipe=recipe, hardware="a2000",
+                            example_inputs=(test.images[:2],))
+    dal.calibrate(model, [train.images[i:i + BATCH] for i in range(0, min(16 * BATCH, len(train)), BATCH)], progress=False)
+    if qat_steps:
+        train_steps(model, train, qat_steps, lr=LR / 4, batch_size=BATCH, seed=1)
+    dal.set_quantizer_state(model, "frozen")
+    return model, time.process_time() - c0
+
+
+def export(model, example, workdir, label):
+    path = os.path.join(workdir, label.replace(" ", "_") + ".onnx")
+    model.eval()
+    dal.export_onnx(model, (example,), path, dynamic_batch=True)
+    return path
+
+
+def accuracy_rows(train, test, fs, qs, workdir):
+    """[(label, torch scores, npu scores or None, train CPU s)], the QAT INT8 model and its file."""
+    torch.manual_seed(0)
+    net = GridSampleBEV()
+    c0 = time.process_time()
+    train_steps(net, train, fs, lr=LR, batch_size=BATCH)
+    t_float = time.process_time() - c0
+    fair = copy.deepcopy(net)
+    c0 = time.process_time()
+    train_steps(fair, train, qs, lr=LR / 4, batch_size=BATCH, seed=1)
+    t_fair = t_float + time.process_time() - c0
+    rows = [(f"float ({fs} + {qs} steps)", evaluate(torch_runner(fair), test), None, t_fair)]
+    print(f"{rows[0][0]}: {rows[0][1]}", file=sys.stderr, flush=True)
+    keep = {}
+    for label, recipe, trains in ROWS:
+        model, secs = quantized(net if trains else fair, recipe, train, test, qs if trains else 0)
+        scores = evaluate(torch_runner(model), test)
+        path = export(model, test.images[:2], workdir, label)
+        npu = evaluate(npu_runner(path), test)
+        rows.append((f"{label} ({recipe})", scores, npu, secs + (t_float if trains else t_fair)))
+        print(f"{rows[-1][0]}: torch {scores} npu {npu}", file=sys.stderr, flush=True)
+        keep[label] = (model, path)
+    return rows, fair, keep["QAT INT8"]
+
+
+def table(rows):
+    lines = ["| model | occupancy mIoU torch | mIoU NPU | digit-class acc. torch | acc. NPU | train CPU (s) |",
+             "|---|---|---|---|---|---|"]
+    f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for label, t, n, secs in rows:
+        lines.append(f"| {label} | {f(t['miou'])} | {f(n['miou'] if n else None)} | {f(t['class_acc'])} | "
+                     f"{f(n['class_acc'] if n else None)} | {secs:.0f} |")
+    return lines
+
+
+def checks(rows):
+    out = []
+    base = rows[0][1]["miou"]
+    for label, t, n, _ in rows[1:]:
+        d = max(abs(t[k] - n[k]) for k in ("miou", "class_acc"))
+        out.append(f"{label}: NPU vs torch, largest difference {d:.3f} points ({'ok' if d <= 0.1 else 'FAIL'}, "
+                   "target <= 0.1)")
+    for label, t, _, _ in rows[1:]:
+        key = label.split(" (")[0]
+        if key in LIMITS:
+            gap = base - t["miou"]
+            out.append(f"{key}: occupancy mIoU {gap:+.2f} points below float ({'ok' if gap <= LIMITS[key] else 'FAIL'}, "
+                       f"target <= {LIMITS[key]})")
+    return out
+
+
+def _step_fn(model, images, targets):
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    model.train()
+
+    def step():
+        loss = F.cross_entropy(model(images), targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def _median_ms(xs):
+    return statistics.median(xs)
+
+
+def speed_section(fair, train, test, path, reps):
+    """Train step float vs QAT INT8 (fresh prepare + calibrate of the fair model), interleaved; then
+    the exported QAT INT8 file on dal.npu vs onnxruntime (optimizations on and off), one thread."""
+    import onnxruntime as ort
+
+    import dal.npu
+
+    images, targets = next(batches(train, BATCH, 1, seed=5))
+    qat, _ = quantized(fair, "int8_balanced", train, test, 0)
+    dal.set_quantizer_state(qat, "quantize")
+    steps = {"float": _step_fn(copy.deepcopy(fair), images, targets), "QAT INT8": _step_fn(qat, images, targets)}
+    cpu = interleaved_times(steps, reps, clock=time.process_time, warmup=True)
+    wall = interleaved_times(steps, max(3, reps // 3))
+    ratios = sorted(q / f for f, q in zip(cpu["float"], cpu["QAT INT8"]))
+    r = _median_ms(cpu["QAT INT8"]) / _median_ms(cpu["float"])
+    lines = [f"Train step (forward, cross-entropy, backward, Adam), batch {BATCH} scenes ({BATCH * CAMERAS} camera images "
+             f"{IMAGE}x{IMAGE}, BEV {CELLS}x{CELLS}), {reps} interleaved rounds, medians:", "",
+             "| step | CPU (ms) | wall (ms) |", "|---|---|---|"]
+    for k in steps:
+        lines.append(f"| {k} | {_median_ms(cpu[k]):.1f} | {_median_ms(wall[k]):.1f} |")
+    q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
+    lines += ["", f"QAT INT8 / float on CPU time: {r:.2f}x (per-round ratio quartiles {q1:.2f}-{q3:.2f}x; "
+              f"{'ok' if r <= 1.25 else 'MISSED'}, target <= 1.25x).", ""]
+    x = test.images[:BATCH].numpy()
+    sess = dal.npu.load(path, threads=1)
+    name = sess.input_names[0]
+    runs = {"dal.npu": lambda: sess.run({name: x})}
+    for label, level in (("ORT", ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
+                         ("ORT no-opt", ort.GraphOptimizationLevel.ORT_DISABLE_ALL)):
+        so = ort.SessionOptions()
+        so.graph_optimization_level, so.intra_op_num_threads, so.inter_op_num_threads = level, 1, 1
+        s = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        runs[label] = (lambda s=s: s.run(None, {s.get_inputs()[0].name: x}))
+    inf = interleaved_times(runs, reps, clock=time.process_time, warmup=True)
+    npu = _median_ms(inf["dal.npu"])
+    lines += [f"Inference of the exported QAT INT8 file, batch {BATCH}, one thread each, CPU time, medians of {reps} "
+              "interleaved rounds (onnxruntime runs DequantizeLinear -> GridSample -> QuantizeLinear in float):", "",
+              "| engine | CPU (ms) | dal.npu / engine |", "|---|---|---|"]
+    for k, v in inf.items():
+        lines.append(f"| {k} | {_median_ms(v):.1f} | {npu / _median_ms(v):.2f}x |")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small budgets (smoke run)")
+    ap.add_argument("--write", action="store_true", help="write bench/results/bev.md")
+    ap.add_argument("--reps", type=int, default=15, help="interleaved rounds of the speed section")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    n_train, n_test = (128, 32) if args.quick else (2000, 512)
+    fs, qs = (10, 5) if args.quick else (1200, 300)
+    t0 = time.time()
+    train, test = bev_scenes("train", n_train), bev_scenes("test", n_test)
+    workdir = tempfile.mkdtemp(prefix="dal-bev-")
+    head = [f"CPU: {cpu_flags()}; torch threads: {torch.get_num_threads()}; load average at start "
+            f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}.", "",
+            f"Data: examples/bev, {n_train} train / {n_test} test scenes (MNIST train / test digits), {CAMERAS} cameras "
+            f"{IMAGE}x{IMAGE}, BEV grid {CELLS}x{CELLS} cells of 1 m; model GridSampleBEV (grid_sample at fixed "
+            f"reference points, mean over the cameras that see a cell); Adam, batch {BATCH}, hardware a2000. "
+            "Occupancy mIoU: mean over {free, occupied} of the IoU over all test cells; digit-class accuracy: share "
+            "of occupied cells whose argmax is their digit. NPU = dal.npu running the exported QDQ file, the same "
+            "argmax and metric code for both columns. train CPU includes the shared float pre-training.", ""]
+    rows, fair, (_, path) = accuracy_rows(train, test, fs, qs, workdir)
+    out = head + table(rows) + [""] + [f"- {c}" for c in checks(rows)] + [""]
+    out += speed_section(fair, train, test, path, 3 if args.quick else args.reps)
+    out += ["", f"Load average at the end {' '.join(f'{v:.2f}' for v in os.getloadavg())}; the whole run took "
+            f"{time.time() - t0:.0f} s wall."]
+    text = "\n".join(out)
+    print(text)
+    if args.write:
+        write_result("bev.md", "# Multi-camera BEV on MNIST ground planes (`bench/bev.py`)\n\n" + text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
