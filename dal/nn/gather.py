@@ -49,7 +49,8 @@ def gather_call(kind: str, x: torch.Tensor, index: torch.Tensor, dim, path: str 
         shape = [max(a, b) for a, b in zip(x.shape, index.shape)]
         xs, ix = list(shape), list(shape)
         xs[dim], ix[dim] = x.shape[dim], index.shape[dim]
-        x, index = x.expand(xs), index.expand(ix)
+        x = x.expand(xs) if list(x.shape) != xs else x  # no Expand node where nothing broadcasts
+        index = index.expand(ix) if list(index.shape) != ix else index
     if index.dim() != nd:
         raise ValueError(f"{where}: gather needs an index of the input's rank {nd}, got shape {list(index.shape)}")
     return torch.gather(x, dim, index)

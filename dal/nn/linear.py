@@ -34,6 +34,8 @@ class QEmbedding(QATModule, nn.Embedding):
         return q
 
     def forward(self, idx):
+        if idx.is_floating_point():  # F.embedding's own message names no layer
+            raise ValueError(f"{self.qat_name or 'QEmbedding'}: indices must be an integer tensor, got {idx.dtype}")
         w = self.quantized_weight(self.weight)
         y = F.embedding(idx, w, self.padding_idx, self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse)
         return self.finish(y)

@@ -1,0 +1,328 @@
+"""BEV pooling as scatter-add and gathers on codes, trained, exported and run bit-exact
+(export/SPEC.md §5c, §5d).
+
+Oracles: torch's own float ops (the QAT bound), a numpy int64 / float64 model of §5c's arithmetic
+written here from the quantizers' scales (the QAT model and both integer engines must equal it on
+every element), onnxruntime with optimizations off (the scatter's inputs are graph inputs, so the
+comparison is layer by layer: within 1 LSB, differing codes only at near-ties of its float32 sums),
+and dal.npu (from the file) against dal.convert (from the torch model), element by element."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import dal
+import dal.npu
+from dal.nn.gather import QGather
+from dal.nn.scatter_add import QScatterAdd
+from dal.nn.spec import layer_spec, tensor_spec
+from dal.recipe.errors import RecipeError
+from oracles import ort_session, run_ort
+
+torch.set_num_threads(1)
+K, M, C = 96, 12, 5          # updates, destination rows, channels
+A = {"format": "uint8", "granularity": "per_tensor", "symmetric": False, "observer": "minmax"}
+RECIPE = {"name": "bev_int8", "rules": [{"type": ["scatter_add", "gather"], "input": A}]}
+SPEC = layer_spec(input=tensor_spec("uint8", symmetric=False))
+
+
+class Pool(nn.Module):
+    """BEV pooling three ways: index_put_ in place (negative indices too), torch.scatter_add with
+    a per-column index, index_add out of place."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, f, idx):
+        bev = f.new_zeros(M, C)
+        if self.kind == "index_put":
+            bev.index_put_((idx,), f, accumulate=True)
+            return bev
+        if self.kind == "scatter_add":
+            return torch.scatter_add(bev, 0, idx, f)
+        return bev.index_add(0, idx, f)
+
+
+def _data(kind: str, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    f = torch.randn(K, C, generator=g) + 0.7  # an asymmetric range: a uint8 zero point far from 0
+    if kind == "index_put":
+        return f, torch.randint(-M, M, (K,), generator=g)
+    if kind == "scatter_add":
+        return f, torch.randint(0, M, (K, C), generator=g)
+    return f, torch.randint(0, M, (K,), generator=g)
+
+
+def _float(kind, f, idx):
+    return Pool(kind)(f, idx)
+
+
+def _counts(kind, idx) -> np.ndarray:
+    """Contributions per destination element (M, C)."""
+    if kind == "scatter_add":
+        return torch.scatter_add(torch.zeros(M, C), 0, idx, torch.ones(K, C)).numpy()
+    rows = torch.bincount(idx % M, minlength=M).float()
+    return rows[:, None].expand(M, C).numpy()
+
+
+def _oracle(kind, f, idx, s, z, so, zo) -> np.ndarray:
+    """§5c in numpy: codes by ONNX QuantizeLinear (float32 division), int64 sum of code - z,
+    float32(float64(acc) * s), then the output QuantizeLinear; returned dequantized (float32)."""
+    s, so = np.float32(s), np.float32(so)
+    u = np.clip(np.rint(f.numpy() / s) + z, 0, 255).astype(np.int64) - z
+    acc = np.zeros((M, C), np.int64)
+    i = idx.numpy() % M
+    if kind == "scatter_add":
+        np.add.at(acc, (i, np.broadcast_to(np.arange(C), i.shape)), u)
+    else:
+        np.add.at(acc, i, u)
+    v = (acc.astype(np.float64) * np.float64(s)).astype(np.float32)
+    y = np.clip(np.rint(v / so) + zo, 0, 255)
+    return ((y - zo) * so).astype(np.float32), acc
+
+
+def _qparams(q):
+    s, z = q.effective_qparams()
+    return float(s), int(z)
+
+
+@pytest.fixture(scope="module", params=["index_put", "scatter_add", "index_add"])
+def pooled(request, tmp_path_factory):
+    """(kind, prepared + calibrated model, ONNX path, dal.npu session, integer model)."""
+    kind = request.param
+    torch.manual_seed(0)
+    f, idx = _data(kind, 0)
+    p = dal.prepare_qat(Pool(kind), recipe=RECIPE, hardware="a2000", example_inputs=(f, idx))
+    dal.calibrate(p, [((f, idx), None)] + [((_data(kind, s)[0], idx), None) for s in (1, 2)], progress=False)
+    path = str(tmp_path_factory.mktemp("scatter") / f"{kind}.onnx")
+    dal.export_onnx(p, (f, idx), path)
+    return kind, p, path, dal.npu.load(path), dal.convert(p)
+
+
+def _module(p) -> QScatterAdd:
+    return next(m for m in p.modules() if isinstance(m, QScatterAdd))
+
+
+def test_prepare_captures_each_spelling(pooled):
+    kind, p, *_ = pooled
+    m = _module(p)
+    assert m.kind == kind and m.input_quant is not None and m.output_quant is not None
+    assert m.input_quant.fmt.name == "uint8" and m.output_quant.state == "quantize"
+
+
+def test_qat_equals_the_integer_oracle_and_stays_within_the_quantization_bound(pooled):
+    kind, p, *_ = pooled
+    m = _module(p)
+    (s, z), (so, zo) = _qparams(m.input_quant), _qparams(m.output_quant)
+    assert z not in (0, 255)  # the zero point is exercised
+    for seed in (0, 3):
+        f, idx = _data(kind, seed)
+        with torch.no_grad():
+            y = p(f, idx)
+        want, _ = _oracle(kind, f, idx, s, z, so, zo)
+        assert np.array_equal(y.numpy(), want), f"{kind}: QAT model != integer oracle"
+        # against torch's float op: n half-LSBs of the input per element plus half an output LSB
+        err = (y - _float(kind, f, idx)).abs().numpy()
+        bound = _counts(kind, idx) * s / 2 + so / 2
+        clipped = np.abs(want) >= (255 - zo) * so  # outside the calibrated range (seed 3): clipped
+        assert np.all((err <= bound * (1 + 1e-5)) | clipped), f"{kind}: {(err / so).max():.3f} LSB"
+
+
+def test_export_form_and_the_integer_group(pooled):
+    kind, p, path, sess, _ = pooled
+    import onnx
+    model = onnx.load(path)
+    nodes = {n.output[0]: n for n in model.graph.node}
+    sc = [n for n in model.graph.node if n.op_type == "ScatterElements"]
+    assert len(sc) == 1 and next(a.s for a in sc[0].attribute if a.name == "reduction") == b"add"
+    assert [nodes[sc[0].input[i]].op_type for i in (0, 2)] == ["DequantizeLinear"] * 2
+    dq_d, dq_u = nodes[sc[0].input[0]], nodes[sc[0].input[2]]
+    assert dq_d.input[1:] == dq_u.input[1:] or all(  # the same scale and zero point (maybe folded copies)
+        np.array_equal(onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == a)),
+                       onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == b)))
+        for a, b in zip(dq_d.input[1:], dq_u.input[1:]))
+    assert [n.op_type for n in model.graph.node if sc[0].output[0] in n.input] == ["QuantizeLinear"]
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 16
+    assert any(type(st).__name__ == "ScatterAddCodes" for st in sess.steps)
+
+
+def test_npu_equals_convert_and_the_oracle_on_every_element(pooled):
+    kind, p, path, sess, im = pooled
+    m = _module(p)
+    (s, z), (so, zo) = _qparams(m.input_quant), _qparams(m.output_quant)
+    for seed in (0, 4):
+        f, idx = _data(kind, seed)
+        got = sess.run({"input_0": f.numpy(), "input_1": idx.numpy()})[0]
+        assert np.array_equal(got, im(f, idx).numpy()), f"{kind}: dal.npu != dal.convert"
+        assert np.array_equal(got, _oracle(kind, f, idx, s, z, so, zo)[0])
+
+
+def test_onnxruntime_within_one_lsb_at_near_ties_only(pooled):
+    kind, p, path, sess, _ = pooled
+    m = _module(p)
+    (s, z), (so, zo) = _qparams(m.input_quant), _qparams(m.output_quant)
+    ort = ort_session(path)
+    differ = 0
+    for seed in range(6):
+        f, idx = _data(kind, seed)
+        feeds = {"input_0": f.numpy(), "input_1": idx.numpy()}
+        got = sess.run(feeds)[0]
+        want = ort.run(None, feeds)[0]
+        d = np.rint(np.abs(got.astype(np.float64) - want) / so)
+        assert d.max() <= 1, f"{kind}: {int(d.max())} LSB from onnxruntime"
+        _, acc = _oracle(kind, f, idx, s, z, so, zo)
+        v = acc * np.float64(np.float32(s)) / np.float64(np.float32(so))  # exact value in output LSBs
+        # onnxruntime sums float32 products (q - z) * s: at most (n + 2) roundings of 2^-24 of the
+        # sum of |terms| (here bounded by n * 255 * s), then a float32 division
+        slack = ((_counts(kind, idx) + 2) * 2.0 ** -23 * (_counts(kind, idx) + 1) * 255 * s / so
+                 + 2.0 ** -22 * np.abs(v))
+        tie = np.abs(np.abs(v - np.floor(v)) - 0.5) <= slack
+        assert np.all(tie[d > 0]), f"{kind}: a differing code is no near-tie"
+        differ += int((d > 0).sum())
+    assert differ < 6 * M * C / 10
+
+
+def test_float32_bound_crossed_sums_in_float64():
+    """70,000 updates into one row: |acc| exceeds 2^24, where float32 would round; the QAT model
+    switches to float64 and still equals the integer oracle."""
+    m = QScatterAdd(SPEC, "bev.pool", kind="index_put")
+    f = torch.full((70000, C), 3.0)
+    f[::1000] = 0.0
+    idx = torch.zeros(70000, dtype=torch.long)
+    x = torch.zeros(1, C)
+    dal.calibrate(m, [((x, idx, f), None)], progress=False)
+    assert m.accumulator_bound(70000) > 2 ** 24
+    s, z = _qparams(m.input_quant)
+    so, zo = _qparams(m.output_quant)
+    with torch.no_grad():
+        y = m(x, idx, f).numpy()
+    u = np.clip(np.rint(f.numpy() / np.float32(s)) + z, 0, 255).astype(np.int64) - z
+    acc = u.sum(0, keepdims=True)
+    assert np.abs(acc).max() > 2 ** 24
+    v = (acc.astype(np.float64) * np.float64(np.float32(s))).astype(np.float32)
+    want = ((np.clip(np.rint(v / np.float32(so)) + zo, 0, 255) - zo) * np.float32(so)).astype(np.float32)
+    assert np.array_equal(y, want)
+
+
+def test_int32_accumulator_limit_refused_naming_the_layer():
+    m = QScatterAdd(SPEC, "bev.pool", kind="index_put")
+    m.input_quant.set_qparams(torch.tensor(0.1), torch.tensor(128, dtype=torch.int32))
+    m.output_quant.set_qparams(torch.tensor(0.1), torch.tensor(128, dtype=torch.int32))
+    for q in (m.input_quant, m.output_quant):
+        q.set_state("frozen")
+    n = 2 ** 31 // 255
+    with pytest.raises(ValueError, match=r"bev\.pool: up to 8421504 contributions.*int32"):
+        m.eval()(torch.zeros(2, 1), torch.zeros(n, dtype=torch.long), torch.zeros(1, 1).expand(n, 1))
+
+
+@pytest.mark.parametrize("kind", ["index_put", "scatter_add", "index_add"])
+def test_bad_indices_are_named_errors(kind):
+    f, idx = _data(kind, 0)
+    m = QScatterAdd(SPEC, "bev.pool", kind=kind)
+    with pytest.raises(ValueError, match=r"bev\.pool: .*index must be an integer tensor.*float"):
+        m(torch.zeros(M, C), idx.float(), f)
+    bad = idx.clone()
+    bad[3] = M if kind != "index_put" else -M - 1
+    with pytest.raises(ValueError, match=rf"bev\.pool: {kind} index out of range"):
+        dal.calibrate(m, [((torch.zeros(M, C), bad, f), None)], progress=False)
+    with pytest.raises(ValueError, match=r"bev\.pool: .*(shape|rank|needs)"):
+        m(torch.zeros(M, C), idx, f[:-1] if kind != "scatter_add" else f[:, :1].expand(K, 1).reshape(K))
+
+
+class PoolHead(Pool):
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        self.fc = nn.Linear(C, C)
+
+    def forward(self, f, idx):
+        return self.fc(super().forward(f, idx))
+
+
+def test_a1000_refuses_by_path_and_a_skip_rule_keeps_it_float():
+    f, idx = _data("index_add", 0)
+    with pytest.raises(RecipeError, match=r"index_add.*\(scatter_add\): hardware 'a1000' does not run scatter_add"):
+        dal.prepare_qat(Pool("index_add"), recipe=RECIPE, hardware="a1000", example_inputs=(f, idx))
+    linear = {"type": "linear", "weight": {"format": "int8", "symmetric": True}, "input": A}
+    skip = {"name": "bev_skip", "rules": [{"type": "scatter_add", "skip": True}, linear, *RECIPE["rules"]]}
+    torch.manual_seed(0)
+    net = PoolHead("index_add")
+    p = dal.prepare_qat(net, recipe=skip, hardware="a1000", example_inputs=(f, idx))
+    assert not any(isinstance(m, QScatterAdd) for m in p.modules())
+    dal.calibrate(p, [((f, idx), None)], progress=False)
+    assert p(f, idx).shape == (M, C)
+
+
+# ------------------------------------------------------------------ gathers on codes
+class Pick(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x, idx):
+        if self.kind == "gather":
+            return torch.gather(x, 1, idx)
+        if self.kind == "index_select":
+            return x.index_select(1, idx[0, 0])
+        return torch.take_along_dim(x, idx[:, :1, :], dim=2)
+
+
+@pytest.mark.parametrize("kind", ["gather", "index_select", "take_along_dim"])
+def test_gather_on_codes_scale_passed_through(kind, tmp_path):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 6, 4, generator=g) * 2 + 0.5
+    idx = torch.randint(0, 6 if kind != "take_along_dim" else 4, (2, 3, 4), generator=g)
+    p = dal.prepare_qat(Pick(kind), recipe=RECIPE, hardware="a2000", example_inputs=(x, idx))
+    m = next(mod for mod in p.modules() if isinstance(mod, QGather))
+    assert m.kind == kind
+    dal.calibrate(p, [((x, idx), None)], progress=False)
+    s, z = _qparams(m.input_quant)
+    with torch.no_grad():
+        y = p(x, idx)
+    xq = ((np.clip(np.rint(x.numpy() / np.float32(s)) + z, 0, 255) - z) * np.float32(s)).astype(np.float32)
+    assert np.array_equal(y.numpy(), Pick(kind)(torch.from_numpy(xq), idx).numpy())  # torch's op on Q(x)
+    path = str(tmp_path / f"{kind}.onnx")
+    model = dal.export_onnx(p, (x, idx), path)
+    readers = {i for n in model.graph.node if n.op_type == "QuantizeLinear" for i in n.input[:1]}
+    op = next(n for n in model.graph.node if n.op_type in ("Gather", "GatherElements") and n.output[0] in readers)
+    after = [n for n in model.graph.node if op.output[0] in n.input]
+    before = next(n for n in model.graph.node if n.output[0] == op.input[0])
+    assert before.op_type == "DequantizeLinear" and [n.op_type for n in after] == ["QuantizeLinear"]
+    assert after[0].input[1:] == before.input[1:]  # the input's own scale and zero point: no requantization
+    feeds = {"input_0": x.numpy(), "input_1": idx.numpy()}
+    got = dal.npu.load(path).run(feeds)[0]
+    assert np.array_equal(got, run_ort(path, feeds)[0]) and np.array_equal(got, y.numpy())
+    assert np.array_equal(got, dal.convert(p)(x, idx).numpy())
+
+
+def test_gather_bad_indices_are_named_errors():
+    m = QGather(SPEC, "head.pick", kind="gather", dim=1)
+    x = torch.randn(2, 6)
+    with pytest.raises(ValueError, match=r"head\.pick: gather index must be an integer tensor"):
+        m(x, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"head\.pick: gather index out of range"):
+        dal.calibrate(m, [((x, torch.full((2, 3), 6)), None)], progress=False)
+    emb = dal.prepare_qat(nn.Sequential(nn.Embedding(10, 4)), recipe="int8_balanced", hardware="a2000")
+    with pytest.raises(ValueError, match=r"0: indices must be an integer tensor"):
+        emb(torch.zeros(3))
+
+
+def test_embedding_gathers_the_weight_codes(tmp_path):
+    """nn.Embedding (QEmbedding): the file gathers DQ(int8 table); dal.npu == onnxruntime ==
+    dal.convert == torch on every element (a copy of dequantized codes)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(10, 4))
+    ids = torch.randint(0, 10, (2, 5))
+    p = dal.prepare_qat(net, recipe="int8_balanced", hardware="a2000")
+    dal.calibrate(p, [ids], progress=False)
+    path = str(tmp_path / "emb.onnx")
+    model = dal.export_onnx(p, (ids,), path)
+    gather = next(n for n in model.graph.node if n.op_type == "Gather")
+    assert next(n for n in model.graph.node if n.output[0] == gather.input[0]).op_type == "DequantizeLinear"
+    got = dal.npu.load(path).run({"input": ids.numpy()})[0]
+    with torch.no_grad():
+        y = p(ids).numpy()
+    assert np.array_equal(got, run_ort(path, {"input": ids.numpy()})[0]) and np.array_equal(got, y)
+    assert np.array_equal(got, dal.convert(p)(ids).numpy())
