@@ -11,7 +11,9 @@ reference implements instead (written once in export/SPEC.md), and which these f
 * ReduceSum (``torch.sum`` / ``Tensor.sum``: ResNeSt's split attention): the sum in float64,
   rounded once to the input's type (torch's float32 sum rounds every partial sum);
 * Sigmoid (and SiLU, exported as ``x * Sigmoid(x)``): ``1 / (1 + exp(-x))`` in float64, rounded
-  once to float32 (the Mul in float32); Tanh: float64, rounded once;
+  once to float32 (the Mul in float32); Tanh, Sin, Cos: float64, rounded once;
+* CumSum (``torch.cumsum`` / ``Tensor.cumsum``: DETR-family sine position embeddings): the running
+  sum in float64, each element rounded once to the input's type;
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
 * Resize linear and cubic (``F.interpolate`` bilinear, bicubic): separable in float64, rounded
   once to float32;
@@ -157,6 +159,24 @@ def tanh_f64(x):
     return torch.tanh(x.double()).float()
 
 
+def sin_f64(x):
+    """float32(sin(x)) computed in float64 (ONNX Sin, export/SPEC.md §5a)."""
+    return torch.sin(x.double()).float() if x.dtype == torch.float32 else None
+
+
+def cos_f64(x):
+    """float32(cos(x)) computed in float64 (ONNX Cos, export/SPEC.md §5a)."""
+    return torch.cos(x.double()).float() if x.dtype == torch.float32 else None
+
+
+def cumsum_f64(x, dim, *, dtype=None):
+    """ONNX CumSum of a float32 / float16 tensor (export/SPEC.md §5a): the running sum along ``dim``
+    in float64, each element rounded once to x's type. Other types or a ``dtype``: None (torch's op)."""
+    if x.dtype not in (torch.float32, torch.float16) or dtype is not None:
+        return None
+    return to_dtype_once(torch.cumsum(x.double(), dim), x.dtype)
+
+
 def _silu(x, inplace=False):
     s = sigmoid_f64(x)
     return None if s is None else x * s
@@ -262,6 +282,8 @@ _IMPL = {
     torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64, F.interpolate: _interpolate,
     F.batch_norm: batch_norm_f64, F.group_norm: group_norm_onnx, F.instance_norm: _instance_norm,
     torch.sum: sum_f64, torch.Tensor.sum: sum_f64, F.grid_sample: float_grid_sample,
+    torch.sin: sin_f64, torch.Tensor.sin: sin_f64, torch.cos: cos_f64, torch.Tensor.cos: cos_f64,
+    torch.cumsum: cumsum_f64, torch.Tensor.cumsum: cumsum_f64,
 }
 
 

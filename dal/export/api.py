@@ -17,6 +17,7 @@ from .bias import rewrite_biases
 from .bias_range import check_bias_codes
 from .casts import rewrite_float_casts
 from .errors import ExportError
+from .float64_check import check_no_float64_quantize
 from .fold import fold_constants
 from .graph import Graph
 from .metadata import write_metadata
@@ -103,6 +104,7 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
         metadata = {**(metadata or {}), "dal.boundary": boundary}
     write_metadata(proto, detector, infos, metadata)
     proto.producer_name, proto.producer_version = "dal", _version()
+    check_no_float64_quantize(proto)  # before the checker, whose message names neither the layer nor the cause
     onnx.checker.check_model(proto, full_check=True)
     check_bias_codes(proto)  # saturated int32 biases: named here, not as an overflow on the chip
     if path is not None:

@@ -29,6 +29,7 @@ from ..quantizer import FakeQuantizer
 from .data_flow import check_static
 from .errors import ExportError
 from .plan import TRACE_MAX_OPSET, ExportPlan, QuantizerEntry
+from .symbolics import dal_symbolics
 
 PLACEHOLDER_DOMAIN = "dal"
 PLACEHOLDER_OP = "Q"
@@ -175,7 +176,7 @@ def trace(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, input_nam
         # GraphModule (what prepare_qat returns when it rewrites the root) has an fx one.
         traced = _Root(model) if isinstance(model, torch.fx.GraphModule) else model
         try:
-            with _positional_forward(traced):
+            with _positional_forward(traced), dal_symbolics(min(opset, TRACE_MAX_OPSET)):
                 torch.onnx.export(traced, args, buf, dynamo=False, opset_version=min(opset, TRACE_MAX_OPSET),
                                   do_constant_folding=True, custom_opsets={PLACEHOLDER_DOMAIN: 1},
                                   input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes,

@@ -1,6 +1,7 @@
 """ReduceMin / ReduceMax (what DynamicQuantizeLinear's expanded form needs), ReduceSum
 (ResNeSt's split attention sums its radix branches, ``x.sum(dim=1)``) and ReduceMean (timm's
-``x.mean((2, 3))`` pooling, LayerNorm below opset 17), node by node.
+``x.mean((2, 3))`` pooling, LayerNorm below opset 17), node by node; and CumSum, the running sum
+(Hugging Face DETR-family sine position embeddings, ``pixel_mask.cumsum(1)``).
 
     y = min (max, sum, mean) of x over ``axes`` (all axes when none are given, unless
         noop_with_empty_axes=1, which returns x), keepdims as the attribute says
@@ -122,3 +123,32 @@ def _reduce_mean(ctx, ins, a):
     if axes is None and a.get("noop_with_empty_axes", 0) and ctx.opset >= 18:
         return [x]
     return [mean_once(x, axes, bool(a.get("keepdims", 1)))]
+
+
+@op("CumSum")
+def _cumsum(ctx, ins, a):
+    """ONNX CumSum along the scalar ``axis`` input (``exclusive``, ``reverse`` attributes): for a
+    float x each output is ``T(running sum in float64)``, the float64 sum taken in order along the
+    axis and rounded once per element (export/SPEC.md §5a); for an integer x the exact sum, refused
+    naming the node when it leaves x's type."""
+    x = np.asarray(ins[0])
+    if x.dtype.kind not in "fiu":
+        raise UnsupportedNode(ctx.node, [str(x.dtype)], "CumSum of this type (float or integer only)")
+    axis = np.asarray(ins[1]).reshape(-1)
+    if axis.size != 1 or axis.dtype.kind not in "iu" or not -x.ndim <= int(axis[0]) < max(x.ndim, 1):
+        raise NPUError(f"node {ctx.node.name!r} (CumSum): axis {axis.tolist()} is not one axis of a rank-{x.ndim} input")
+    ax = int(axis[0]) % max(x.ndim, 1)
+    wide = x.astype(np.float64 if x.dtype.kind == "f" else object if x.dtype.itemsize == 8 else np.int64)
+    if a.get("reverse", 0):
+        wide = np.flip(wide, ax)
+    s = np.cumsum(wide, axis=ax)
+    if a.get("exclusive", 0) and s.shape[ax]:  # the sum of the elements before each one: shift by one, 0 first
+        s = np.concatenate([np.zeros_like(np.take(s, [0], axis=ax)), np.delete(s, -1, axis=ax)], axis=ax)
+    if a.get("reverse", 0):
+        s = np.flip(s, ax)
+    if x.dtype.kind != "f" and s.size:
+        info = np.iinfo(x.dtype)
+        if s.min() < info.min or s.max() > info.max:
+            raise NPUError(f"node {ctx.node.name!r} (CumSum): the sum leaves {x.dtype} "
+                           f"([{s.min()}, {s.max()}] outside [{info.min}, {info.max}])")
+    return [np.ascontiguousarray(s).astype(x.dtype)]
