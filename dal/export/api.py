@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..prepare.boundary import boundary_json, check_batch, npu_part
+from .attention_mask import check_attention_mask
 from .bias import rewrite_biases
 from .bias_range import check_bias_codes
 from .casts import rewrite_float_casts
@@ -65,9 +66,9 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
         >>> proto = dal.export_onnx(model, (torch.randn(1, 3, 64, 64),), "model.onnx")
     """
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    # A torchvision detector exports its NPU part (backbone + heads: batch tensor in, raw head
-    # tensors out); pre/post-processing stays on the host (dal.prepare.boundary, export/SPEC.md).
+    # A detector exports its NPU part (backbone + heads); pre/post-processing stays on the host (SPEC.md §7a).
     detector, model = model, npu_part(model)
+    check_attention_mask(model, args)  # a 2-D HF padding mask would trace as int64 compare arithmetic
     if model is not detector:
         check_batch(args[0] if len(args) == 1 else args, "export_onnx(detector, (batch,)): the batch")
     plan = make_plan(model)

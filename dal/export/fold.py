@@ -4,12 +4,15 @@ The int32 fake quantization of a bias, ``clamp(round(b / s), lo, hi) * s``, is c
 parameters only, yet torch stops at ``Round`` and leaves a small float subgraph in front of
 every Conv. Evaluating it here with numpy (float32 elementwise arithmetic is IEEE-exact and
 ``np.rint`` rounds half to even like ``torch.round``) turns it into the single constant the
-bias pass expects. Only the operators below are folded; anything else stays in the graph.
+bias pass expects. The same pass folds the int64 shape arithmetic Hugging Face models compute
+from buffers only (ConstantOfShape, Equal, Where, Expand, GatherElements: exact data movement
+and comparison), so that no int64 compare node reaches the chip's graph. Only the operators
+below are folded; anything else stays in the graph.
 """
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from .graph import Graph
 
@@ -50,6 +53,23 @@ def _squeeze(node, x, axes=None):
     return np.squeeze(x, axis=tuple(int(a) for a in axes)) if axes is not None else np.squeeze(x)
 
 
+def _constant_of_shape(node, shape):
+    value = _attr(node, "value")
+    fill = np.zeros(1, np.float32) if value is None else numpy_helper.to_array(value).reshape(1)
+    return np.full(tuple(int(d) for d in shape), fill[0], dtype=fill.dtype)
+
+
+def _expand(node, x, shape):
+    # ONNX Expand broadcasts both ways: the result has the broadcast of x's shape and `shape`.
+    return np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(int(d) for d in shape))).copy()
+
+
+def _gather_elements(node, x, index):
+    axis = _attr(node, "axis", 0)
+    index = np.where(index < 0, index + x.shape[axis], index)
+    return np.take_along_axis(x, index, axis=axis)
+
+
 def _same_dtype(fn):
     def run(node, *xs):
         out = fn(*xs)
@@ -77,6 +97,13 @@ _OPS = {
     "Reshape": _reshape,
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
+    # Shape arithmetic Hugging Face models leave on constants (BERT's buffered token_type_ids:
+    # ConstantOfShape -> Equal -> Where -> Expand -> GatherElements); exact data movement.
+    "ConstantOfShape": _constant_of_shape,
+    "Equal": lambda node, a, b: np.equal(a, b),
+    "Where": lambda node, c, a, b: np.where(c, a, b),
+    "Expand": _expand,
+    "GatherElements": _gather_elements,
 }
 
 
@@ -114,6 +141,4 @@ def fold_constants(graph: Graph) -> None:
 
 
 def _tensor(array, name):
-    from onnx import numpy_helper
-
     return numpy_helper.from_array(np.ascontiguousarray(array), name)

@@ -96,7 +96,9 @@ def _repeat_kv(x: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
 def unmask_dead_rows(mask: torch.Tensor) -> torch.Tensor:
     """``mask`` with every row whose entries are all below ``-MASKED_BELOW`` (no key may be attended
     to) set to 0; other rows unchanged."""
-    dead = (mask < -MASKED_BELOW).all(dim=-1, keepdim=True)
+    # amax then one float compare (not ``(mask < -t).all()``, which exports as an int64
+    # ReduceSum and compare): the same rows, NaN included, and float nodes only in the file.
+    dead = mask.amax(dim=-1, keepdim=True) < -MASKED_BELOW
     return mask.masked_fill(dead, 0.0)
 
 
