@@ -137,9 +137,27 @@ class CodesStep(nn.Module):
     def _quantizers(self) -> list:
         return [q for kv in decoder_parts(self.step.lm)["kv"] for q in (kv.key_quant, kv.value_quant)]
 
+    def _check_past(self, qs: list, past: tuple) -> None:
+        """ValueError naming the first ``past_<key|value>_<layer>`` whose count, element type or
+        cache length (axis 2) is not the decode graph's."""
+        if len(past) != len(qs):
+            raise ValueError(f"decode step: {len(past)} past tensors, the graph takes {len(qs)} "
+                             "(past_key_i, past_value_i per layer)")
+        length = self.step.cos_table.shape[0]
+        for k, (q, c) in enumerate(zip(qs, past)):
+            name = f"past_{'key' if k % 2 == 0 else 'value'}_{k // 2}"
+            want = getattr(torch, q.fmt.torch_storage)
+            if c.dtype != want:
+                raise ValueError(f"decode step: {name} must hold {q.fmt.name} codes ({want}), got {c.dtype}")
+            if c.ndim != 4 or c.shape[2] != length:
+                raise ValueError(f"decode step: {name} must be [B, kv_heads, {length}, head_dim] (cache length "
+                                 f"{length}), got {list(c.shape)}")
+
     def forward(self, input_ids, position_ids, mask, *past):
         from ..formats import dequantize, quantize
         qs = self._quantizers()
+        if self.step.decode:
+            self._check_past(qs, past)
         floats = []
         for q, c in zip(qs, past):
             s, zp = q.effective_qparams()

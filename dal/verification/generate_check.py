@@ -105,11 +105,6 @@ def generate_check(model: nn.Module, onnx_paths: Sequence, prompts: Sequence, st
         >>> pre, dec = dal.export_decoder(model, "tiny", prompt_len=8, cache_len=16)
         >>> print(dal.generate_check(model, (pre, dec), [ids[:5], ids[5:13]], steps=8))
     """
-    import dal.npu
-    from ..convert import convert
-    from ..export.decoder import causal_mask
-    from ..export.decoder_module import CodesStep, DecoderStep
-
     pre_path, dec_path = (str(p) for p in onnx_paths)
     pre, dec = onnx.load(pre_path), onnx.load(dec_path)
     prompt_len, cache_len = int(_meta(pre, "dal.decoder.prompt_len", pre_path)), int(_meta(dec, "dal.decoder.cache_len", dec_path))
@@ -125,66 +120,85 @@ def generate_check(model: nn.Module, onnx_paths: Sequence, prompts: Sequence, st
         if p.numel() + steps > cache_len:
             raise ValueError(f"generate_check: prompt {i} ({p.numel()} tokens) + {steps} steps exceeds the decode "
                              f"graph's cache of {cache_len} slots")
-    int_pre = convert(CodesStep(DecoderStep(model, cache_len, False)))
-    int_dec = convert(CodesStep(DecoderStep(model, cache_len, True)))
-    npu_pre, npu_dec = dal.npu.load(pre), dal.npu.load(dec)
-    names_pre, names_dec = [i.name for i in pre.graph.input], [i.name for i in dec.graph.input]
-    out_names = [o.name for o in dec.graph.output]
+    engines = _Engines(model, pre, dec, prompt_len, cache_len)
     report = GenerateReport(len(prompts), steps)
+    for i, prompt in enumerate(prompts):
+        engines.decode(i, prompt, steps, report)
+    return report
 
-    def run_int(int_model, inputs):
+
+def _blank_cache(new: torch.Tensor, length: int) -> torch.Tensor:
+    shape = list(new.shape)
+    shape[2] = length
+    if new.dtype.is_floating_point:  # float8 codes: zero bits
+        return torch.zeros(shape, dtype=torch.uint8).view(new.dtype)
+    return torch.zeros(shape, dtype=new.dtype)
+
+
+class _Engines:
+    """Both engines on both graphs, and the host's loop (module docstring)."""
+
+    def __init__(self, model, pre: onnx.ModelProto, dec: onnx.ModelProto, prompt_len: int, cache_len: int):
+        import dal.npu
+        from ..convert import convert
+        from ..export.decoder_module import CodesStep, DecoderStep
+
+        self.int_pre = convert(CodesStep(DecoderStep(model, cache_len, False)))
+        self.int_dec = convert(CodesStep(DecoderStep(model, cache_len, True)))
+        self.npu_pre, self.npu_dec = dal.npu.load(pre), dal.npu.load(dec)
+        self.names_pre, self.names_dec = [i.name for i in pre.graph.input], [i.name for i in dec.graph.input]
+        self.out_names = [o.name for o in dec.graph.output]
+        self.prompt_len, self.cache_len = prompt_len, cache_len
+
+    @staticmethod
+    def _int(int_model, inputs) -> list:
         with torch.no_grad():
             return list(int_model(*inputs))
 
-    def run_npu(sess, names, inputs):
+    @staticmethod
+    def _npu(sess, names, inputs) -> list:
         return sess.run(dict(zip(names, [_numpy(t) for t in inputs])))
 
-    for i, prompt in enumerate(prompts):
-        n = prompt.numel()
-        ids = torch.zeros(1, prompt_len, dtype=torch.long)
+    def _compare(self, i, step, mine, theirs, last, report) -> tuple:
+        """``(difference or None, token of the integer model, token of dal.npu)``."""
+        diff = None
+        for name, a, b in zip(self.out_names, mine, theirs):
+            d = _differ(_numpy(a), np.asarray(b))
+            report.elements += int(np.size(b))
+            if d and diff is None:
+                diff = StepDifference(i, step, name, d, int(np.size(b)))
+        ti, tn = int(mine[0][0, last].argmax()), int(np.argmax(theirs[0][0, last]))
+        if diff is None and ti != tn:
+            diff = StepDifference(i, step, "tokens", 1, 1)
+        return diff, ti, tn
+
+    def decode(self, i: int, prompt: torch.Tensor, steps: int, report: GenerateReport) -> None:
+        """Prefill and ``steps`` decode steps of prompt ``i`` on both engines, into ``report``."""
+        from ..export.decoder import causal_mask
+
+        n, P, L = prompt.numel(), self.prompt_len, self.cache_len
+        ids = torch.zeros(1, P, dtype=torch.long)
         ids[0, :n] = prompt
-        inputs = (ids, torch.arange(prompt_len)[None], causal_mask(torch.arange(prompt_len)[None] < n, prompt_len, False))
-        mine, theirs = run_int(int_pre, inputs), run_npu(npu_pre, names_pre, inputs)
-        caches = None
-        toks_i, toks_n = [], []
+        inputs = (ids, torch.arange(P)[None], causal_mask(torch.arange(P)[None] < n, P, False))
+        mine, theirs = self._int(self.int_pre, inputs), self._npu(self.npu_pre, self.names_pre, inputs)
+        # the host's cache, one per engine: prefill entries to slots 0..P-1, a decode entry to its position's
+        caches = ([_blank_cache(t, L) for t in mine[1:]], [_blank_cache(t, L) for t in mine[1:]])
+        toks = ([], [])
         for step in range(steps + 1):
             if step:
                 pos = n + step - 1
-                where = (torch.tensor([[pos]]), causal_mask(torch.arange(cache_len)[None] < pos, 1, True))
-                mine = run_int(int_dec, (torch.tensor([[toks_i[-1]]]), *where, *caches[0]))
-                theirs = run_npu(npu_dec, names_dec, (torch.tensor([[toks_n[-1]]]), *where, *caches[1]))
-            last = n - 1 if step == 0 else 0
-            diff = None
-            for name, a, b in zip(out_names, mine, theirs):
-                d = _differ(_numpy(a), np.asarray(b))
-                report.elements += int(np.size(b))
-                if d and diff is None:
-                    diff = StepDifference(i, step, "logits" if name == "logits" else name, d, int(np.size(b)))
-            ti, tn = int(mine[0][0, last].argmax()), int(np.argmax(theirs[0][0, last]))
-            toks_i.append(ti)
-            toks_n.append(tn)
-            if diff is None and ti != tn:
-                diff = StepDifference(i, step, "tokens", 1, 1)
+                where = (torch.tensor([[pos]]), causal_mask(torch.arange(L)[None] < pos, 1, True))
+                mine = self._int(self.int_dec, (torch.tensor([[toks[0][-1]]]), *where, *caches[0]))
+                theirs = self._npu(self.npu_dec, self.names_dec, (torch.tensor([[toks[1][-1]]]), *where, *caches[1]))
+            diff, ti, tn = self._compare(i, step, mine, theirs, n - 1 if step == 0 else 0, report)
+            toks[0].append(ti)
+            toks[1].append(tn)
             if diff is not None:
                 report.first = report.first or diff
                 break
-            if step == steps:
-                break
-            # the host's cache: prefill entries to slots 0..P-1, a decode entry to its position's slot
-            if caches is None:
-                caches = ([], [])
-                for k in range(1, len(mine)):
-                    shape = list(mine[k].shape)
-                    shape[2] = cache_len
-                    for side, new in ((0, mine[k]), (1, _torch(theirs[k], mine[k]))):
-                        c = torch.zeros(shape, dtype=torch.uint8).view(new.dtype) if new.dtype.is_floating_point \
-                            else torch.zeros(shape, dtype=new.dtype)
-                        c[:, :, :prompt_len] = new
-                        caches[side].append(c)
-            else:
-                for k in range(1, len(mine)):
-                    caches[0][k - 1][:, :, pos:pos + 1] = mine[k]
-                    caches[1][k - 1][:, :, pos:pos + 1] = _torch(theirs[k], mine[k])
-        report.tokens_integer.append(toks_i[:steps + 1])
-        report.tokens_npu.append(toks_n[:steps + 1])
-    return report
+            slots = slice(0, P) if step == 0 else slice(pos, pos + 1)
+            for k in range(1, len(mine)):
+                caches[0][k - 1][:, :, slots] = mine[k]
+                caches[1][k - 1][:, :, slots] = _torch(theirs[k], mine[k])
+        report.tokens_integer.append(toks[0])
+        report.tokens_npu.append(toks[1])

@@ -1,0 +1,214 @@
+"""Prefill and decode graphs of a tiny Llama (dal.export_decoder, issue 43 items 1-3) and greedy
+decoding with the integer model against dal.npu (dal.generate_check).
+
+Oracles: transformers' own forward (the export wrapper computes the model's function), the KV
+quantizer's trained scale (the boundary's DequantizeLinear), dal.npu against dal.convert (two
+integer engines derived independently: identical bits), onnxruntime with ORT_DISABLE_ALL layer
+by layer (dal.verify). W4A8 with an INT8 cache (w4a8_int8_llm) and with an FP8 e4m3 cache
+(w4a8_fp8_llm); P = 8, L = 16.
+"""
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from onnx import numpy_helper  # noqa: E402
+
+import dal  # noqa: E402
+import dal.npu  # noqa: E402
+from dal.export import ExportError  # noqa: E402
+from dal.export.decoder import MASKED, causal_mask  # noqa: E402
+from dal.export.decoder_module import CodesStep, DecoderStep  # noqa: E402
+
+T = pytest.importorskip("transformers")
+
+P, L, LAYERS, KV, D, V = 8, 16, 2, 2, 16, 256
+RECIPES = {"int8": ("w4a8_int8_llm", "int8", onnx.TensorProto.INT8),
+           "fp8": ("w4a8_fp8_llm", "fp8_e4m3", onnx.TensorProto.FLOAT8E4M3FN)}
+
+
+def _llama():
+    torch.manual_seed(0)
+    return T.LlamaForCausalLM(T.LlamaConfig(hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
+                                            num_key_value_heads=KV, intermediate_size=128, vocab_size=V,
+                                            max_position_embeddings=128))
+
+
+def _tokens(seed, n=16, batch=2):
+    return torch.randint(0, V, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _prepared(recipe, kv_format):
+    rec = dal.load_recipe(recipe)
+    if kv_format is not None:
+        rec = rec.with_rules_prepended([{"type": "kv_cache", "input": {"format": kv_format,
+                                                                       "granularity": "per_tensor",
+                                                                       "symmetric": True}}])
+    p = dal.prepare_qat(_llama(), recipe=rec, hardware="a2000")
+    dal.calibrate(p, [_tokens(1), _tokens(2)])
+    return p
+
+
+@pytest.fixture(scope="module", params=sorted(RECIPES))
+def exported(request, tmp_path_factory):
+    recipe, kv_format, elem = RECIPES[request.param]
+    p = _prepared(recipe, kv_format)
+    pre, dec = dal.export_decoder(p, tmp_path_factory.mktemp(request.param) / "llama", prompt_len=P, cache_len=L)
+    return request.param, p, pre, dec, elem
+
+
+def _io(proto):
+    def one(v):
+        return v.name, v.type.tensor_type.elem_type, [d.dim_value for d in v.type.tensor_type.shape.dim]
+    return [one(i) for i in proto.graph.input], [one(o) for o in proto.graph.output]
+
+
+def test_graph_boundary(exported):
+    """Static shapes, the names and element types of export/SPEC.md's decoder section; the
+    cache's codes carry the KV quantizer's own scale; no int64 compare is left."""
+    kind, p, pre, dec, elem = exported
+    F, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    kv = [f"{k}_{i}" for i in range(LAYERS) for k in ("key", "value")]
+    ins, outs = _io(onnx.load(pre))
+    assert ins == [("input_ids", I64, [1, P]), ("position_ids", I64, [1, P]), ("attention_mask", F, [1, 1, P, P])]
+    assert outs == [("logits", F, [1, P, V])] + [(f"present_{n}", elem, [1, KV, P, D]) for n in kv]
+    proto = onnx.load(dec)
+    ins, outs = _io(proto)
+    assert ins == [("input_ids", I64, [1, 1]), ("position_ids", I64, [1, 1]), ("attention_mask", F, [1, 1, 1, L + 1])] \
+        + [(f"past_{n}", elem, [1, KV, L, D]) for n in kv]
+    assert outs == [("logits", F, [1, 1, V])] + [(f"present_{n}", elem, [1, KV, 1, D]) for n in kv]
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    made_by = {o: n for n in proto.graph.node for o in n.output}
+    for i in range(LAYERS):
+        cache = p.model.layers[i].self_attn.npu_attention.kv_cache
+        for role, q in (("key", cache.key_quant), ("value", cache.value_quant)):
+            readers = [n for n in proto.graph.node if f"past_{role}_{i}" in n.input]
+            assert [n.op_type for n in readers] == ["DequantizeLinear"]
+            assert inits[readers[0].input[1]] == np.float32(q.scale.item())
+            assert made_by[f"present_{role}_{i}"].op_type == "QuantizeLinear"
+            assert inits[made_by[f"present_{role}_{i}"].input[1]] == np.float32(q.scale.item())
+    for path in (pre, dec):
+        typed = onnx.shape_inference.infer_shapes(onnx.load(path))
+        types = {v.name: v.type.tensor_type.elem_type for v in (*typed.graph.value_info, *typed.graph.input)}
+        compares = [n for n in typed.graph.node
+                    if n.op_type in ("Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal")]
+        assert not [n.name for n in compares if any(types.get(x) == I64 for x in n.input)]
+        meta = {m.key: m.value for m in onnx.load(path).metadata_props}
+        assert (meta["dal.decoder.prompt_len"], meta["dal.decoder.cache_len"]) == (str(P), str(L))
+
+
+def test_step_computes_the_hf_model():
+    """With every quantizer off, the prefill step is transformers' own forward bit for bit, and a
+    decode step on the prefill's float cache gives the logits of the whole sequence's forward."""
+    p = _prepared("w4a8_int8_llm", "int8")
+    ids = _tokens(3, n=6, batch=1)
+    n = ids.shape[1]
+    with dal.quantizer_states(p, "off"), torch.no_grad():
+        p.eval()
+        pad = torch.zeros(1, P, dtype=torch.long)
+        pad[:, :n] = ids
+        out = DecoderStep(p, L, False)(pad, torch.arange(P)[None], causal_mask(torch.arange(P)[None] < n, P, False))
+        ref = p(ids).logits
+        assert torch.equal(out[0][:, :n], ref)
+        past = []
+        for t in out[1:]:
+            c = torch.zeros(1, KV, L, D)
+            c[:, :, :n] = t[:, :, :n]
+            past.append(c)
+        nxt = torch.tensor([[17]])
+        dec = DecoderStep(p, L, True)(nxt, torch.tensor([[n]]), causal_mask(torch.arange(L)[None] < n, 1, True), *past)
+        ref = p(torch.cat([ids, nxt], 1)).logits[:, -1:]
+        torch.testing.assert_close(dec[0], ref, rtol=0, atol=1e-5)
+
+
+def test_causal_mask():
+    """Additive masks: 0 where attended, finfo(float32).min elsewhere (prefill causal and padded,
+    decode: written slots and the new key, last)."""
+    m = causal_mask(torch.tensor([[True, True, False]]), 3, False)[0, 0]
+    assert (m == 0).tolist() == [[True, False, False], [True, True, False], [True, True, False]]
+    assert set(m.unique().tolist()) == {0.0, MASKED}
+    d = causal_mask(torch.tensor([[True, False, False]]), 1, True)[0, 0, 0]
+    assert (d == 0).tolist() == [True, False, False, True]
+
+
+def test_generate_identical(exported):
+    """Greedy decoding, 8 steps: the integer model and dal.npu give the same tokens, and the
+    same bits in every logit and cache code of the prefill and of each decode step."""
+    kind, p, pre, dec, _ = exported
+    ids = _tokens(4)
+    prompts = [ids[0, :P], ids[1, :5]] if kind == "int8" else [ids[1, :6]]
+    report = dal.generate_check(p, (pre, dec), prompts, steps=8)
+    assert report.identical, str(report)
+    per_step = V + 4 * KV * D  # logits + 4 present tensors of one entry
+    prefill = P * V + 4 * KV * P * D
+    assert report.elements == len(prompts) * (prefill + 8 * per_step)
+    assert report.tokens_integer == report.tokens_npu and all(len(t) == 9 for t in report.tokens_npu)
+
+
+def test_decode_verify_onnxruntime(exported):
+    """dal.verify on the decode graph with a filled cache: integer model == NPU on every element,
+    onnxruntime (optimizations off) within the near-tie rule layer by layer."""
+    pytest.importorskip("onnxruntime")
+    kind, p, pre, dec, _ = exported
+    if kind != "int8":
+        pytest.skip("one recipe is enough for the layer view (time budget)")
+    g = torch.Generator().manual_seed(5)
+    cache = [torch.randint(-90, 90, (1, KV, L, D), generator=g, dtype=torch.int8) for _ in range(2 * LAYERS)]
+    inputs = (torch.tensor([[7]]), torch.tensor([[12]]), causal_mask(torch.arange(L)[None] < 12, 1, True), *cache)
+    report = dal.verify(dec, CodesStep(DecoderStep(p, L, True)), inputs)
+    assert report.integer.identical, str(report.integer)
+    assert report.verdict(), str(report)
+    assert report.layers_forced and all(r.max_abs <= 1 for r in report.layers_forced)
+
+
+def test_wrong_cache_scale_caught(exported, tmp_path):
+    """A decode file whose past_key_0 DequantizeLinear carries a scale 1% off the trained one
+    (what a file exported one QAT step early would hold): integer model vs NPU differ at the
+    first decode step, not at the prefill."""
+    kind, p, pre, dec, _ = exported
+    if kind != "int8":
+        pytest.skip("the int8 cache is enough here (time budget)")
+    proto = onnx.load(dec)
+    node = next(n for n in proto.graph.node if "past_key_0" in n.input)
+    init = next(t for t in proto.graph.initializer if t.name == node.input[1])
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(1.01), init.name))
+    bad = tmp_path / "bad.decode.onnx"
+    onnx.save(proto, bad)
+    report = dal.generate_check(p, (pre, bad), [_tokens(4)[0, :P]], steps=2)
+    assert report.first is not None and report.first.step == 1, str(report)
+
+
+def test_bad_inputs(exported):
+    """A prompt longer than P, a cache one slot short or of the wrong element type: named errors
+    from generate_check, dal.npu and the integer model's step."""
+    kind, p, pre, dec, _ = exported
+    if kind != "int8":
+        pytest.skip("the int8 files are enough here")
+    with pytest.raises(ValueError, match=r"prompt 1 has 9 tokens.*1 \.\. 8"):
+        dal.generate_check(p, (pre, dec), [_tokens(4)[0, :3], _tokens(4)[0, :9]], steps=1)
+    with pytest.raises(ValueError, match=r"prompt 0 \(8 tokens\) \+ 9 steps exceeds.*16"):
+        dal.generate_check(p, (pre, dec), [_tokens(4)[0, :8]], steps=9)
+    names = [i.name for i in onnx.load(dec).graph.input]
+    good = [np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64), np.zeros((1, 1, 1, L + 1), np.float32)] \
+        + [np.zeros((1, KV, L, D), np.int8)] * (2 * LAYERS)
+    sess = dal.npu.load(dec)
+    for bad, match in ((np.zeros((1, KV, L - 1, D), np.int8), r"past_key_0.*shape \[1, 2, 16, 16\]"),
+                       (np.zeros((1, KV, L, D), np.uint8), r"past_key_0.*int8, got uint8")):
+        with pytest.raises(dal.npu.NPUError, match=match):
+            sess.run(dict(zip(names, good[:3] + [bad] + good[4:])))
+    step = CodesStep(DecoderStep(p, L, True))
+    base = [torch.from_numpy(a) for a in good]
+    with pytest.raises(ValueError, match=r"past_value_1 must be \[B, kv_heads, 16, head_dim\]"):
+        step(*base[:-1], torch.zeros(1, KV, L + 1, D, dtype=torch.int8))
+    with pytest.raises(ValueError, match=r"past_key_0 must hold int8 codes"):
+        step(*base[:3], torch.zeros(1, KV, L, D), *base[4:])
+
+
+def test_export_needs_a_quantized_cache(tmp_path):
+    """Without a kv_cache rule the cache has no codes to cross the boundary: refused, every layer named."""
+    p = _prepared("w4a8_int8_llm", None)
+    with pytest.raises(ExportError, match=r"layers\.0\.self_attn.*key_quant \(none\).*layers\.1\.self_attn"):
+        dal.export_decoder(p, tmp_path / "x", prompt_len=P, cache_len=L)
