@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import graphs  # noqa: E402
 
 FEEDS = {"mixed_u8": (1, 4, 16, 16), "mixed_s8": (1, 4, 16, 16), "conv": (1, 8, 12, 12),
-         "gemm": (5, 40), "grid": (1, 8, 9, 2)}
+         "gemm": (5, 40), "grid": (1, 8, 9, 2), "scatter": (24, 5)}
 
 
 def grid_model(seed=4):
@@ -47,12 +47,37 @@ def grid_model(seed=4):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
 
 
+def scatter_model(seed=5):
+    """export/SPEC.md §5c's scatter-add group and §5d's gather on codes, the updates the graph
+    input: Q(u) -> DQ, DQ(d codes) -> ScatterElements(add) -> Q -> DQ -> GatherElements -> Q -> DQ
+    (the gather on the sum's scale and zero point), indices int64 initializers (negative too)."""
+    rng = np.random.default_rng(seed)
+    arr = [(rng.integers(0, 256, (6, 5)).astype(np.uint8), "d_codes"), (np.float32(0.05), "s"), (np.uint8(100), "z"),
+           (rng.integers(0, 6, (24, 5)).astype(np.int64), "idx"), (np.float32(0.2), "s_y"), (np.uint8(20), "z_y"),
+           (rng.integers(-6, 6, (3, 5)).astype(np.int64), "g_idx")]
+    inits = [numpy_helper.from_array(a, n) for a, n in arr]
+    mk = helper.make_node
+    nodes = [mk("QuantizeLinear", ["upd", "s", "z"], ["u_q"], name="u_q"),
+             mk("DequantizeLinear", ["u_q", "s", "z"], ["u"], name="u_dq"),
+             mk("DequantizeLinear", ["d_codes", "s", "z"], ["d"], name="d_dq"),
+             mk("ScatterElements", ["d", "idx", "u"], ["acc"], name="scatter_add", axis=0, reduction="add"),
+             mk("QuantizeLinear", ["acc", "s_y", "z_y"], ["acc_q"], name="acc_q"),
+             mk("DequantizeLinear", ["acc_q", "s_y", "z_y"], ["acc_f"], name="acc_dq"),
+             mk("GatherElements", ["acc_f", "g_idx"], ["g"], name="gather", axis=0),
+             mk("QuantizeLinear", ["g", "s_y", "z_y"], ["g_q"], name="g_q"),
+             mk("DequantizeLinear", ["g_q", "s_y", "z_y"], ["out"], name="g_dq")]
+    graph = helper.make_graph(nodes, "scatter", [helper.make_tensor_value_info("upd", TensorProto.FLOAT, [24, 5])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+
+
 def base_models():
     return {"mixed_u8": graphs.mixed_model(seed=0, act="u8"),
             "mixed_s8": graphs.mixed_model(seed=1, act="s8"),
             "conv": graphs.conv_model(seed=2, act="s8"),
             "gemm": graphs.linear_model(seed=3, op="Gemm"),
-            "grid": grid_model()}
+            "grid": grid_model(),
+            "scatter": scatter_model()}
 
 
 def _copy(m):
@@ -217,6 +242,23 @@ def junk_metadata(m, rng):
     return f"{key}={val!r}", ["dal.", "sparse initializer"]
 
 
+def index_out_of_range(m, rng):
+    """One index of a Gather / GatherElements / ScatterElements / ScatterND initializer set to n or
+    -n - 1 (n its axis's size in the data); a model without one is left as it is."""
+    cands = [(n, _init(m, n.input[1])) for n in m.graph.node
+             if n.op_type in ("Gather", "GatherElements", "ScatterElements", "ScatterND") and len(n.input) > 1
+             and any(t.name == n.input[1] for t in m.graph.initializer)]
+    if not cands:
+        return "no index initializer", []
+    n, t = cands[rng.integers(len(cands))]
+    arr = numpy_helper.to_array(t).copy()
+    size = 6  # the scatter base model's axis 0
+    flat = arr.reshape(-1)
+    flat[rng.integers(flat.size)] = size if rng.integers(2) else -size - 1
+    _replace(m, t.name, arr)
+    return f"{t.name} out of range", [n.name, t.name]
+
+
 def graph_input_shape(m, rng):
     d = m.graph.input[0].type.tensor_type.shape.dim
     k = int(rng.integers(len(d)))
@@ -226,7 +268,7 @@ def graph_input_shape(m, rng):
 
 KINDS = {f.__name__: f for f in (truncate_initializer, wrong_element_type, shape_off_by_one,
                                   bad_attribute, dangling_input, cyclic_input, bad_scale,
-                                  bad_zero_point, junk_metadata, graph_input_shape)}
+                                  bad_zero_point, junk_metadata, graph_input_shape, index_out_of_range)}
 
 
 def corpus(per_kind: int = 6, seed: int = 0):
