@@ -12,8 +12,13 @@ Protocol (the float row is the fair baseline: same total steps as every QAT row)
      PTQ INT8 is that model calibrated (no training);
   3. QAT rows: the F-step model, prepared, calibrated, then Q QAT steps at the same learning rate.
 
-    python bench/bev.py --write            # writes bench/results/bev.md
-    python bench/bev.py --quick            # smoke run, numbers not meaningful
+    python bench/bev.py --write                   # writes bench/results/bev.md
+    python bench/bev.py --model splat --write     # Lift-Splat variant: bench/results/bev_splat.md
+    python bench/bev.py --quick                   # smoke run, numbers not meaningful
+
+``--model splat`` trains ``bev_splat.LiftSplatBEV`` (flat-ground lift, scatter-add BEV pooling) with
+each recipe plus a rule quantizing ``scatter_add`` like its other activations (no bundled recipe
+lists the op class yet): the sum exact on the integer codes, then requantized (SPEC §5c).
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "bev"))
 
 import dal  # noqa: E402
 from bev_model import GridSampleBEV  # noqa: E402
+from bev_splat import LiftSplatBEV  # noqa: E402
 from bev_scenes import CAMERAS, CELLS, IMAGE, bev_scenes  # noqa: E402
 from cpu import cpu_flags  # noqa: E402  (bench/cpu.py)
 from results_file import write_result  # noqa: E402
@@ -43,6 +49,24 @@ ROWS = [("PTQ INT8", "int8_balanced", False), ("QAT INT8", "int8_balanced", True
         ("QAT W4A8", "w4a8_fp8_performance", True)]
 LIMITS = {"QAT INT8": 0.5, "QAT W4A8": 2.0}
 BATCH, LR = 16, 2e-3
+MODELS = {"grid": GridSampleBEV, "splat": LiftSplatBEV}
+DESCRIBE = {"grid": "GridSampleBEV (grid_sample at fixed reference points, mean over the cameras that see a cell)",
+            "splat": "LiftSplatBEV (each feature pixel lifted to its ground point, index_add into its cell, "
+                     "divided by the cell's pixel count)"}
+
+
+def recipe_for(name: str, model: str):
+    """The bundled recipe ``name``; for ``splat``, as a dict whose last rule (the activations' op
+    classes) also lists ``scatter_add``."""
+    if model != "splat":
+        return name
+    import yaml
+
+    with open(os.path.join(ROOT, "recipes", f"{name}.yaml")) as f:
+        rec = yaml.safe_load(f)
+    rec["rules"][-1]["type"] = list(rec["rules"][-1]["type"]) + ["scatter_add"]
+    rec["name"] = f"{name}+scatter_add"
+    return rec
 
 
 def quantized(float_model, recipe, train, test, qat_steps):
@@ -64,10 +88,10 @@ def export(model, example, workdir, label):
     return path
 
 
-def accuracy_rows(train, test, fs, qs, workdir):
+def accuracy_rows(train, test, fs, qs, workdir, model="grid"):
     """[(label, torch scores, npu scores or None, train CPU s)], the QAT INT8 model and its file."""
     torch.manual_seed(0)
-    net = GridSampleBEV()
+    net = MODELS[model]()
     c0 = time.process_time()
     train_steps(net, train, fs, lr=LR, batch_size=BATCH)
     t_float = time.process_time() - c0
@@ -79,13 +103,15 @@ def accuracy_rows(train, test, fs, qs, workdir):
     print(f"{rows[0][0]}: {rows[0][1]}", file=sys.stderr, flush=True)
     keep = {}
     for label, recipe, trains in ROWS:
-        model, secs = quantized(net if trains else fair, recipe, train, test, qs if trains else 0)
-        scores = evaluate(torch_runner(model), test)
-        path = export(model, test.images[:2], workdir, label)
+        rec = recipe_for(recipe, model)
+        qm, secs = quantized(net if trains else fair, rec, train, test, qs if trains else 0)
+        scores = evaluate(torch_runner(qm), test)
+        path = export(qm, test.images[:2], workdir, label)
         npu = evaluate(npu_runner(path), test)
-        rows.append((f"{label} ({recipe})", scores, npu, secs + (t_float if trains else t_fair)))
+        name = recipe if isinstance(rec, str) else rec["name"]
+        rows.append((f"{label} ({name})", scores, npu, secs + (t_float if trains else t_fair)))
         print(f"{rows[-1][0]}: torch {scores} npu {npu}", file=sys.stderr, flush=True)
-        keep[label] = (model, path)
+        keep[label] = (qm, path)
     return rows, fair, keep["QAT INT8"]
 
 
@@ -131,7 +157,7 @@ def _median_ms(xs):
     return statistics.median(xs)
 
 
-def speed_section(fair, train, test, path, reps):
+def speed_section(fair, train, test, path, reps, model="grid"):
     """Train step float vs QAT INT8 (fresh prepare + calibrate of the fair model), interleaved; then
     the exported QAT INT8 file on dal.npu vs onnxruntime (optimizations on and off), one thread."""
     import onnxruntime as ort
@@ -139,7 +165,7 @@ def speed_section(fair, train, test, path, reps):
     import dal.npu
 
     images, targets = next(batches(train, BATCH, 1, seed=5))
-    qat, _ = quantized(fair, "int8_balanced", train, test, 0)
+    qat, _ = quantized(fair, recipe_for("int8_balanced", model), train, test, 0)
     dal.set_quantizer_state(qat, "quantize")
     steps = {"float": _step_fn(copy.deepcopy(fair), images, targets), "QAT INT8": _step_fn(qat, images, targets)}
     cpu = interleaved_times(steps, reps, clock=time.process_time, warmup=True)
@@ -167,7 +193,8 @@ def speed_section(fair, train, test, path, reps):
     inf = interleaved_times(runs, reps, clock=time.process_time, warmup=True)
     npu = _median_ms(inf["dal.npu"])
     lines += [f"Inference of the exported QAT INT8 file, batch {BATCH}, one thread each, CPU time, medians of {reps} "
-              "interleaved rounds (onnxruntime runs DequantizeLinear -> GridSample -> QuantizeLinear in float):", "",
+              "interleaved rounds (onnxruntime runs the GridSample / ScatterElements between DequantizeLinear and "
+              "QuantizeLinear in float):", "",
               "| engine | CPU (ms) | dal.npu / engine |", "|---|---|---|"]
     for k, v in inf.items():
         lines.append(f"| {k} | {_median_ms(v):.1f} | {npu / _median_ms(v):.2f}x |")
@@ -177,7 +204,8 @@ def speed_section(fair, train, test, path, reps):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small budgets (smoke run)")
-    ap.add_argument("--write", action="store_true", help="write bench/results/bev.md")
+    ap.add_argument("--write", action="store_true", help="write bench/results/bev.md (bev_splat.md)")
+    ap.add_argument("--model", choices=sorted(MODELS), default="grid", help="image-to-BEV: grid_sample or splat")
     ap.add_argument("--reps", type=int, default=15, help="interleaved rounds of the speed section")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -189,20 +217,21 @@ def main(argv=None) -> int:
     head = [f"CPU: {cpu_flags()}; torch threads: {torch.get_num_threads()}; load average at start "
             f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}.", "",
             f"Data: examples/bev, {n_train} train / {n_test} test scenes (MNIST train / test digits), {CAMERAS} cameras "
-            f"{IMAGE}x{IMAGE}, BEV grid {CELLS}x{CELLS} cells of 1 m; model GridSampleBEV (grid_sample at fixed "
-            f"reference points, mean over the cameras that see a cell); Adam, batch {BATCH}, hardware a2000. "
+            f"{IMAGE}x{IMAGE}, BEV grid {CELLS}x{CELLS} cells of 1 m; model {DESCRIBE[args.model]}; Adam, batch {BATCH}, hardware a2000. "
             "Occupancy mIoU: mean over {free, occupied} of the IoU over all test cells; digit-class accuracy: share "
             "of occupied cells whose argmax is their digit. NPU = dal.npu running the exported QDQ file, the same "
             "argmax and metric code for both columns. train CPU includes the shared float pre-training.", ""]
-    rows, fair, (_, path) = accuracy_rows(train, test, fs, qs, workdir)
+    rows, fair, (_, path) = accuracy_rows(train, test, fs, qs, workdir, args.model)
     out = head + table(rows) + [""] + [f"- {c}" for c in checks(rows)] + [""]
-    out += speed_section(fair, train, test, path, 3 if args.quick else args.reps)
+    out += speed_section(fair, train, test, path, 3 if args.quick else args.reps, args.model)
     out += ["", f"Load average at the end {' '.join(f'{v:.2f}' for v in os.getloadavg())}; the whole run took "
             f"{time.time() - t0:.0f} s wall."]
     text = "\n".join(out)
     print(text)
     if args.write:
-        write_result("bev.md", "# Multi-camera BEV on MNIST ground planes (`bench/bev.py`)\n\n" + text + "\n")
+        name = "bev.md" if args.model == "grid" else f"bev_{args.model}.md"
+        write_result(name, f"# Multi-camera BEV on MNIST ground planes (`bench/bev.py --model {args.model}`)\n\n"
+                     + text + "\n")
     return 0
 
 

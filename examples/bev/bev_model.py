@@ -24,20 +24,30 @@ def conv_bn_relu(cin: int, cout: int, stride: int = 1, dilation: int = 1) -> nn.
                          nn.BatchNorm2d(cout), nn.ReLU())
 
 
+def camera_backbone(width: int) -> nn.Sequential:
+    """The shared CNN: (M, 1, IMAGE, IMAGE) -> (M, width, IMAGE / 2, IMAGE / 2)."""
+    return nn.Sequential(conv_bn_relu(1, 16), conv_bn_relu(16, width, stride=2), conv_bn_relu(width, width))
+
+
+def bev_head(width: int, head: int) -> nn.Sequential:
+    """The BEV head: (N, width, CELLS, CELLS) -> (N, NUM_CLASSES, CELLS, CELLS) logits; dilations
+    1, 2, 4, 1 give each cell a 17-cell receptive field (a digit is 8 to 12 cells)."""
+    return nn.Sequential(conv_bn_relu(width, head), conv_bn_relu(head, head, dilation=2),
+                         conv_bn_relu(head, head, dilation=4), conv_bn_relu(head, head),
+                         nn.Conv2d(head, NUM_CLASSES, 1))
+
+
 class GridSampleBEV(nn.Module):
     """Input (N, CAMERAS, IMAGE, IMAGE) camera images; output (N, NUM_CLASSES, CELLS, CELLS) logits."""
 
     def __init__(self, width: int = 32, head: int = 48):
         super().__init__()
         self.width = width
-        self.backbone = nn.Sequential(conv_bn_relu(1, 16), conv_bn_relu(16, width, stride=2),
-                                      conv_bn_relu(width, width))
+        self.backbone = camera_backbone(width)
         grid, seen = reference_grids()
         self.register_buffer("grid", grid)  # (CAMERAS, CELLS, CELLS, 2)
         self.register_buffer("weight", (1.0 / seen.sum(0).clamp(min=1).to(torch.float32))[None, None])
-        self.head = nn.Sequential(conv_bn_relu(width, head), conv_bn_relu(head, head, dilation=2),
-                                  conv_bn_relu(head, head, dilation=4), conv_bn_relu(head, head),
-                                  nn.Conv2d(head, NUM_CLASSES, 1))
+        self.head = bev_head(width, head)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         n = images.shape[0]

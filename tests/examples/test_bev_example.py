@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "tests" / "convert"))
 
 import bev_scenes as bs  # noqa: E402
 from bev_model import GridSampleBEV, bev_metrics  # noqa: E402
+from bev_splat import LiftSplatBEV, splat_index  # noqa: E402
 from convert_common import assert_bit_exact  # noqa: E402
 
 import dal  # noqa: E402
@@ -90,6 +91,31 @@ def test_reference_grid_is_the_projection_of_the_cell_centres():
             assert not (0 <= u < bs.IMAGE and 0 <= v < bs.IMAGE)
 
 
+def test_splat_index_puts_each_feature_pixel_in_the_cell_its_ray_meets():
+    """Feature pixel (y, x) of camera k (image point (2 x + 1, 2 y + 1)) goes to cell (i, j) only if
+    that point lies inside the projection of the cell's four ground corners (forward pinhole
+    projection, float64); a pixel sent to the spare cell lies inside no cell's projection."""
+    index = splat_index().numpy().reshape(bs.CAMERAS, bs.IMAGE // 2, bs.IMAGE // 2)
+    assert (index < bs.CELLS ** 2).sum() > 1000
+    g = np.random.default_rng(0)
+
+    def inside(k, i, j, pt):
+        quad = [_pinhole(k, np.array([-bs.EXTENT + j + dj, -bs.EXTENT + i + di, 0.0]))
+                for di, dj in ((0, 0), (0, 1), (1, 1), (1, 0))]
+        edges = [(quad[(m + 1) % 4] - quad[m], pt - quad[m]) for m in range(4)]
+        cross = [a[0] * b[1] - a[1] * b[0] for a, b in edges]
+        return all(c >= -1e-9 for c in cross) or all(c <= 1e-9 for c in cross)
+
+    for _ in range(40):
+        k, y, x = g.integers(bs.CAMERAS), g.integers(bs.IMAGE // 2), g.integers(bs.IMAGE // 2)
+        pt, e = np.array([2.0 * x + 1, 2.0 * y + 1]), int(index[k, y, x])
+        if e < bs.CELLS ** 2:
+            assert inside(k, e // bs.CELLS, e % bs.CELLS, pt), (k, y, x, e)
+    k, y, x = 0, 0, bs.IMAGE // 4  # top row of camera 0: its ray meets the ground beyond the grid
+    assert index[k, y, x] == bs.CELLS ** 2
+    assert not any(inside(k, i, j, np.array([2.0 * x + 1, 1.0])) for i in range(bs.CELLS) for j in range(bs.CELLS))
+
+
 def test_scenes_are_deterministic_and_targets_come_from_the_strokes():
     a, b = bs.bev_scenes("test", 6), bs.bev_scenes("test", 6)
     assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
@@ -112,6 +138,28 @@ def test_metrics_match_an_independent_count():
     t, p = target.flatten().tolist(), pred.flatten().tolist()
     occupied = [(a, b) for a, b in zip(t, p) if a != 0]
     assert got["class_acc"] == pytest.approx(100 * sum(a == b for a, b in occupied) / len(occupied))
+
+
+def test_lift_splat_variant_exports_and_npu_equals_integer_model():
+    """The scatter-add variant, scatter_add quantized by a rule added to int8_balanced: the export
+    holds a ScatterElements with reduction add, and dal.npu == dal.convert on every element."""
+    torch.manual_seed(0)
+    scenes = bs.bev_scenes("train", 8)
+    net = LiftSplatBEV(width=8, head=8)
+    with torch.no_grad():
+        net.train()(scenes.images)
+    recipe = {"name": "int8_balanced_scatter", "rules": [
+        {"type": ["conv", "linear"], "weight": {"format": "int8", "granularity": "per_channel", "symmetric": True},
+         "input": {"format": "uint8", "granularity": "per_tensor", "symmetric": False, "observer": "minmax"}},
+        {"type": ["add", "mul", "activation", "scatter_add"],
+         "input": {"format": "uint8", "granularity": "per_tensor", "symmetric": False, "observer": "minmax"}}]}
+    p = dal.prepare_qat(net, recipe=recipe, hardware="a2000", example_inputs=(scenes.images[:2],))
+    dal.calibrate(p, [scenes.images[:4], scenes.images[4:]], progress=False)
+    dal.set_quantizer_state(p, "frozen")
+    proto = dal.export_onnx(p.eval(), (scenes.images[:2],))
+    sc = [n for n in proto.graph.node if n.op_type == "ScatterElements"]
+    assert len(sc) == 1 and any(a.name == "reduction" and a.s == b"add" for a in sc[0].attribute)
+    assert_bit_exact(dal.convert(p), proto, dal.npu.load(proto, threads=1), [scenes.images[:2]], "splat")
 
 
 @pytest.fixture(scope="module")
