@@ -227,11 +227,11 @@ def _wrapped_chain(fn) -> list:
 class _SiteMode(TorchFunctionMode):
     """Routes (or records) the calls made by one owner's own forward code."""
 
-    def __init__(self, owner: nn.Module, path: str, record: Optional[dict] = None):
+    def __init__(self, owner: nn.Module, path: str, record: Optional[dict] = None, flow: Optional[list] = None):
         super().__init__()
         self.codes = _owner_codes(owner)
         self.sites = getattr(owner, SITES_ATTR, None)
-        self.path, self.record, self.counts = path, record, {}
+        self.path, self.record, self.counts, self.flow = path, record, {}, flow
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -246,9 +246,16 @@ class _SiteMode(TorchFunctionMode):
         helper = _helper_of(frame, self.codes)
         if helper is None:
             return func(*args, **kwargs)
+        key, result = self._call(func, args, kwargs, frame, helper)
+        if self.flow is not None:  # discovery: which call's outputs feed which (dal.prepare.deformable)
+            self.flow.append(Call(self.path, key, _tensors((args, kwargs)), _tensors(result)))
+        return result
+
+    def _call(self, func, args, kwargs, frame, helper: str):
+        """``(key or None, result)``: the call, routed to its site's module when it has one."""
         kind, op, arity, dim = classify_call(func, args, kwargs)
         if kind is None and op is None:
-            return func(*args, **kwargs)
+            return None, func(*args, **kwargs)
         tag = kind or op.function
         tag = f"{tag}_{helper}" if helper else tag
         n = self.counts.get((tag, frame.f_lineno), 0)
@@ -260,8 +267,32 @@ class _SiteMode(TorchFunctionMode):
             self.record.setdefault((self.path, key), Site(self.path, key, kind, op, arity, dim, line, params))
         if kind is not None and self.sites is not None and key in self.sites:
             tensors = (args[0] if args else kwargs["tensors"]) if kind == "cat" else args[:2]
-            return self.sites[key](*tensors)
-        return func(*args, **kwargs)
+            return key, self.sites[key](*tensors)
+        return key, func(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One torch call of an owner's code in the discovery forward: its site ``key`` (None for an
+    unlisted call: shapes, dtypes), and the tensors it read and made (``args``: its positional
+    arguments' tensors, lists flattened, in order). The tensors are held, so ``id()`` stays unique
+    while the record lives."""
+
+    owner: str
+    key: Optional[str]
+    args: tuple
+    outputs: tuple
+
+
+def _tensors(value) -> tuple:
+    """The tensors in ``value`` (nested tuples, lists and dicts), in order."""
+    if torch.is_tensor(value):
+        return (value,)
+    if isinstance(value, dict):
+        value = tuple(value.values())
+    if isinstance(value, (list, tuple)):
+        return tuple(t for v in value for t in _tensors(v))
+    return ()
 
 
 def _enter(module, args):
@@ -277,14 +308,15 @@ def _exit(module, args, output):
     return None
 
 
-def discover(model: nn.Module, owners: list[str], run) -> list[Site]:
+def discover(model: nn.Module, owners: list[str], run, flow: Optional[list] = None) -> list[Site]:
     """Run ``run()`` (one float forward) with a recording mode around each owner's forward;
-    return every classified call site of the owners' own code, in call order."""
+    return every classified call site of the owners' own code, in call order. With ``flow`` (a
+    list), every torch call of the owners' code is appended to it as a :class:`Call`, in order."""
     record: dict = {}
     handles = []
 
     def pre(module, args, path):
-        mode = _SiteMode(module, path, record)
+        mode = _SiteMode(module, path, record, flow)
         module.__dict__.setdefault("dal_site_modes", []).append(mode)
         mode.__enter__()
 

@@ -17,6 +17,7 @@ from ..nn.modes import eval_mode
 from ..quantizer import quantizer_states
 from .boundary import NPUPart, example_batch, inside, is_detector, npu_paths
 from .call_sites import discover
+from .deformable import deformable_roles, deformable_step
 from .plan import Capture, Step, site_steps
 
 
@@ -39,8 +40,11 @@ def capture_sites(model: nn.Module, cap: Capture, resolve, example_inputs) -> tu
         return [], [f"{p or '<root>'} ({t}): forward does not trace with torch.fx ({msg}); its submodules are still "
                     "swapped; pass example_inputs= to capture its functional ops by call site"
                     for p, (t, msg) in cap.untraced.items()]
+    flow: list = []
     with eval_mode(model), quantizer_states(model, "off"), torch.no_grad():
-        sites = discover(model, owners, run)
+        sites = discover(model, owners, run, flow)
+    roles = deformable_roles(sites, flow)  # multi-scale deformable attention (dal.prepare.deformable)
+    flow.clear()
     count = {p: 0 for p in owners}
     for s in sites:
         count[s.owner] += 1
@@ -49,4 +53,11 @@ def capture_sites(model: nn.Module, cap: Capture, resolve, example_inputs) -> tu
              for p in owners]
     notes += [f"{p or '<root>'} ({cap.untraced[p][0]}): host side of the detector boundary (pre/post-processing "
               "stays float on the host CPU, dal.prepare.boundary)" for p in host]
-    return site_steps(sites, resolve), notes
+    steps = [deformable_step(s, roles[s.path], resolve) if s.path in roles else s for s in site_steps(sites, resolve)]
+    for p in owners:
+        mine = [r for path, r in roles.items() if path.startswith(f"{p}.dal_sites." if p else "dal_sites.")]
+        if mine:
+            notes.append(f"{p or '<root>'}: a multi-scale deformable attention (grid_sample per level, weighted sum): "
+                         f"{mine.count('sampling')} sampling-arithmetic and {mine.count('weights')} weighted-sum site(s) "
+                         "are op class deformable_attention where the recipe has a rule for it (export/SPEC.md §5e)")
+    return steps, notes

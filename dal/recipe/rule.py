@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from dal.config.problems import Problem
-from dal.hardware.op_classes import OP_CLASSES, op_class_of_type
+from dal.hardware.op_classes import ALL_OP_CLASSES, op_class_of_type
 from dal.recipe.errors import RecipeError
 from dal.recipe.spec import TensorSpec, canonical_sparsity
 
@@ -122,7 +122,7 @@ class Rule:
             return None
         out = []
         for t in self.types:
-            if t in OP_CLASSES:
+            if t in ALL_OP_CLASSES:  # the host op classes too (grid_sample, deformable_attention)
                 out.append(t)
             elif op_class_of_type(t) is not None:
                 out.append(op_class_of_type(t))

@@ -138,3 +138,71 @@ def test_bev_block_verifies_on_the_a2000(trained, tmp_path):
     assert sum(n.op_type == "GridSample" for n in proto.graph.node) == 9
     rep = dal.verify(str(path), p, (x[:1],))
     assert rep.verdict() and rep.meets_criterion(), rep.verdict_line()
+
+
+def test_deformable_roles_are_int16_and_exported_so(trained):
+    """int8_balanced on the a2000 (ops.deformable_attention: int16): the sampling add
+    (``reference_points + offsets / normalizer``) and the weighted sum's ``*`` are op class
+    deformable_attention with int16 symmetric input quantizers; the value and output projections
+    stay int8 weights / uint8 inputs; the file quantizes those operands to INT16."""
+    from onnx import TensorProto
+    _, p, x = trained
+    rows = {r.name: r for r in dal.prepared(p).report.rows}
+    roles = {n: r for n, r in rows.items() if r.op_class == "deformable_attention"}
+    assert sorted(k.split(".")[2].split("_l")[0] for k in roles) == ["add", "mul_ms_deform_attn_core_pytorch"], roles
+    for name in roles:
+        for q in p.get_submodule(name).input_quants:
+            assert q.fmt.name == "int16" and q.zero_point.item() == 0
+    assert p.attn.value_proj.weight_quant.fmt.name == "int8" and p.attn.output_proj.input_quant.fmt.name == "uint8"
+    proto = dal.export_onnx(p, (x[:1],))
+    init = {t.name: t for t in proto.graph.initializer}
+    int16_q = [n for n in proto.graph.node if n.op_type == "QuantizeLinear" and n.input[2] in init
+               and init[n.input[2]].data_type == TensorProto.INT16]
+    assert len(int16_q) >= 4, [n.name for n in int16_q]  # 2 add operands + 2 mul operands (+ grids)
+
+
+class Core(torch.nn.Module):
+    """The MSDA core alone, called as MSDeformAttn calls it: the level shapes a tensor argument
+    (so the forward iterates over a Proxy: fx cannot trace it, call sites capture it)."""
+
+    def forward(self, value, shapes, locations, weights):
+        return ms_deform_attn_core_pytorch(value, shapes, locations, weights)
+
+
+def _core_inputs(seed, shapes=((6, 7), (3, 4)), heads=2, dim=4, queries=5, points=3):
+    g = torch.Generator().manual_seed(seed)
+    s = sum(h * w for h, w in shapes)
+    value = torch.randn(1, s, heads, dim, generator=g)
+    # 2 * loc - 1 on the int16 grid codes (multiples of 2^-14): the grid quantizer is exact there
+    k = torch.randint(-17000, 17000, (1, queries, heads, len(shapes), points, 2), generator=g)
+    locations = (k + 16384).float() * 2.0 ** -15
+    logits = torch.randn(1, queries, heads, len(shapes) * points, generator=g)
+    weights = logits.softmax(-1).view(1, queries, heads, len(shapes), points)
+    return value, locations, weights
+
+
+def test_msda_core_qat_within_the_quantization_bound():
+    """QAT vs float (torch's own ops) for the core alone, per output element: with s_v the value
+    quantizer's scale (QGridSample: input and output on it, 1/2 LSB each), s_a / s_b the weighted
+    sum's int16 operand scales (samples, weights), K = levels x points and the grid on its codes,
+    ``|y_qat - y| <= sum_k |w_k| (s_v + s_a/2) + K (max|v| + s_v + s_a/2) s_b/2 + K s_a s_b/4``."""
+    shapes = ((6, 7), (3, 4))
+    value, loc, w = _core_inputs(0, shapes)
+    args = (value, torch.tensor(shapes), loc, w)
+    ref = Core()(*args)
+    p = dal.prepare_qat(Core(), recipe="int8_balanced", hardware="a2000", example_inputs=args)
+    dal.calibrate(p, [args], progress=False, input_fn=lambda b: (b, {}))
+    p.eval()
+    got = p(*args)
+    sites = dict(p.dal_sites.items())
+    gs = [m for m in sites.values() if isinstance(m, QGridSample)]
+    mul = next(m for k, m in sites.items() if k.startswith("mul_ms_deform"))
+    assert len(gs) == 2 and [q.fmt.name for q in mul.input_quants] == ["int16", "int16"]
+    s_v = max(m.input_quant.scale.item() for m in gs)
+    s_a, s_b = (q.scale.item() for q in mul.input_quants)
+    K = w.shape[3] * w.shape[4]
+    w_abs = w.abs().sum((3, 4)).max().item()
+    bound = w_abs * (s_v + s_a / 2) + K * (value.abs().max().item() + s_v + s_a / 2) * s_b / 2 + K * s_a * s_b / 4
+    err = (got - ref).abs().max().item()
+    assert 0 < err <= bound * (1 + 1e-5) + 1e-6, (err, bound)
+    assert err <= 1.05 * s_v  # int16 weights: the value's own 8-bit rounding dominates
