@@ -56,15 +56,18 @@ DESCRIBE = {"grid": "GridSampleBEV (grid_sample at fixed reference points, mean 
 
 
 def recipe_for(name: str, model: str):
-    """The bundled recipe ``name``; for ``splat``, as a dict whose last rule (the activations' op
-    classes) also lists ``scatter_add``."""
+    """The bundled recipe ``name``; for ``splat``, where no rule of it lists ``scatter_add``, a dict
+    whose last rule (the activations' op classes) also lists it."""
     if model != "splat":
         return name
     import yaml
 
     with open(os.path.join(ROOT, "recipes", f"{name}.yaml")) as f:
         rec = yaml.safe_load(f)
-    rec["rules"][-1]["type"] = list(rec["rules"][-1]["type"]) + ["scatter_add"]
+    types = lambda r: [r["type"]] if isinstance(r.get("type"), str) else list(r.get("type") or [])  # noqa: E731
+    if any("scatter_add" in types(r) for r in rec["rules"]):
+        return name
+    rec["rules"][-1]["type"] = types(rec["rules"][-1]) + ["scatter_add"]
     rec["name"] = f"{name}+scatter_add"
     return rec
 

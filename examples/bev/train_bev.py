@@ -3,6 +3,7 @@ check the exported file on dal.npu.
 
     python examples/bev/train_bev.py                          # defaults: a few minutes on 2 cores
     python examples/bev/train_bev.py --float-steps 20 --qat-steps 5 --train 256 --test 64
+    python examples/bev/train_bev.py --model splat          # Lift-Splat-style scatter-add pooling
 
 The flow is the user's: float training (:func:`train_steps`), ``dal.prepare_qat`` (int8_balanced on
 the a2000: the grid_sample's grid in int16 with the fixed scale 2^-14, its output on its input's
@@ -25,6 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bev_model import GridSampleBEV, bev_metrics, predict  # noqa: E402
 from bev_scenes import BEVScenes, bev_scenes  # noqa: E402
+from bev_splat import LiftSplatBEV  # noqa: E402
+
+MODELS = {"grid": GridSampleBEV, "splat": LiftSplatBEV}
 
 
 def batches(scenes: BEVScenes, batch_size: int, steps: int, seed: int = 0):
@@ -91,23 +95,25 @@ def main(argv=None) -> dict:
     ap.add_argument("--test", type=int, default=256, help="test scenes (MNIST test digits)")
     ap.add_argument("--float-steps", type=int, default=600)
     ap.add_argument("--qat-steps", type=int, default=200)
-    ap.add_argument("--recipe", default="int8_balanced")
+    ap.add_argument("--recipe", default="int8_balanced", help="a bundled recipe (for --model splat, one whose "
+                    "rules quantize scatter_add: int8_balanced does)")
+    ap.add_argument("--model", choices=sorted(MODELS), default="grid", help="image-to-BEV: grid_sample or splat")
     ap.add_argument("--out", default="out", help="folder for the checkpoint and the ONNX file")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     t0 = time.time()
     train, test = bev_scenes("train", args.train), bev_scenes("test", args.test)
-    net = GridSampleBEV()
+    net = MODELS[args.model]()
     train_steps(net, train, args.float_steps)
     float_scores = evaluate(torch_runner(net), test)
     qat = dal.prepare_qat(copy.deepcopy(net), recipe=args.recipe, hardware="a2000", example_inputs=(test.images[:2],))
-    dal.calibrate(qat, [train.images[i:i + 16] for i in range(0, 256, 16)], progress=False)
+    dal.calibrate(qat, [train.images[i:i + 16] for i in range(0, min(256, len(train)), 16)], progress=False)
     train_steps(qat, train, args.qat_steps, lr=5e-4, seed=1)
     dal.set_quantizer_state(qat, "frozen")
     qat_scores = evaluate(torch_runner(qat), test)
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"bev_{args.recipe}.onnx")
-    dal.save_checkpoint(qat, os.path.join(args.out, f"bev_{args.recipe}.pt"))
+    path = os.path.join(args.out, f"bev_{args.model}_{args.recipe}.onnx")
+    dal.save_checkpoint(qat, os.path.join(args.out, f"bev_{args.model}_{args.recipe}.pt"))
     dal.export_onnx(qat, (test.images[:2],), path, dynamic_batch=True)
     npu_scores = evaluate(npu_runner(path), test)
     fmt = lambda s: f"occupancy mIoU {s['miou']:.2f}, digit-class accuracy {s['class_acc']:.2f}"  # noqa: E731
