@@ -253,6 +253,9 @@ def test_a1000_refuses_by_path_and_a_skip_rule_keeps_it_float():
     assert not any(isinstance(m, QScatterAdd) for m in p.modules())
     dal.calibrate(p, [((f, idx), None)], progress=False)
     assert p(f, idx).shape == (M, C)
+    x, i = torch.randn(2, 6, 4), torch.randint(0, 6, (2, 3, 4))
+    with pytest.raises(RecipeError, match=r"gather \(gather\): hardware 'a1000' does not run gather"):
+        dal.prepare_qat(Pick("gather"), recipe=RECIPE, hardware="a1000", example_inputs=(x, i))
 
 
 # ------------------------------------------------------------------ gathers on codes
