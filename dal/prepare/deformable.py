@@ -102,5 +102,12 @@ def deformable_step(step, role: str, resolve):
         return step
     what = "sampling arithmetic (reference points + offsets)" if role == "sampling" else \
         "attention-weighted sum of the sampled values"
+    if spec.fallback_fp16 and role == "sampling":
+        # An FP16 add here makes the exporter pull the grid's ``2 * loc - 1`` into the FP16 region
+        # (Mul, Sub in float16), which the trained model computes in float32 (SPEC §5a: the tail
+        # of an FP16 region): float32 instead, the grid still int16 at the grid_sample.
+        return dataclasses.replace(step, action="float", spec=None, built="", reason=(
+            f"{step.reason}; deformable attention's {what}: float32 under an fp16 rule (an FP16 add would carry "
+            "the grid arithmetic after it into float16), the grid quantized int16 at its grid_sample (SPEC §5e)"))
     return dataclasses.replace(step, op_class=OP_CLASS, spec=spec,
                                reason=f"{step.reason}; deformable attention's {what} (export/SPEC.md §5e)")

@@ -33,6 +33,8 @@ Everything here is computed in float64 from the integer codes both engines were 
              Div ``(e_a + |a/b| e_b) / (|b| - e_b) + u |a/b|``; Sqrt ``min(sqrt(e), e / (sqrt(x - e) + sqrt(x))) + u sqrt(x)``;
              Pow 2 ``2 |x| e + e^2 + u (|x| + e)^2``; Exp ``exp(x) expm1(e) + 8 u exp(x + e)``;
              Softmax over ``n``: ``1.01 y expm1(2 max e + 10 u + u |x - max x| + gamma_{n+1})``;
+             GridSample: near_tie_smooth.grid_sample_bound (the coordinate's error times the slope);
+             ReduceSum over ``n`` terms: ``sum(e) + gamma_n sum(|x| + e)``;
            * Cast to float16 / float32: ``e + 2^-11 |v|`` / ``e + u |v|``;
 
            then the output quantizer's float32 division: ``E_float = e / s_y + 2 u |v - zp_y|``.
@@ -280,6 +282,15 @@ class LayerEvaluator:
             from .near_tie_smooth import smooth_bound
 
             return smooth_bound(node, op, ins)
+        if op == "ReduceSum":  # near_tie_smooth.reduce_sum_bound states the bound
+            from .near_tie_smooth import reduce_sum_bound
+
+            axes = self._int_value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+            return reduce_sum_bound(node, a, axes)
+        if op == "GridSample":  # near_tie_smooth.grid_sample_bound states the bound
+            from .near_tie_smooth import grid_sample_bound
+
+            return grid_sample_bound(node, a, ins[1])
         if op == "Cast":
             to = attr(node, "to", 0)
             if to == onnx.TensorProto.FLOAT16:

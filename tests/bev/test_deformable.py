@@ -206,3 +206,32 @@ def test_msda_core_qat_within_the_quantization_bound():
     err = (got - ref).abs().max().item()
     assert 0 < err <= bound * (1 + 1e-5) + 1e-6, (err, bound)
     assert err <= 1.05 * s_v  # int16 weights: the value's own 8-bit rounding dominates
+
+
+def test_fp16_recipe_keeps_deformable_attention_in_fp16_and_verifies(tmp_path):
+    """recipes/int8_deform_fp16 (NVIDIA's scheme): every grid_sample and the weighted sum in FP16,
+    the sampling arithmetic float32 (an FP16 add would carry ``2 * loc - 1`` into float16), the
+    projections int8; prepare -> calibrate -> QAT step -> export -> dal.verify OK on the a2000,
+    and the a1000 refuses it by path."""
+    x = _x()
+    torch.manual_seed(0)
+    p = dal.prepare_qat(BEVBlock(), recipe="int8_deform_fp16", hardware="a2000", example_inputs=(x,))
+    rows = {r.name: r for r in dal.prepared(p).report.rows}
+    gs = [r for r in rows.values() if r.op_class == "grid_sample"]
+    assert len(gs) == 9 and all("fp16" in r.detail for r in gs), [r.detail for r in gs]
+    mul = next(r for n, r in rows.items() if n.startswith("attn.dal_sites.mul_ms_deform"))
+    add = next(r for n, r in rows.items() if n.startswith("attn.dal_sites.add_l"))
+    assert mul.op_class == "deformable_attention" and "fp16" in mul.detail and add.status == "float", (mul, add)
+    assert p.attn.value_proj.weight_quant.fmt.name == "int8"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dal.calibrate(p, [x, _x(1)], progress=False, bn_statistics="auto")
+    p.train()
+    p(x).square().mean().backward()
+    p.eval()
+    path = tmp_path / "bev16.onnx"
+    dal.export_onnx(p, (x[:1],), str(path))
+    rep = dal.verify(str(path), p, (x[:1],))
+    assert rep.verdict(), rep.verdict_line()
+    with pytest.raises(RecipeError, match=r"attn\.dal_sites\.grid_sample_ms_deform_attn_core_pytorch_l\d+_0"):
+        dal.prepare_qat(BEVBlock(), recipe="int8_deform_fp16", hardware="a1000", example_inputs=(x,))
