@@ -349,3 +349,52 @@ def test_qat_step_then_dal_verify_passes(tmp_path):
     dal.export_onnx(p, (f, idx), path)
     report = dal.verify(path, p, (f, idx))
     assert "VERDICT: PASS" in str(report) and "integer model vs NPU: IDENTICAL" in str(report), str(report)
+
+
+def _scatter_nd_model(codes_type, with_dq: bool):
+    """data (4, 3), indices (6, 1) with duplicates, updates (6, 3) -> ScatterND(add); with_dq:
+    both through DQ(0.05, 3) and the sum through Q(0.11, 7) (the §5c integer group), else on the
+    raw codes."""
+    from onnx import TensorProto, helper, numpy_helper
+    et = TensorProto.INT8 if codes_type == np.int8 else TensorProto.UINT8
+    inits = [numpy_helper.from_array(np.array([[0], [2], [0], [3], [0], [2]], np.int64), "idx")]
+    nodes = []
+    d, u = "d", "u"
+    if with_dq:
+        inits += [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(codes_type(3), "z"),
+                  numpy_helper.from_array(np.float32(0.11), "s_y"), numpy_helper.from_array(codes_type(7), "z_y")]
+        nodes += [helper.make_node("DequantizeLinear", ["d", "s", "z"], ["d_f"], name="d_dq"),
+                  helper.make_node("DequantizeLinear", ["u", "s", "z"], ["u_f"], name="u_dq")]
+        d, u = "d_f", "u_f"
+    nodes.append(helper.make_node("ScatterND", [d, "idx", u], ["acc"], name="pool", reduction="add"))
+    out = "acc"
+    if with_dq:
+        nodes.append(helper.make_node("QuantizeLinear", ["acc", "s_y", "z_y"], ["y"], name="y_q"))
+        out = "y"
+    graph = helper.make_graph(nodes, "nd", [helper.make_tensor_value_info("d", et, [4, 3]),
+                                            helper.make_tensor_value_info("u", et, [6, 3])],
+                              [helper.make_tensor_value_info(out, et, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+
+
+def test_scatter_nd_add_group_and_the_wide_accumulator():
+    """A foreign file's DQ -> ScatterND(add) -> Q is the same integer group (equal to the numpy
+    oracle, within 1 LSB of onnxruntime); ScatterND(add) on raw int8 codes, which onnxruntime wraps
+    (100 + 100 gives -56), is refused by dal.npu naming the node."""
+    rng = np.random.default_rng(0)
+    d = rng.integers(-128, 128, (4, 3)).astype(np.int8)
+    u = rng.integers(-128, 128, (6, 3)).astype(np.int8)
+    m = _scatter_nd_model(np.int8, True)
+    sess = dal.npu.load(m)
+    assert any(type(st).__name__ == "ScatterAddCodes" for st in sess.steps)
+    got = sess.run({"d": d, "u": u})[0]
+    acc = d.astype(np.int64) - 3
+    np.add.at(acc, np.array([0, 2, 0, 3, 0, 2]), u.astype(np.int64) - 3)
+    v = (acc * np.float64(np.float32(0.05))).astype(np.float32)
+    assert np.array_equal(got, np.clip(np.rint(v / np.float32(0.11)) + 7, -128, 127).astype(np.int8))
+    assert np.abs(got.astype(int) - run_ort(m, {"d": d, "u": u})[0].astype(int)).max() <= 1
+    raw = _scatter_nd_model(np.int8, False)
+    d, u = np.full((4, 3), 100, np.int8), np.full((6, 3), 100, np.int8)
+    assert run_ort(raw, {"d": d, "u": u})[0][3, 0] == -56  # row 3: 100 + 100, wrapped by onnxruntime
+    with pytest.raises(dal.npu.NPUError, match=r"'pool'.*leaves int8"):
+        dal.npu.load(raw).run({"d": d, "u": u})
