@@ -59,7 +59,7 @@ HOST_OP_CLASS_ROLES: dict[str, tuple[str, ...]] = {
     "sort": ("input", "output"),
     "conv3d": ("weight", "input", "output"),
     "grid_sample": ("input", "output"),
-    "deformable_attention": ("input", "output"),  # its sampling arithmetic and weighted sum (SPEC §5e)
+    "deformable_attention": ("input", "output"),  # its sampling arithmetic and weighted sum (SPEC §5g)
     "scatter_add": ("input", "output"),
 }
 HOST_OP_CLASSES: tuple[str, ...] = tuple(HOST_OP_CLASS_ROLES)

@@ -1,4 +1,4 @@
-"""Multi-scale deformable attention recognised in its pure-PyTorch form (export/SPEC.md §5e).
+"""Multi-scale deformable attention recognised in its pure-PyTorch form (export/SPEC.md §5g).
 
 Deformable-DETR's reference ``ms_deform_attn_core_pytorch``, BEVFormer's and transformers'
 ``multi_scale_deformable_attention`` all compute, per level, ``F.grid_sample(value_l, 2 * loc - 1)``
@@ -108,6 +108,6 @@ def deformable_step(step, role: str, resolve):
         # of an FP16 region): float32 instead, the grid still int16 at the grid_sample.
         return dataclasses.replace(step, action="float", spec=None, built="", reason=(
             f"{step.reason}; deformable attention's {what}: float32 under an fp16 rule (an FP16 add would carry "
-            "the grid arithmetic after it into float16), the grid quantized int16 at its grid_sample (SPEC §5e)"))
+            "the grid arithmetic after it into float16), the grid quantized int16 at its grid_sample (SPEC §5g)"))
     return dataclasses.replace(step, op_class=OP_CLASS, spec=spec,
-                               reason=f"{step.reason}; deformable attention's {what} (export/SPEC.md §5e)")
+                               reason=f"{step.reason}; deformable attention's {what} (export/SPEC.md §5g)")

@@ -59,5 +59,5 @@ def capture_sites(model: nn.Module, cap: Capture, resolve, example_inputs) -> tu
         if mine:
             notes.append(f"{p or '<root>'}: a multi-scale deformable attention (grid_sample per level, weighted sum): "
                          f"{mine.count('sampling')} sampling-arithmetic and {mine.count('weights')} weighted-sum site(s) "
-                         "are op class deformable_attention where the recipe has a rule for it (export/SPEC.md §5e)")
+                         "are op class deformable_attention where the recipe has a rule for it (export/SPEC.md §5g)")
     return steps, notes
