@@ -14,6 +14,7 @@ reference implements instead (written once in export/SPEC.md), and which these f
   once to float32 (the Mul in float32); Tanh, Sin, Cos: float64, rounded once;
 * CumSum (``torch.cumsum`` / ``Tensor.cumsum``: DETR-family sine position embeddings): the running
   sum in float64, each element rounded once to the input's type;
+* TopK (``torch.topk``: RT-DETR's query selection): equal values by ascending index (ONNX's order);
 * HardSigmoid / HardSwish: ``clip(x * float32(1/6) + 0.5, 0, 1)`` in float32 (times x in float32);
 * Resize linear and cubic (``F.interpolate`` bilinear, bicubic): separable in float64, rounded
   once to float32;
@@ -177,6 +178,16 @@ def cumsum_f64(x, dim, *, dtype=None):
     return to_dtype_once(torch.cumsum(x.double(), dim), x.dtype)
 
 
+def topk_onnx(x, k, dim=-1, largest=True, sorted=True):
+    """ONNX TopK's order (export/SPEC.md §5a): the k largest (smallest) along ``dim``, equal values
+    by ascending index, as a stable sort gives them (torch.topk promises no order among ties).
+    NaN in x: None (torch's op; dal.npu refuses it)."""
+    if x.dtype.is_floating_point and bool(torch.isnan(x).any()):
+        return None
+    v, i = torch.sort(x, dim=dim, descending=largest, stable=True)
+    return torch.return_types.topk((v.narrow(dim, 0, k), i.narrow(dim, 0, k)))
+
+
 def _silu(x, inplace=False):
     s = sigmoid_f64(x)
     return None if s is None else x * s
@@ -283,7 +294,7 @@ _IMPL = {
     F.batch_norm: batch_norm_f64, F.group_norm: group_norm_onnx, F.instance_norm: _instance_norm,
     torch.sum: sum_f64, torch.Tensor.sum: sum_f64, F.grid_sample: float_grid_sample,
     torch.sin: sin_f64, torch.Tensor.sin: sin_f64, torch.cos: cos_f64, torch.Tensor.cos: cos_f64,
-    torch.cumsum: cumsum_f64, torch.Tensor.cumsum: cumsum_f64,
+    torch.cumsum: cumsum_f64, torch.Tensor.cumsum: cumsum_f64, torch.topk: topk_onnx, torch.Tensor.topk: topk_onnx,
 }
 
 

@@ -93,7 +93,7 @@ class Session:
                  kernel: str | None = None):
         if semantics not in ("integer", "onnx"):
             raise NPUError(f"semantics must be 'integer' or 'onnx', got {semantics!r}")
-        from . import ops_cast, ops_float, ops_nn, ops_quant, ops_reduce, ops_trig  # noqa: F401  (registers the ops)
+        from . import ops_cast, ops_einsum, ops_float, ops_nn, ops_quant, ops_reduce, ops_topk, ops_trig  # noqa: F401
         from . import ops_dense  # noqa: F401  (after ops_nn: its Resize adds linear to the nearest kernel)
         from . import ops_grid, ops_scatter  # noqa: F401  (GridSample §5b; Gather*, Scatter* §5c-d: export/SPEC.md)
         from .fused_codes import match as match_codes
