@@ -115,8 +115,9 @@ def _codes_boundary(proto: onnx.ModelProto, n_layers: int, decode: bool) -> None
         if chain:  # decode: the new entry sliced from the dequantized cache, quantized again with the
             # same scale and zero point: the same codes (Q(DQ(c)) == c), and Slice takes no float8
             codes = graph.fresh(f"{o.name}.codes")
-            graph.nodes.append(graph.make_node("QuantizeLinear", [o.name, *dq.input[1:3]], [codes],
-                                               f"{o.name}.quantize"))
+            requant = graph.make_node("QuantizeLinear", [o.name, *dq.input[1:3]], [codes], f"{o.name}.quantize")
+            requant.attribute.extend(_axis_of(dq))
+            graph.nodes.append(requant)
         graph.outputs.discard(o.name)
         graph.outputs.add(codes)
         o.name = codes
@@ -128,11 +129,17 @@ def _codes_boundary(proto: onnx.ModelProto, n_layers: int, decode: bool) -> None
                 raise ExportError(f"export_decoder: past input {inp.name} reaches no KV-cache QuantizeLinear")
             codes = graph.fresh(f"{inp.name}.codes")
             # first: Graph's liveness pass walks the node list backwards, producers before consumers
-            graph.nodes.insert(0, graph.make_node("DequantizeLinear", [codes, q.input[1], q.input[2]], [inp.name],
-                                                  f"{inp.name}.dequantize"))
+            deq = graph.make_node("DequantizeLinear", [codes, q.input[1], q.input[2]], [inp.name], f"{inp.name}.dequantize")
+            deq.attribute.extend(_axis_of(q))
+            graph.nodes.insert(0, deq)
             inp.name = codes
             inp.type.tensor_type.elem_type = _elem_of(graph, q)
     graph.finish()
+
+
+def _axis_of(qdq: onnx.NodeProto) -> list:
+    """The ``axis`` attribute of a Q / DQ node (a per-head cache scale), as a list to extend with."""
+    return [a for a in qdq.attribute if a.name == "axis"]
 
 
 def _elem_of(graph: Graph, qdq: onnx.NodeProto) -> int:

@@ -212,3 +212,26 @@ def test_export_needs_a_quantized_cache(tmp_path):
     p = _prepared("w4a8_int8_llm", None)
     with pytest.raises(ExportError, match=r"layers\.0\.self_attn.*key_quant \(none\).*layers\.1\.self_attn"):
         dal.export_decoder(p, tmp_path / "x", prompt_len=P, cache_len=L)
+
+
+def test_qwen2_per_head_cache(tmp_path):
+    """A tiny Qwen2 (biased q/k/v projections) with one INT8 cache scale per KV head: the boundary's
+    DequantizeLinear carries the quantizer's per-head scales on axis 1, and 4 greedy steps are
+    identical on the integer model and dal.npu."""
+    torch.manual_seed(0)
+    model = T.Qwen2ForCausalLM(T.Qwen2Config(hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
+                                             num_key_value_heads=KV, intermediate_size=128, vocab_size=V,
+                                             max_position_embeddings=128))
+    rec = dal.load_recipe("w4a8_int8_llm").with_rules_prepended(
+        [{"type": "kv_cache", "input": {"format": "int8", "granularity": "per_channel", "symmetric": True}}])
+    p = dal.prepare_qat(model, recipe=rec, hardware="a2000")
+    dal.calibrate(p, [_tokens(1), _tokens(2)])
+    pre, dec = dal.export_decoder(p, tmp_path / "qwen2", prompt_len=P, cache_len=L)
+    proto = onnx.load(dec)
+    node = next(n for n in proto.graph.node if "past_value_1" in n.input)
+    scale = next(numpy_helper.to_array(t) for t in proto.graph.initializer if t.name == node.input[1])
+    q = p.model.layers[1].self_attn.npu_attention.kv_cache.value_quant
+    assert np.array_equal(scale, q.scale.detach().float().numpy()) and scale.shape == (KV,)
+    assert [a.i for a in node.attribute if a.name == "axis"] == [1]
+    report = dal.generate_check(p, (pre, dec), [_tokens(6)[0, :7]], steps=4)
+    assert report.identical, str(report)
