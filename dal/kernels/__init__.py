@@ -23,13 +23,18 @@ not, so a compiled step gives the eager step's bits.
 Ops: :mod:`.fake_quant` (``dal::fake_quantize``, its backward ``dal::mask_grad``), :mod:`.observer_update` (``dal::observe_minmax_``),
 :mod:`.qparams` (``dal::minmax_qparams``), :mod:`.cast` (``dal::fp_round_trip``), :mod:`.fold_factor`
 (``dal::fold_factor``, QConvBn2d's BN fold factor), :mod:`.lsq` (``dal::fake_quantize_lsq``, a learnable
-scale and zero point: LSQ / LSQ+).
+scale and zero point: LSQ / LSQ+), :mod:`.observe_fake_quant` (``dal::observe_fake_quantize_``, a min-max
+quantizer's QAT step: observer update, scale, fake quantization in one op; its mutation of the
+buffers is declared, its gradient carried by an autograd.Function, since torch registers none on a
+mutating op).
 """
 from .fake_quant import fake_quantize
 from .fold_factor import fold_factor
 from .lsq import fake_quantize_lsq, lsq_grad_scale
 from .cast import fp_round_trip
 from .observer_update import observe_minmax_
+from .observe_fake_quant import observe_fake_quantize
 from .qparams import minmax_qparams
 
-__all__ = ["fake_quantize", "fake_quantize_lsq", "lsq_grad_scale", "fold_factor", "fp_round_trip", "observe_minmax_", "minmax_qparams"]
+__all__ = ["fake_quantize", "fake_quantize_lsq", "lsq_grad_scale", "fold_factor", "fp_round_trip", "observe_minmax_", "minmax_qparams",
+           "observe_fake_quantize"]
