@@ -1,12 +1,14 @@
 """A FakeQuantizer's forward under ``torch.compile`` (and for bfloat16 / float16 input, as under
 autocast: scales and rounding in float32, output in the input's dtype): the registered ops of
-``dal.kernels`` (under ``torch.compile`` the observer's update in its plain-torch form, see below).
+``dal.kernels`` (under ``torch.compile`` a calibrating observer's update in its plain-torch form, see below).
 
 No ``.item()``, no ctypes call, no Python branch on a tensor's value, so dynamo traces it without
 a graph break, and each op runs the same code compiled or not:
 
-* observing in QAT (``quantize``, training, a min-max observer): ``dal::observe_minmax_`` ->
-  ``dal::minmax_qparams`` (also written into ``scale`` / ``zero_point``) -> ``dal::fake_quantize``;
+* observing in QAT (``quantize``, training, a min-max observer): ``dal::observe_fake_quantize_``, the
+  observer's update, the scale and zero point (written into ``scale`` / ``zero_point``) and the fake
+  quantization in one op (:func:`ops_observe_fake_quantize`; with ``COMPILED_FORM["observe"]`` not
+  "fused": ``dal::observe_minmax_`` -> ``dal::minmax_qparams`` -> ``dal::fake_quantize``, the same bits);
 * ``frozen`` (or ``quantize`` in eval): ``dal::fake_quantize`` with the stored parameters;
 * a learnable scale (LSQ / LSQ+, ``quantize`` or ``frozen``): ``dal::fake_quantize_lsq`` (:func:`ops_learnable`);
 * FP16 / BF16: ``dal::fp_round_trip``;  ``observe`` (calibration): ``dal::observe_minmax_``.
@@ -21,10 +23,14 @@ so the faster compiled step decides; the measurements are in bench/results/qat_s
   BatchNorm / ReLU / add around it, writes a byte mask that its backward reads back, and the
   step is slower. The inlined form stays as the measured alternative for devices where inductor's
   fused kernel may win (it is the op's device-generic formula);
-* the observer's update: plain torch (``dal.kernels.observer_update.generic``, inlined), no slower
-  than the op;
-* the scale (``dal::minmax_qparams``) and QConvBn2d's fold factor (``dal::fold_factor``) stay ops
-  for their bits: inductor recompiles the float64 scale arithmetic with its own flags, and would
+* the observing QAT step: one op, ``dal::observe_fake_quantize_`` ("fused"): its CPU kernel is the
+  eager C++ step (one range pass, the scale in C++, one fake-quantization pass) and it replaces an
+  inlined observer reduction, ~30 small float64 tensor ops of the scale and their copies per
+  quantizer, and the compiled step is faster (bench/results/qat_step.md, "one op per quantizer
+  step"). Calibration (``observe``) keeps the inlined plain-torch update
+  (``dal.kernels.observer_update.generic``), no slower than the op;
+* the scale (``dal::minmax_qparams``, inside the fused op or alone) and QConvBn2d's fold factor
+  (``dal::fold_factor``) stay ops for their bits: inductor recompiles the float64 scale arithmetic with its own flags, and would
   recompute a plain-torch fold factor from the running variance BatchNorm already updated
   (pytorch/pytorch#197039).
 
@@ -43,13 +49,15 @@ import torch
 from . import kernels
 from .kernels import observer_update
 from .kernels.fake_quant_inline import fake_quantize_inline
+from .kernels.observe_fake_quant import observe_fake_quantize
 from .formats.autograd import pow2_scale_ste
 from .observers.distributed import world_size
 from .observers.minmax import MinMaxObserver, MovingAverageMinMaxObserver
 
 #: The form of each step under ``torch.compile`` ("inline": plain torch that inductor fuses; "op": the
-#: opaque registered op). See the module docstring for the measurement behind each choice.
-COMPILED_FORM = {"fake_quantize": "op", "observe": "inline"}
+#: opaque registered op; "fused", the observing QAT step: dal::observe_fake_quantize_). See the module
+#: docstring for the measurement behind each choice.
+COMPILED_FORM = {"fake_quantize": "op", "observe": "fused"}
 
 
 def ops_forward(q, x: torch.Tensor) -> torch.Tensor:
@@ -57,6 +65,8 @@ def ops_forward(q, x: torch.Tensor) -> torch.Tensor:
     if q._fake_quant:
         scale, zero_point = q.scale, q.zero_point
         if q._tracking():
+            if COMPILED_FORM["observe"] == "fused" and not q.learnable and _ops_cover(q.observer):
+                return ops_observe_fake_quantize(q, x)
             scale, zero_point = ops_observe(q, x, True)
         elif not q.initialized:
             raise RuntimeError(f"quantizer {q.name or '<unnamed>'} has no scale: calibrate first")
@@ -77,14 +87,13 @@ def ops_observe(q, x: torch.Tensor, qparams: bool) -> Optional[tuple[torch.Tenso
     ``(scale, zero_point)`` by ``dal::minmax_qparams``, also written into ``q``'s buffers: the eager
     ``observer(x); compute_qparams()``. Observers the ops do not cover run their own code."""
     o = q.observer
-    if type(o) not in (MinMaxObserver, MovingAverageMinMaxObserver) or o.fixed_scale is not None \
-            or "min_val" not in o._buffers or world_size() > 1:
+    if not _ops_cover(o):
         o(x)
         if not qparams:
             return None
         q.compute_qparams()
         return q.scale.clone(), q.zero_point.clone()
-    observe = observer_update.generic if COMPILED_FORM["observe"] == "inline" and torch.compiler.is_compiling() \
+    observe = observer_update.generic if COMPILED_FORM["observe"] != "op" and torch.compiler.is_compiling() \
         else kernels.observe_minmax_
     observe(x, o.min_val, o.max_val, o.batches_seen, o.nonfinite_count,
             getattr(o, "averaging_constant", 0.0), q.granularity.normalized_axis(x.dim()),
@@ -97,6 +106,22 @@ def ops_observe(q, x: torch.Tensor, qparams: bool) -> Optional[tuple[torch.Tenso
         q.scale.copy_(scale)
         q.zero_point.copy_(zero_point)
     return scale, zero_point
+
+
+def _ops_cover(o) -> bool:
+    """Whether the ops do observer ``o``'s update: a min-max observer on one process, buffers created."""
+    return type(o) in (MinMaxObserver, MovingAverageMinMaxObserver) and o.fixed_scale is None \
+        and "min_val" in o._buffers and world_size() == 1
+
+
+def ops_observe_fake_quantize(q, x: torch.Tensor) -> torch.Tensor:
+    """``q(x)`` for a quantizer observing in QAT by ``dal::observe_fake_quantize_``: the observer's
+    update, the scale and zero point (written into ``q``'s buffers) and the fake quantization in
+    one op, the bits of ``ops_observe`` then ``dal::fake_quantize``."""
+    o = q.observer
+    return observe_fake_quantize(x, o.min_val, o.max_val, o.batches_seen, o.nonfinite_count, q.scale, q.zero_point,
+                                 getattr(o, "averaging_constant", 0.0), q.fmt, q.symmetric, q.narrow_range,
+                                 o.power_of_two, q.granularity.normalized_axis(x.dim()), q.granularity.block_size)
 
 
 def ops_learnable(q, x: torch.Tensor) -> torch.Tensor:
