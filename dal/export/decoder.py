@@ -222,3 +222,23 @@ def export_decoder(model: nn.Module, path_prefix: Union[str, os.PathLike], *, pr
         onnx.save(proto, path)
         paths.append(path)
     return paths[0], paths[1]
+
+
+def decoder_step(model: nn.Module, onnx_path: Union[str, os.PathLike, onnx.ModelProto]) -> nn.Module:
+    """The torch module that takes and returns what the decoder file ``onnx_path`` does (its
+    prefill or decode step, cache length from the file's ``dal.decoder.*`` metadata, the KV cache
+    as codes): what ``dal.verify(onnx_path, decoder_step(model, onnx_path), inputs)`` and
+    ``dal.convert`` pair with the file element for element.
+
+    Example:
+        >>> report = dal.verify(dec, decoder_step(model, dec), (ids, pos, mask, *past_codes))
+    """
+    from .decoder_module import CodesStep
+
+    proto = onnx_path if isinstance(onnx_path, onnx.ModelProto) else onnx.load(os.fspath(onnx_path))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    if "dal.decoder.graph" not in meta:
+        where = "the model" if isinstance(onnx_path, onnx.ModelProto) else os.fspath(onnx_path)
+        raise ExportError(f"decoder_step: {where} has no "
+                          "dal.decoder.* metadata; give a file dal.export_decoder wrote")
+    return CodesStep(DecoderStep(model, int(meta["dal.decoder.cache_len"]), meta["dal.decoder.graph"] == "decode"))

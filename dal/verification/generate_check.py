@@ -151,11 +151,12 @@ class _Engines:
         self.names_pre, self.names_dec = [i.name for i in pre.graph.input], [i.name for i in dec.graph.input]
         self.out_names = [o.name for o in dec.graph.output]
         self.prompt_len, self.cache_len = prompt_len, cache_len
+        self.device = next(model.parameters()).device
 
-    @staticmethod
-    def _int(int_model, inputs) -> list:
+    def _int(self, int_model, inputs) -> list:
+        """The integer model on its own device (the model's), results back on the CPU."""
         with torch.no_grad():
-            return list(int_model(*inputs))
+            return [t.cpu() for t in int_model(*[t.to(self.device) for t in inputs])]
 
     @staticmethod
     def _npu(sess, names, inputs) -> list:

@@ -20,10 +20,13 @@ from onnx import numpy_helper  # noqa: E402
 import dal  # noqa: E402
 import dal.npu  # noqa: E402
 from dal.export import ExportError  # noqa: E402
-from dal.export.decoder import MASKED, causal_mask  # noqa: E402
+from dal.export.decoder import MASKED, causal_mask, decoder_step  # noqa: E402
 from dal.export.decoder_module import CodesStep, DecoderStep  # noqa: E402
 
 T = pytest.importorskip("transformers")
+
+# dal.npu's FP16 softmax island casts masked scores (finfo(float32).min) to -inf, as SPEC §5e says
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
 
 P, L, LAYERS, KV, D, V = 8, 16, 2, 2, 16, 256
 RECIPES = {"int8": ("w4a8_int8_llm", "int8", onnx.TensorProto.INT8),
@@ -158,7 +161,7 @@ def test_decode_verify_onnxruntime(exported):
     g = torch.Generator().manual_seed(5)
     cache = [torch.randint(-90, 90, (1, KV, L, D), generator=g, dtype=torch.int8) for _ in range(2 * LAYERS)]
     inputs = (torch.tensor([[7]]), torch.tensor([[12]]), causal_mask(torch.arange(L)[None] < 12, 1, True), *cache)
-    report = dal.verify(dec, CodesStep(DecoderStep(p, L, True)), inputs)
+    report = dal.verify(dec, decoder_step(p, dec), inputs)
     assert report.integer.identical, str(report.integer)
     assert report.verdict(), str(report)
     assert report.layers_forced and all(r.max_abs <= 1 for r in report.layers_forced)
@@ -235,3 +238,16 @@ def test_qwen2_per_head_cache(tmp_path):
     assert [a.i for a in node.attribute if a.name == "axis"] == [1]
     report = dal.generate_check(p, (pre, dec), [_tokens(6)[0, :7]], steps=4)
     assert report.identical, str(report)
+
+
+def test_decoder_step_needs_a_decoder_file(exported, tmp_path):
+    """decoder_step reads the file's dal.decoder.* metadata: a file without it is named."""
+    kind, p, pre, dec, _ = exported
+    if kind != "int8":
+        pytest.skip("one recipe is enough")
+    assert decoder_step(p, pre).step.decode is False and decoder_step(p, dec).step.decode is True
+    proto = onnx.load(pre)
+    del proto.metadata_props[:]
+    onnx.save(proto, tmp_path / "plain.onnx")
+    with pytest.raises(ExportError, match=r"plain\.onnx has no dal\.decoder"):
+        decoder_step(p, tmp_path / "plain.onnx")
