@@ -108,7 +108,7 @@ def _helper_of(frame, codes: frozenset) -> Optional[str]:
         return ""
     f = frame
     for _ in range(_HELPER_DEPTH):
-        if f.f_code.co_filename.startswith(_library_dirs()) or _method(f.f_code):
+        if _method(f.f_code) or f.f_code.co_filename.startswith(_library_dirs()):
             return None
         f = f.f_back
         if f is None:
@@ -179,11 +179,16 @@ def _float_arithmetic(name: str, args) -> Optional[FloatOp]:
     tensors = [a for a in args[:2] if torch.is_tensor(a)]
     if not any(_float_tensor(t) and t.dim() > 0 for t in tensors):
         return None
+    if name in _NEUTRAL and len(args) == 2 and any(type(a) is int and a == _NEUTRAL[name] for a in args[_FIRST[name]:]):
+        return None  # x + 0, 0 + x, x - 0, x * 1, 1 * x: the exporter writes no node (export/SPEC.md §5a)
     base = name.strip("_")
     base = base[1:] if base in ("iadd", "imul", "isub", "itruediv") else base
     return FloatOp("float", "elementwise", "float_" + _BASE_OP.get(base, base))
 
 
+#: out-of-place arithmetic with a neutral Python int (which operand may be it: from _FIRST on)
+_NEUTRAL = {"add": 0, "__add__": 0, "__radd__": 0, "sub": 0, "__sub__": 0, "mul": 1, "__mul__": 1, "__rmul__": 1}
+_FIRST = {"add": 0, "__add__": 0, "__radd__": 0, "sub": 1, "__sub__": 1, "mul": 0, "__mul__": 0, "__rmul__": 0}
 _BASE_OP = {"radd": "add", "rmul": "mul", "rsub": "sub", "truediv": "div", "rtruediv": "div", "true_divide": "div"}
 
 

@@ -127,6 +127,10 @@ def test_a1000_refuses_every_grid_sample_and_float_op_by_path():
     for what in ("attn.dal_sites.sum_ms_deform_attn_core_pytorch_l", "attn.dal_sites.float_div_l",
                  "attn.dal_sites.float_sub_ms_deform_attn_core_pytorch_l"):
         assert what in text, (what, text)
+    # the sampling add and the weighted sum: op class deformable_attention, which the a1000 lacks
+    assert text.count("does not run deformable_attention") == 2, text
+    # bev = 0 + grid_sample(...): a neutral int 0, no node in the export, so nothing to refuse
+    assert "float_add" not in text, text
 
 
 def test_bev_block_verifies_on_the_a2000(trained, tmp_path):
