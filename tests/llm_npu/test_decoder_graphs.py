@@ -151,20 +151,23 @@ def test_generate_identical(exported):
     assert report.tokens_integer == report.tokens_npu and all(len(t) == 9 for t in report.tokens_npu)
 
 
-def test_decode_verify_onnxruntime(exported):
-    """dal.verify on the decode graph with a filled cache: integer model == NPU on every element,
-    onnxruntime (optimizations off) within the near-tie rule layer by layer."""
+def test_verify_onnxruntime(exported):
+    """dal.verify on the prefill graph and on the decode graph with a filled cache: integer model ==
+    NPU on every element (logits and cache codes), onnxruntime (optimizations off) within the
+    near-tie rule layer by layer."""
     pytest.importorskip("onnxruntime")
     kind, p, pre, dec, _ = exported
     if kind != "int8":
-        pytest.skip("one recipe is enough for the layer view (time budget)")
+        pytest.skip("one recipe is enough for the layer view (time budget; dal.verify takes no float8 tensors)")
     g = torch.Generator().manual_seed(5)
     cache = [torch.randint(-90, 90, (1, KV, L, D), generator=g, dtype=torch.int8) for _ in range(2 * LAYERS)]
-    inputs = (torch.tensor([[7]]), torch.tensor([[12]]), causal_mask(torch.arange(L)[None] < 12, 1, True), *cache)
-    report = dal.verify(dec, decoder_step(p, dec), inputs)
-    assert report.integer.identical, str(report.integer)
-    assert report.verdict(), str(report)
-    assert report.layers_forced and all(r.max_abs <= 1 for r in report.layers_forced)
+    prefill = (_tokens(5)[:1, :P], torch.arange(P)[None], causal_mask(torch.arange(P)[None] < 6, P, False))
+    decode = (torch.tensor([[7]]), torch.tensor([[12]]), causal_mask(torch.arange(L)[None] < 12, 1, True), *cache)
+    for path, inputs in ((pre, prefill), (dec, decode)):
+        report = dal.verify(path, decoder_step(p, path), inputs)
+        assert report.integer.identical, str(report.integer)
+        assert report.verdict(), str(report)
+        assert report.layers_forced and all(r.max_abs <= 1 for r in report.layers_forced)
 
 
 def test_wrong_cache_scale_caught(exported, tmp_path):
