@@ -396,3 +396,14 @@ def test_scatter_nd_add_group_and_the_wide_accumulator():
     assert run_ort(raw, {"d": d, "u": u})[0][3, 0] == -56  # row 3: 100 + 100, wrapped by onnxruntime
     with pytest.raises(dal.npu.NPUError, match=r"'pool'.*leaves int8"):
         dal.npu.load(raw).run({"d": d, "u": u})
+
+
+def test_checkpoint_restores_the_pool_bit_for_bit(pooled):
+    """prepare_qat on a fresh float model, then load_state_dict: the same quantizers (state,
+    scales, zero points) and the same outputs, bit for bit."""
+    kind, p, *_ = pooled
+    f, idx = _data(kind, 5)
+    fresh = dal.prepare_qat(Pool(kind), recipe=RECIPE, hardware="a2000", example_inputs=(f, idx))
+    fresh.load_state_dict(p.state_dict())
+    with torch.no_grad():
+        assert torch.equal(fresh(f, idx), p(f, idx))
