@@ -77,12 +77,15 @@ _HOST_FUNCTIONS = {
     torch.cumsum: ("scan", "cumsum"), torch.cumprod: ("scan", "cumprod"), torch.cummax: ("scan", "cummax"),
     torch.cummin: ("scan", "cummin"), F.conv3d: ("conv3d", "conv3d"), torch.conv3d: ("conv3d", "conv3d"),
     torch.sort: ("sort", "sort"), torch.argsort: ("sort", "argsort"), torch.topk: ("sort", "topk"),
+    torch.scatter_add: ("scatter_add", "scatter_add"), torch.index_add: ("scatter_add", "index_add"),
 }
 _HOST_METHODS = {"nonzero": ("nonzero", "nonzero"), "argwhere": ("nonzero", "argwhere"),
                  "masked_select": ("nonzero", "masked_select"), "unique": ("nonzero", "unique"),
                  "gather": ("gather", "gather"), "take_along_dim": ("gather", "take_along_dim"),
                  "cumsum": ("scan", "cumsum"), "cumprod": ("scan", "cumprod"), "sort": ("sort", "sort"),
-                 "argsort": ("sort", "argsort"), "topk": ("sort", "topk")}
+                 "argsort": ("sort", "argsort"), "topk": ("sort", "topk"),
+                 "scatter_add": ("scatter_add", "scatter_add"), "scatter_add_": ("scatter_add", "scatter_add"),
+                 "index_add": ("scatter_add", "index_add"), "index_add_": ("scatter_add", "index_add")}
 #: compares: a host op (``compare``) when an operand is an integer or bool tensor (integer_operand)
 _COMPARE_FUNCTIONS = {operator.lt: "lt", operator.le: "le", operator.gt: "gt", operator.ge: "ge",
                       operator.eq: "eq", operator.ne: "ne", torch.lt: "lt", torch.le: "le", torch.gt: "gt",

@@ -407,3 +407,16 @@ def test_checkpoint_restores_the_pool_bit_for_bit(pooled):
     fresh.load_state_dict(p.state_dict())
     with torch.no_grad():
         assert torch.equal(fresh(f, idx), p(f, idx))
+
+
+def test_a_float_scatter_add_is_listed_as_a_host_op():
+    """No recipe rule quantizes it: index_add stays the float op, listed "host" (the a2000 runs
+    scatter-add on integer codes only), and strict=True refuses it naming the call."""
+    f, idx = _data("index_add", 0)
+    linear = {"type": "linear", "weight": {"format": "int8", "symmetric": True}, "input": A}
+    recipe = {"name": "no_scatter", "rules": [linear]}
+    p = dal.prepare_qat(PoolHead("index_add"), recipe=recipe, hardware="a2000", example_inputs=(f, idx))
+    rows = [r for r in dal.prepared(p).report.rows if r.status == "host"]
+    assert [(r.op_class, r.type_name) for r in rows] == [("scatter_add", "index_add")]
+    with pytest.raises(ValueError, match=r"index_add \(scatter_add\)"):
+        dal.prepare_qat(PoolHead("index_add"), recipe=recipe, hardware="a2000", example_inputs=(f, idx), strict=True)
