@@ -33,7 +33,7 @@ class ScatterAddForm(WrapsModule):
         m = self.qat
         qi, qo = m.input_quant, m.output_quant
         active = [q is not None and q.state.quantizes and q.fmt.is_integer for q in (qi, qo)]
-        if not all(active):
+        if not all(active) or not x.is_floating_point():
             return m(x, index, src)
         dim, idx, upd = scatter_operands(m.kind, x, index, src, m.dim, self.path, values=False)
         qi(upd), qi(x)  # the file's two QuantizeLinear of the input quantizer, in its order (codes taps)

@@ -80,7 +80,7 @@ class QGather(QATModule):
         return {"input_quant": self.input_quant} if self.input_quant is not None else {}
 
     def forward(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        q = self.input_quant
+        q = self.input_quant if x.is_floating_point() else None  # integer tensors (positions): as they are
         xq = q(x) if q is not None else x
         values = self.training or (q is not None and q.state == "observe")  # not in eval (export)
         y = gather_call(self.kind, xq, index, self.dim, self.qat_name, values)

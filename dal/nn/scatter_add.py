@@ -67,8 +67,8 @@ def scatter_operands(kind: str, x: torch.Tensor, index: torch.Tensor, src: torch
     the call of ``kind`` (module doc): ``index_e`` has ``src_e``'s shape. Shapes are checked
     (ValueError naming ``path``), index values too with ``values`` (:func:`check_index`)."""
     where = path or f"QScatterAdd({kind})"
-    if not x.is_floating_point() or not src.is_floating_point():
-        raise ValueError(f"{where}: destination and updates must be float tensors, got {x.dtype} and {src.dtype}")
+    if x.dtype != src.dtype:
+        raise ValueError(f"{where}: destination {x.dtype} and updates {src.dtype} must have one dtype")
     if kind == "index_put":
         check_index(path, index, x.shape[0] if x.dim() else 0, "index_put index", negative_ok=True, values=values)
         want = tuple(index.shape) + tuple(x.shape[1:])
@@ -121,7 +121,8 @@ def _round_ste(v: torch.Tensor) -> torch.Tensor:
 class QScatterAdd(QATModule):
     """``index_put_(accumulate=True)`` / ``scatter_add`` / ``index_add`` with an integer
     accumulator (module doc). Called as ``module(x, index, src)``: the destination, the index
-    (integer, else ValueError naming the module's path), the updates. Index values out of range are
+    (integer, else ValueError naming the module's path), the updates (an integer destination and
+    updates are summed by torch, unquantized). Index values out of range are
     a ValueError naming the path while calibrating (the input quantizer observing) and in training
     mode; in eval mode (export, dal.convert) torch's own check applies. ``dim`` is ignored for
     ``index_put`` (dim 0)."""
@@ -170,6 +171,8 @@ class QScatterAdd(QATModule):
         q = self.input_quant
         values = self.training or (q is not None and q.state == "observe")
         dim, idx, upd = scatter_operands(self.kind, x, index, src, self.dim, self.qat_name, values)
+        if not x.is_floating_point():  # integer tensors (positions, counts): torch's exact sum, no quantizer
+            return torch.scatter_add(x, dim, idx, upd)
         if q is None or not q.state.quantizes:  # float, or calibrating: observe, sum in float
             u = q(upd) if q is not None else upd
             return self._out(torch.scatter_add(x, dim, idx, u))

@@ -420,3 +420,14 @@ def test_a_float_scatter_add_is_listed_as_a_host_op():
     assert [(r.op_class, r.type_name) for r in rows] == [("scatter_add", "index_add")]
     with pytest.raises(ValueError, match=r"index_add \(scatter_add\)"):
         dal.prepare_qat(PoolHead("index_add"), recipe=recipe, hardware="a2000", example_inputs=(f, idx), strict=True)
+
+
+def test_integer_tensors_pass_unquantized():
+    """A captured scatter-add or gather of integer tensors (counts, positions) is torch's own op:
+    nothing to quantize."""
+    m = QScatterAdd(SPEC, "bev.count", kind="index_add")
+    idx = torch.tensor([0, 2, 2, 3])
+    assert torch.equal(m(torch.zeros(4, dtype=torch.long), idx, torch.ones(4, dtype=torch.long)),
+                       torch.tensor([1, 0, 2, 1]))
+    g = QGather(SPEC, "pos", kind="index_select", dim=0)
+    assert torch.equal(g(torch.arange(10, 15), torch.tensor([4, 0])), torch.tensor([14, 10]))
