@@ -29,30 +29,23 @@ ROLES = ("sampling", "weights")
 
 
 def deformable_roles(sites: list, flow: list) -> dict[str, str]:
-    """``{site path: "sampling" | "weights"}`` for the quantizable add / mul call sites of every
-    owner whose calls (``flow``, the :class:`~dal.prepare.call_sites.Call` list of one discovery
-    forward) contain a deformable attention's weighted sum (module doc); ``{}`` when none does."""
+    """``{site path: "sampling" | "weights"}`` for the quantizable add / mul call sites of a
+    deformable attention (module doc), read from ``flow`` (the :class:`~dal.prepare.call_sites.Call`
+    list of one discovery forward, every owner's calls in call order); ``{}`` when there is none.
+    The flow is read across owners: transformers computes the sampling locations in
+    ``DeformableDetrMultiscaleDeformableAttention`` and samples them in its child
+    ``MultiScaleDeformableAttention``, two owners joined by the tensors one passes the other."""
     by_key = {(s.owner, s.key): s for s in sites}
-    owners: dict[str, list] = {}
-    for call in flow:
-        owners.setdefault(call.owner, []).append(call)
-    roles: dict[str, str] = {}
-    for owner, calls in owners.items():
-        roles.update(_owner_roles(calls, {k: s for (o, k), s in by_key.items() if o == owner}))
-    return roles
-
-
-def _owner_roles(calls: list, sites: dict) -> dict[str, str]:
     producer: dict[int, int] = {}
     arg_parents: list[list] = []
-    for i, call in enumerate(calls):
+    for i, call in enumerate(flow):
         arg_parents.append([producer.get(id(t)) for t in call.args])
         for t in call.outputs:
             producer[id(t)] = i
-    site = [sites.get(c.key) if c.key is not None else None for c in calls]
+    site = [by_key.get((c.owner, c.key)) if c.key is not None else None for c in flow]
     is_gs = [s is not None and s.kind == "grid_sample" for s in site]
     from_gs = []  # the call's result descends from a grid_sample output
-    for i in range(len(calls)):
+    for i in range(len(flow)):
         from_gs.append(is_gs[i] or any(p is not None and from_gs[p] for p in arg_parents[i]))
     weights = []
     for i, s in enumerate(site):
@@ -64,7 +57,7 @@ def _owner_roles(calls: list, sites: dict) -> dict[str, str]:
     if not weights:
         return {}
     roles = {site[i].path: "weights" for i in weights}
-    for i in (i for i in range(len(calls)) if is_gs[i]):
+    for i in (i for i in range(len(flow)) if is_gs[i]):
         grid = arg_parents[i][1] if len(arg_parents[i]) > 1 else None
         for j in _ancestors(grid, arg_parents):
             if site[j] is not None and site[j].kind in ("add", "mul") and not from_gs[j]:

@@ -57,7 +57,8 @@ def capture_sites(model: nn.Module, cap: Capture, resolve, example_inputs) -> tu
     for p in owners:
         mine = [r for path, r in roles.items() if path.startswith(f"{p}.dal_sites." if p else "dal_sites.")]
         if mine:
-            notes.append(f"{p or '<root>'}: a multi-scale deformable attention (grid_sample per level, weighted sum): "
-                         f"{mine.count('sampling')} sampling-arithmetic and {mine.count('weights')} weighted-sum site(s) "
-                         "are op class deformable_attention where the recipe has a rule for it (export/SPEC.md §5g)")
+            notes.append(f"{p or '<root>'}: {mine.count('sampling')} sampling-arithmetic and {mine.count('weights')} "
+                         "weighted-sum call site(s) of a multi-scale deformable attention (grid_sample per level, "
+                         "weighted sum): op class deformable_attention where the recipe has a rule for it "
+                         "(export/SPEC.md §5g)")
     return steps, notes

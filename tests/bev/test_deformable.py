@@ -239,3 +239,43 @@ def test_fp16_recipe_keeps_deformable_attention_in_fp16_and_verifies(tmp_path):
     assert rep.verdict(), rep.verdict_line()
     with pytest.raises(RecipeError, match=r"attn\.dal_sites\.grid_sample_ms_deform_attn_core_pytorch_l\d+_0"):
         dal.prepare_qat(BEVBlock(), recipe="int8_deform_fp16", hardware="a1000", example_inputs=(x,))
+
+
+class _Sampler(torch.nn.Module):
+    """transformers' MultiScaleDeformableAttention form: the core in a child module."""
+
+    def forward(self, value, shapes, locations, weights):
+        return ms_deform_attn_core_pytorch(value, shapes, locations, weights)
+
+
+class _Parent(torch.nn.Module):
+    """Computes the sampling locations (``ref + offsets``) and hands them to the child."""
+
+    def __init__(self, levels=2, points=3, heads=2, dim=8):
+        super().__init__()
+        self.shape = (heads, levels, points)
+        self.offsets = torch.nn.Linear(dim, heads * levels * points * 2)
+        self.weights = torch.nn.Linear(dim, heads * levels * points)
+        self.core = _Sampler()
+
+    def forward(self, value, shapes, ref, query):
+        n, q, _ = query.shape
+        h, lv, pt = self.shape
+        if ref.shape[-1] != 2:  # a branch on a shape: fx cannot trace this forward either
+            raise ValueError("2-D reference points only")
+        loc = ref[:, :, None, :, None, :] + 0.01 * torch.tanh(self.offsets(query)).view(n, q, h, lv, pt, 2)
+        w = self.weights(query).view(n, q, h, lv * pt).softmax(-1).view(n, q, h, lv, pt)
+        return self.core(value, shapes, loc, w)
+
+
+def test_roles_found_across_owners():
+    """The sampling add in one owner, the grid_sample and weighted sum in the child it calls (the
+    transformers Deformable-DETR layout): both roles are found, each in its own owner."""
+    shapes = torch.tensor([(6, 7), (3, 4)])
+    g = torch.Generator().manual_seed(3)
+    value = torch.randn(1, 54, 2, 4, generator=g)
+    ref, query = torch.rand(1, 5, 2, 2, generator=g), torch.randn(1, 5, 8, generator=g)
+    p = dal.prepare_qat(_Parent(), recipe="int8_balanced", hardware="a2000", example_inputs=(value, shapes, ref, query))
+    roles = sorted((r.name.split("_l")[0], r.type_name) for r in dal.prepared(p).report.rows
+                   if r.op_class == "deformable_attention")
+    assert roles == [("core.dal_sites.mul_ms_deform_attn_core_pytorch", "QMul"), ("dal_sites.add", "QAdd")], roles
