@@ -135,6 +135,8 @@ def classify_node(node) -> Optional[FloatOp]:
         target = node.target
         if target in _PASSTHROUGH_FUNCTIONS:
             return FloatOp("passthrough", "passthrough", getattr(target, "__name__", str(target)))
+        if _stochastic_depth(target):
+            return FloatOp("passthrough", "passthrough", "stochastic_depth")
         if target in _FLOAT_FUNCTIONS:
             return FloatOp("float", *_FLOAT_FUNCTIONS[target])
         if target is F.interpolate:
@@ -147,6 +149,14 @@ def classify_node(node) -> Optional[FloatOp]:
         if node.target in _FLOAT_METHODS:
             return FloatOp("float", *_FLOAT_METHODS[node.target])
     return None
+
+
+def _stochastic_depth(target) -> bool:
+    """torchvision's ``stochastic_depth`` (a leaf of fx traces: ``torch.fx.wrap``): dropout of a
+    whole residual branch, the identity in eval and in the export (EfficientNet, Swin, ConvNeXt).
+    Recognised by name: torchvision is not imported here."""
+    return getattr(target, "__name__", "") == "stochastic_depth" and \
+        getattr(target, "__module__", "") == "torchvision.ops.stochastic_depth"
 
 
 def _host_op(node) -> Optional[FloatOp]:

@@ -23,6 +23,7 @@ A :class:`Step` has an ``action``:
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -125,8 +126,10 @@ def build_plan(model: nn.Module, cap: Capture, resolve, extra: tuple = ()) -> li
             if pat.relu_node is not None and pat.relu_node.op == "call_module":
                 fused.add(prefix + pat.relu_node.target)  # erased from the graph with the fusion
             relu = pat.relu_node is not None
+            # the report names every module a fused chain absorbs (a ReLU module by its path)
+            act = f" ({prefix + pat.relu_node.target})" if relu and pat.relu_node.op == "call_module" else ""
             steps.append(Step(conv, "Conv2d", "conv", "fuse", spec, f"fused with {prefix + pat.bn}"
-                              + (" + relu" if relu else ""), owner, pat.conv, pat.bn, relu,
+                              + (f" + relu{act}" if relu else ""), owner, pat.conv, pat.bn, relu,
                               built="QConvBnReLU2d" if relu else "QConvBn2d"))
         steps += _functional_steps(graph, mod, prefix, owner, resolve)
     steps = [s for s in steps if not _replaced_forward(s, fused, model, resolve)]
@@ -223,6 +226,12 @@ def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, 
                                   built=FUNCTIONAL_CLASSES[kind], after=after))
             continue
         op = classify_node(node)
+        if op is None and _leaf_function(node):
+            fn = node.target
+            steps.append(Step(name, fn.__name__, "custom", "float", None, f"calls {fn.__module__}.{fn.__name__}, a "
+                              "function torch.fx keeps whole (torch.fx.wrap): the ops inside run in float, none is "
+                              "quantized", owner, node.name, after=after))
+            continue
         # not x.shape[0] and the like; a host op's operands were checked by classify_node
         # (an arange of a size is a tensor there, not for is_tensor_node)
         if op is not None and (is_tensor_node(node) or op.op_class in HOST_OP_CLASSES):
@@ -233,6 +242,18 @@ def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, 
             steps.append(Step(name, op.function, op.op_class, op.kind, None, reason, owner, node.name,
                               float_op=op, after=after))
     return steps
+
+
+def _leaf_function(node: fx.Node) -> bool:
+    """A call of a Python function that fx did not trace into (``torch.fx.wrap``: torchvision's
+    ``shifted_window_attention``, ``_patch_merging_pad``), with a tensor argument: its ``+ * @ cat``
+    are invisible to prepare, so the call is one float row. torch's, Python's and dal's own
+    functions (known to their modules) are not."""
+    fn = node.target
+    module = getattr(fn, "__module__", None) or ""
+    return (node.op == "call_function" and isinstance(fn, types.FunctionType)
+            and module.split(".")[0] not in ("torch", "dal", "_operator", "operator", "builtins", "math")
+            and any(is_tensor_node(a) for a in (*node.args, *node.kwargs.values())))
 
 
 def _affine_norm_act(path: str, mod: nn.Module, resolve) -> bool:
