@@ -70,8 +70,9 @@ def check(arch: str, kind: str, prompts: int, steps: int, prompt_len: int, seed:
         verdict = dal.verify(dec, CodesStep(DecoderStep(model, cache_len, True)), inputs) if kind != "fp8" else None
         t3 = time.perf_counter()
     print(f"{arch} {recipe} ({kv} cache), P={prompt_len} L={cache_len}: {report}")
-    print(f"  tokens identical on {sum(a == b for a, b in zip(report.tokens_integer, report.tokens_npu))} of "
-          f"{prompts} prompts; first prompt's tokens {report.tokens_integer[0][:12]}...")
+    full = [a == b and len(a) == steps + 1 for a, b in zip(report.tokens_integer, report.tokens_npu)]
+    print(f"  identical tokens for all {steps} steps on {sum(full)} of {prompts} prompts (a prompt stops at its "
+          f"first difference); first prompt's tokens {report.tokens_integer[0][:12]}...")
     if verdict is not None:
         print(f"  dal.verify (decode step at position {pos}, onnxruntime ORT_DISABLE_ALL layer by layer): "
               f"{'PASS' if verdict.verdict() else 'FAIL'}; {verdict.integer}")

@@ -41,12 +41,14 @@ class StepDifference:
 class GenerateReport:
     """``first`` is None when the integer model and dal.npu gave identical tokens, logits and
     cache codes for every prompt and step; ``tokens_integer`` / ``tokens_npu`` hold each prompt's
-    generated tokens; ``elements`` counts every compared element (logits and cache codes)."""
+    generated tokens; ``elements`` counts every compared element (logits and cache codes),
+    ``differ`` those whose bits differ. A prompt's decoding stops where the tokens differ."""
 
     prompts: int
     steps: int
     first: Optional[StepDifference] = None
     elements: int = 0
+    differ: int = 0
     tokens_integer: list = field(default_factory=list)
     tokens_npu: list = field(default_factory=list)
 
@@ -56,7 +58,7 @@ class GenerateReport:
 
     def __str__(self) -> str:
         head = f"generate_check: {self.prompts} prompt(s), prefill + {self.steps} decode step(s), " \
-               f"{self.elements} elements compared: "
+               f"{self.differ} of {self.elements} elements differ: "
         return head + ("integer model == dal.npu on every token, logit and cache code" if self.first is None
                        else f"first difference at {self.first}")
 
@@ -99,7 +101,8 @@ def generate_check(model: nn.Module, onnx_paths: Sequence, prompts: Sequence, st
     ``prompts``: 1-D int token tensors (or lists), each of length 1 .. P, decoded one at a time
     (the files' batch must be 1). ``len(prompt) + steps`` must not exceed the cache length L (the
     last token's position is ``len(prompt) + steps - 1 < L``). ValueError naming the prompt
-    otherwise. After a difference the prompt's decoding stops; later prompts still run.
+    otherwise. A prompt's decoding goes on after a difference in logits or codes (each engine on
+    its own cache) and stops where the two engines' tokens differ; later prompts still run.
 
     Example:
         >>> pre, dec = dal.export_decoder(model, "tiny", prompt_len=8, cache_len=16)
@@ -163,11 +166,13 @@ class _Engines:
         return sess.run(dict(zip(names, [_numpy(t) for t in inputs])))
 
     def _compare(self, i, step, mine, theirs, last, report) -> tuple:
-        """``(difference or None, token of the integer model, token of dal.npu)``."""
+        """``(difference or None, token of the integer model, token of dal.npu)``; counts
+        compared and differing elements into ``report``."""
         diff = None
         for name, a, b in zip(self.out_names, mine, theirs):
             d = _differ(_numpy(a), np.asarray(b))
             report.elements += int(np.size(b))
+            report.differ += d
             if d and diff is None:
                 diff = StepDifference(i, step, name, d, int(np.size(b)))
         ti, tn = int(mine[0][0, last].argmax()), int(np.argmax(theirs[0][0, last]))
@@ -196,8 +201,8 @@ class _Engines:
             diff, ti, tn = self._compare(i, step, mine, theirs, n - 1 if step == 0 else 0, report)
             toks[0].append(ti)
             toks[1].append(tn)
-            if diff is not None:
-                report.first = report.first or diff
+            report.first = report.first or diff
+            if ti != tn:  # the engines now decode different sequences: nothing more to compare
                 break
             slots = slice(0, P) if step == 0 else slice(pos, pos + 1)
             for k in range(1, len(mine)):

@@ -144,7 +144,7 @@ def test_generate_identical(exported):
     ids = _tokens(4)
     prompts = [ids[0, :P], ids[1, :5]] if kind == "int8" else [ids[1, :6]]
     report = dal.generate_check(p, (pre, dec), prompts, steps=8)
-    assert report.identical, str(report)
+    assert report.identical and report.differ == 0, str(report)
     per_step = V + 4 * KV * D  # logits + 4 present tensors of one entry
     prefill = P * V + 4 * KV * P * D
     assert report.elements == len(prompts) * (prefill + 8 * per_step)
@@ -184,7 +184,7 @@ def test_wrong_cache_scale_caught(exported, tmp_path):
     bad = tmp_path / "bad.decode.onnx"
     onnx.save(proto, bad)
     report = dal.generate_check(p, (pre, bad), [_tokens(4)[0, :P]], steps=2)
-    assert report.first is not None and report.first.step == 1, str(report)
+    assert report.first is not None and report.first.step == 1 and report.differ > 0, str(report)
 
 
 def test_bad_inputs(exported):
