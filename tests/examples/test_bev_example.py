@@ -201,3 +201,16 @@ def test_qat_step_export_and_npu_equals_integer_model(exported):
     assert zp not in inits or inits[zp].data_type == TensorProto.INT16
     sess = dal.npu.load(proto, threads=1)
     assert_bit_exact(dal.convert(p), proto, sess, [scenes.images[:2], scenes.images[2:4]], "bev")
+
+
+def test_readme_bev_table_is_the_benchmark_output():
+    """README's BEV table is the one bench/bev.py wrote to bench/results/bev.md."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"<!-- bev-table -->\n(.*?)<!-- /bev-table -->", readme, flags=re.S)
+    assert found, "README.md has no <!-- bev-table --> block"
+    table = found.group(1).strip()
+    assert table.startswith("| model |")
+    assert table in (ROOT / "bench" / "results" / "bev.md").read_text(), \
+        "README's BEV table differs from bench/results/bev.md: re-run bench/bev.py --write"
