@@ -1,6 +1,6 @@
 """dal.export_decoder: a prepared causal LM -> a static-shape prefill graph and a decode graph.
 
-The contract is export/SPEC.md, section "Decoder graphs". In short (B batch, P prompt length,
+The contract is export/SPEC.md §5f (decoder graphs). In short (B batch, P prompt length,
 L cache length, kv KV heads, d head size, V vocabulary, n layers):
 
 prefill  inputs  ``input_ids [B, P] int64``, ``position_ids [B, P] int64``,
@@ -12,10 +12,11 @@ decode   inputs  ``input_ids [B, 1]``, ``position_ids [B, 1]``, ``attention_mask
 
 Every ``past_*`` / ``present_*`` tensor holds the codes of the layer's KV-cache quantizer (int8,
 uint8 or float8 element type) with that quantizer's scale and zero point: a ``past`` input feeds
-``DequantizeLinear(scale, zero_point)``; a ``present`` output is the quantizer's
-``QuantizeLinear`` output itself (no re-quantization). The host keeps the cache: it writes the
-prefill's P entries to slots ``0 .. P-1`` and each decode step's entry to the slot its position
-names, and masks the slots not written yet (:mod:`dal.verification.generate_check` does this).
+``DequantizeLinear(scale, zero_point)``; a prefill ``present`` output is the quantizer's
+``QuantizeLinear`` output itself, a decode one the new entry's codes (``QuantizeLinear`` of its
+dequantized value with the same scale and zero point: the same codes). The host keeps the
+cache: it writes the prefill's P entries to slots ``0 .. P-1`` and each decode step's entry to
+the slot its position names, and masks the slots not written yet (:mod:`dal.verification.generate_check` does this).
 """
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from typing import Optional, Union
 
 import onnx
 import torch
-from onnx import helper
 from torch import nn
 
 from .api import export_onnx
@@ -57,7 +57,8 @@ def causal_mask(valid: torch.Tensor, queries: int, decode: bool) -> torch.Tensor
 
 
 def example_inputs(model: nn.Module, prompt_len: int, cache_len: int, batch: int, decode: bool) -> tuple:
-    """Inputs of the step's shapes (values: a causal prompt at positions 0.., an empty cache)."""
+    """Inputs of a step's shapes (values: a causal prompt at positions 0.., an empty float cache),
+    for tracing :class:`DecoderStep`."""
     parts = decoder_parts(model)
     dev = next(model.parameters()).device
     if not decode:
@@ -129,7 +130,8 @@ def _codes_boundary(proto: onnx.ModelProto, n_layers: int, decode: bool) -> None
                 raise ExportError(f"export_decoder: past input {inp.name} reaches no KV-cache QuantizeLinear")
             codes = graph.fresh(f"{inp.name}.codes")
             # first: Graph's liveness pass walks the node list backwards, producers before consumers
-            deq = graph.make_node("DequantizeLinear", [codes, q.input[1], q.input[2]], [inp.name], f"{inp.name}.dequantize")
+            deq = graph.make_node("DequantizeLinear", [codes, q.input[1], q.input[2]], [inp.name],
+                                  f"{inp.name}.dequantize")
             deq.attribute.extend(_axis_of(q))
             graph.nodes.insert(0, deq)
             inp.name = codes

@@ -110,10 +110,11 @@ def generate_check(model: nn.Module, onnx_paths: Sequence, prompts: Sequence, st
     """
     pre_path, dec_path = (str(p) for p in onnx_paths)
     pre, dec = onnx.load(pre_path), onnx.load(dec_path)
-    prompt_len, cache_len = int(_meta(pre, "dal.decoder.prompt_len", pre_path)), int(_meta(dec, "dal.decoder.cache_len", dec_path))
-    if _meta(pre, "dal.decoder.batch", pre_path) != "1":
-        raise ValueError(f"generate_check: {pre_path} was exported for batch {_meta(pre, 'dal.decoder.batch', pre_path)}; "
-                         "export with batch=1")
+    prompt_len = int(_meta(pre, "dal.decoder.prompt_len", pre_path))
+    cache_len = int(_meta(dec, "dal.decoder.cache_len", dec_path))
+    batch = _meta(pre, "dal.decoder.batch", pre_path)
+    if batch != "1":
+        raise ValueError(f"generate_check: {pre_path} was exported for batch {batch}; export with batch=1")
     steps = int(steps)
     prompts = [torch.as_tensor(p, dtype=torch.long).reshape(-1) for p in prompts]
     for i, p in enumerate(prompts):
