@@ -192,7 +192,7 @@ def export_decoder(model: nn.Module, path_prefix: Union[str, os.PathLike], *, pr
     """Export a calibrated / trained causal LM as two static-shape QDQ graphs; return their paths
     ``(<path_prefix>.prefill.onnx, <path_prefix>.decode.onnx)``.
 
-    Inputs and outputs are in the module docstring and export/SPEC.md ("Decoder graphs"). Both
+    Inputs and outputs are in the module docstring and export/SPEC.md §5f. Both
     files otherwise follow :func:`dal.export_onnx`'s contract (blocked INT4 weights, QDQ
     activations, FP16 islands, metadata); ``dal.decoder.*`` metadata records P, L, batch and the
     layer count. Needs ``replace: [npu_attention]`` and a ``kv_cache`` rule with an integer or FP8
