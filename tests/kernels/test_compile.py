@@ -196,3 +196,34 @@ def test_lsq_model_compiles_and_is_the_eager_step():
                 for p in m.parameters():
                     if p.grad is not None:
                         p -= 0.01 * p.grad
+
+
+def test_observing_step_is_one_op_per_quantizer():
+    """Under torch.compile each observing quantizer's QAT step is one dal::observe_fake_quantize_
+    (dal.quantizer_ops.COMPILED_FORM["observe"] == "fused"): the traced graphs call it once per
+    quantizer and neither dal::minmax_qparams nor dal::fake_quantize; the step's bits are the eager
+    step's (test_inductor_quantizer_step, test_compiled_step_is_the_eager_step)."""
+    from dal.formats import per_channel
+    from dal.quantizer import FakeQuantizer
+    from dal.quantizer_ops import COMPILED_FORM
+    assert COMPILED_FORM["observe"] == "fused"
+    torch._dynamo.reset()
+    act = FakeQuantizer("uint8", symmetric=False, observer="moving_average")
+    wq = FakeQuantizer("int8", per_channel(0))
+    mod = _QuantizersOnly(act, wq, torch.randn(8, 16))
+    mod(torch.randn(8, 16))
+    for q in (act, wq):
+        q.end_observation("quantize")
+    mod.train()
+    called = []
+
+    def backend(gm, example_inputs):
+        for sub in gm.modules():
+            if isinstance(sub, torch.fx.GraphModule):
+                called.extend(str(n.target) for n in sub.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch.compile(mod, backend=backend, fullgraph=True)(torch.randn(8, 16).requires_grad_()).sum().backward()
+    ops = [c for c in called if c.startswith("dal.")]
+    assert ops.count("dal.observe_fake_quantize_.default") == 2, ops
+    assert not [c for c in ops if "minmax_qparams" in c or "fake_quantize.default" in c], ops
