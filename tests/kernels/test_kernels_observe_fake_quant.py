@@ -193,3 +193,29 @@ def test_opcheck():
                         torch.zeros(n, dtype=torch.int32)]
                 torch.library.opcheck(torch.ops.dal.observe_fake_quantize_.default,
                                       (x * 2, *bufs, c, "uint8", False, False, None, axis, 0, need))
+
+
+@pytest.mark.parametrize("axis,block", [(1, 5), (1, 0)], ids=["per_group", "per_channel_axis1"])
+def test_groups_and_inner_channels_equal_generic(axis, block):
+    """Per group (blocks of 5 along the last axis, an LLM weight's int4 groups) and per channel on an
+    inner axis (no C++ step: the three ops' CPU forms): the CPU op equals the device-generic one and
+    numpy's running min / max of each block."""
+    rng = np.random.default_rng(9)
+    x = torch.from_numpy(rng.normal(0, 2, (6, 10)).astype(np.float32))
+    n = 6 * 10 // block if block else 10
+    shape = (6, 2) if block else (10,)
+    outs = []
+    for cpu in (True, False):
+        bufs = [torch.full(shape, -0.5), torch.full(shape, 0.5), torch.tensor(1), torch.tensor(0), torch.ones(shape),
+                torch.zeros(shape, dtype=torch.int32)]
+        args = (x, *bufs, 0.0, "int4", True, False, None, axis, block, True)
+        y, m = OFQ.observe_fake_quantize_(*args) if cpu else OFQ.composite(*args, cpu=False)
+        outs.append((y, m, bufs))
+    (y1, m1, b1), (y2, m2, b2) = outs
+    assert_bits_equal(y1, y2)
+    assert torch.equal(m1, m2) and all(torch.equal(a, b) for a, b in zip(b1, b2))
+    blocks = x.numpy().reshape(6, 2, 5) if block else x.numpy().T
+    red = 2 if block else 1
+    assert b1[0].numel() == n
+    np.testing.assert_array_equal(b1[0].numpy().reshape(-1), np.minimum(blocks.min(axis=red), -0.5).reshape(-1))
+    np.testing.assert_array_equal(b1[1].numpy().reshape(-1), np.maximum(blocks.max(axis=red), 0.5).reshape(-1))
