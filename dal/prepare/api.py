@@ -56,9 +56,11 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
             has no engine for (report status "host": nonzero, integer compares, cumsum, ...).
 
     Forwards: with ``example_inputs``, prepare runs the model twice — once in float before any
-    change (so bad inputs are named before anything is touched) and once after the swap with
-    every quantizer off (to find the modules that never run and the output producers) — plus
-    the forwards operator replacement makes to validate its swaps. Without them, none.
+    change (so bad inputs are named before anything is touched; the same forward finds the call
+    sites of forwards fx cannot trace) and once after the swap with every quantizer off (to find
+    the modules that never run and the output producers) — plus the forwards operator
+    replacement makes to validate its swaps, and a detector's zero batch (below). Without them,
+    none but that zero batch (``bench/prepare.py`` counts them).
 
     Forwards torch.fx cannot trace (FeaturePyramidNetwork, heads over a list of levels) have their
     ``+ * @ cat`` quantized and every other op listed by call site (``call_sites``: one example
@@ -84,17 +86,20 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     hw_name = hardware if hardware is not None else rec.hardware
     hw = load_hardware(hw_name) if hw_name is not None else None
     model = model if inplace else copy.deepcopy(model)
+    checked = example_inputs is None
     if example_inputs is not None:
         example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
-        _check_example_inputs(model, example_inputs)
+        if rec.replace or any(r.replace for r in rec.rules):  # replacement changes the model: check first
+            _check_example_inputs(model, example_inputs)
+            checked = True
     report = PrepareReport(recipe=rec.name, hardware=getattr(hw, "name", str(hw_name)))
     model = _replace_operators(model, rec, hw, example_inputs, report)
     # position: first / last rules (the first conv, the classifier) become rules by name.
     rec = rec.bind_positions((n, float_type_name(m), c if (c := op_class_of(m)) in HW_OP_CLASSES else None)
                              for n, m in model.named_modules() if n)
     resolve = _resolver(rec)
-    cap = capture(model)
-    site_plan, site_notes = capture_sites(model, cap, resolve, example_inputs)
+    cap = capture(model)  # changes nothing (fx traces each forward; dal.nn.own_forward)
+    site_plan, site_notes = _sites(model, cap, resolve, example_inputs, checked)
     plan = host_steps(model, build_plan(model, cap, resolve, site_plan))
     if hw is not None:
         plan = check_plan(plan, rec, hw, model)
@@ -114,6 +119,25 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
         freeze_all_but_quantizers(model)
     attach(model, Prepared(rec, hw, report, plan))
     return model
+
+
+def _sites(model, cap, resolve, example_inputs, checked: bool):
+    """``capture_sites`` with at most one float forward on the example inputs before apply: the
+    call-site discovery runs them only when some forward did not trace (``cap.untraced``), and then
+    it is also the check of the inputs (on failure a plain float forward names them, nothing
+    changed yet); otherwise, or for a detector (discovered on its own zero batch), the check is
+    its own forward. So prepare with ``example_inputs`` makes two forwards of the model (this one
+    and ``_after_example_forward``), plus a detector's zero batch and operator replacement's."""
+    discover_on = example_inputs if cap.untraced else None
+    if not checked and (discover_on is None or is_detector(model)):
+        _check_example_inputs(model, example_inputs)
+        checked = True
+    try:
+        return capture_sites(model, cap, resolve, discover_on)
+    except Exception:
+        if not checked:
+            _check_example_inputs(model, example_inputs)  # raises naming the inputs if they are at fault
+        raise
 
 
 def _resolver(rec):

@@ -1,0 +1,63 @@
+"""How many forwards of the model prepare_qat makes (issue 41: at most 2 with example inputs).
+
+Counted by the test, not by dal: the model's first module is a probe that counts its calls
+(a parameterless user module with nothing to quantize, so prepare keeps the same object)."""
+import pytest
+import torch
+from torch import nn
+
+import dal
+from dal.zoo import MnistCNN
+
+
+class Probe(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        # prepare's activation recogniser (dal.prepare.whole_modules) also runs a parameterless
+        # module alone, on a (1, 1, N) ramp: that is no forward of the model
+        self.calls += x.dim() == 4
+        return x
+
+
+class Untraceable(nn.Module):
+    """A forward torch.fx cannot trace (a branch on a tensor's value): its + is found by call site."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv1(x)
+        if y.abs().sum() >= 0:
+            y = y + self.conv2(y)
+        return y
+
+
+@pytest.mark.parametrize("make", [MnistCNN, Untraceable], ids=["traceable", "untraceable"])
+@pytest.mark.parametrize("with_inputs", [True, False], ids=["example_inputs", "none"])
+def test_prepare_makes_at_most_two_forwards(make, with_inputs):
+    probe = Probe()
+    model = nn.Sequential(probe, make())
+    x = torch.randn(2, 1, 28, 28)
+    q = dal.prepare_qat(model, "int8_balanced", hardware="a2000", example_inputs=(x,) if with_inputs else None)
+    assert any(m is probe for m in q.modules())
+    assert probe.calls == (2 if with_inputs else 0)
+    rows = {r.name: r for r in dal.prepared(q).report.rows}
+    if make is Untraceable and with_inputs:  # the one forward before apply also found the call site
+        assert [r.status for n, r in rows.items() if ".dal_sites.add" in n] == ["quantized"]
+    q.eval()
+    probe.calls = 0
+    with torch.no_grad():
+        q(x)
+    assert probe.calls == 1
+
+
+def test_bad_example_inputs_are_named_when_the_forward_is_the_call_site_discovery():
+    model = Untraceable()
+    with pytest.raises(ValueError, match=r"float model fails on example_inputs \[\(2, 3, 28, 28\)\] "
+                                         r"\(nothing was changed\)"):
+        dal.prepare_qat(model, "int8_balanced", hardware="a2000", example_inputs=(torch.randn(2, 3, 28, 28),))
+    assert type(model.conv1) is nn.Conv2d
