@@ -76,3 +76,23 @@ def test_quantize_of_a_float64_tensor_is_refused_naming_the_quantizer_and_the_or
         check_no_float64_quantize(proto)
     proto.graph.node[0].attribute[0].i = TensorProto.FLOAT  # float32 all the way: nothing to refuse
     check_no_float64_quantize(proto)
+
+
+class _Float64Add(torch.nn.Module):
+    """A quantized add whose inputs the model itself computes in float64."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        return (self.conv(x).double() + torch.arange(8, dtype=torch.float64) / 8).float()
+
+
+def test_export_of_a_model_quantizing_float64_is_refused_by_name():
+    import dal
+    x = torch.randn(1, 3, 8, 8)
+    p = dal.prepare_qat(_Float64Add(), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    dal.calibrate(p, [x], progress=False)
+    with pytest.raises(ExportError, match=r"add\.input_quants\.0: its input .* is float64; float64 starts at /model/Cast \(Cast\)"):
+        dal.export_onnx(p, (x,))
