@@ -13,7 +13,9 @@ every forward of the model passes through and that prepare does not replace (Res
 the prepared model), and one on the root. Phases are timed, and their forwards counted, by
 wrapping the functions ``dal.prepare.api`` calls (installed here, for the run only).
 
-    python bench/prepare.py [--reps 3]      # writes bench/results/prepare.md
+    python bench/prepare.py [--reps 3]      # prints the table and the phases
+    python bench/prepare.py --write         # also writes them to bench/results/prepare.md (which
+                                            # holds the before / after run and its reading)
 """
 from __future__ import annotations
 

@@ -86,12 +86,7 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     hw_name = hardware if hardware is not None else rec.hardware
     hw = load_hardware(hw_name) if hw_name is not None else None
     model = model if inplace else copy.deepcopy(model)
-    checked = example_inputs is None
-    if example_inputs is not None:
-        example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
-        if rec.replace or any(r.replace for r in rec.rules):  # replacement changes the model: check first
-            _check_example_inputs(model, example_inputs)
-            checked = True
+    example_inputs, checked = _inputs_checked_first(model, rec, example_inputs)
     report = PrepareReport(recipe=rec.name, hardware=getattr(hw, "name", str(hw_name)))
     model = _replace_operators(model, rec, hw, example_inputs, report)
     # position: first / last rules (the first conv, the classifier) become rules by name.
@@ -119,6 +114,19 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
         freeze_all_but_quantizers(model)
     attach(model, Prepared(rec, hw, report, plan))
     return model
+
+
+def _inputs_checked_first(model, rec, example_inputs) -> tuple:
+    """``(example inputs as a tuple or None, checked)``: a recipe with ``replace:`` rules changes
+    the model before the capture, so its inputs are checked by a float forward first; otherwise
+    the check waits for :func:`_sites`, which may combine it with the call-site discovery."""
+    if example_inputs is None:
+        return None, True
+    example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+    if rec.replace or any(r.replace for r in rec.rules):
+        _check_example_inputs(model, example_inputs)
+        return example_inputs, True
+    return example_inputs, False
 
 
 def _sites(model, cap, resolve, example_inputs, checked: bool):
