@@ -38,6 +38,7 @@ from ..nn.norm import QBatchNorm2d
 from .accumulate import chunk_bounds, conv_exact, limit, linear_exact, refuse_int32_overflow
 from .errors import ConvertError
 from .fp16_region import half_dtype, half_forward
+from .matmul_f64 import matmul_f64
 from .probe import GroupPlan
 from .requant import FixedPoint
 from .wrapped import WrapsModule
@@ -174,7 +175,7 @@ class IntegerLayer(WrapsModule):
             if self.b_dq is not None:
                 y = y + self.b_dq.reshape(1, -1, 1, 1)
         else:
-            y = torch.matmul(xd.double(), self.w_dq.double().t()).float()
+            y = matmul_f64(xd, self.w_dq.t()).float()  # dal.npu's summation order (matmul_f64.py)
             if self.b_dq is not None:
                 y = y + self.b_dq
         y = apply_activation(y, self.qat.activation)

@@ -1,0 +1,24 @@
+"""A float-island MatMul (export/SPEC.md §5a) summed in the order dal.npu sums it.
+
+§5a's float island MatMul is ``T(sum_k float64(x[k]) * float64(w[k, n]))``: the products are exact
+in float64, the sum is not, and its order was left to each engine (torch's float64 kernel here,
+numpy's in dal.npu). Where the products cancel, the two orders can round the float32 result
+apart: seen on a decoder's ``lm_head`` (its logits are a graph output, every bit compared): 1 logit
+of ~270k per 10 x 64-step generation run (dal.export_decoder, tests/llm_npu). dal.npu computes
+``np.matmul(float64(x), float64(W))`` with ``x [..., K]`` and the dequantized weight ``W [K, N]``
+C-contiguous; the same numpy routine on operands of the same shapes and layout performs the same
+operations in the same order, so the integer model calls it too (as ``attention.exp_f32`` does for
+``exp``). Values go through the CPU (and back to ``x``'s device).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def matmul_f64(x: torch.Tensor, w_kn: torch.Tensor) -> torch.Tensor:
+    """``x [..., K] @ w_kn [K, N]`` in float64 as dal.npu's MatMul computes it (numpy's float64
+    matmul of C-contiguous operands), unrounded (float64), on ``x``'s device."""
+    a = np.ascontiguousarray(x.detach().to("cpu", torch.float64).numpy())
+    b = np.ascontiguousarray(w_kn.detach().to("cpu", torch.float64).numpy())
+    return torch.from_numpy(np.matmul(a, b)).to(x.device)
