@@ -281,14 +281,6 @@ def _split(ctx, ins, a):
     return [np.take(x, np.arange(b, e), axis=axis) for b, e in zip(bounds[:-1], bounds[1:])]
 
 
-@op("Gather")
-def _gather(ctx, ins, a):
-    x, idx = ins
-    axis = a.get("axis", 0)
-    idx = np.where(idx < 0, idx + x.shape[axis], idx)
-    return [np.take(x, idx, axis=axis)]
-
-
 @op("Shape")
 def _shape(ctx, ins, a):
     s = np.array(ins[0].shape, dtype=np.int64)
@@ -318,7 +310,8 @@ def _cast(ctx, ins, a):
         x = np.where(np.isnan(x), x, np.clip(x, -fmax, fmax))
     elif {x.dtype, to} == _HALF_PAIR and x.size >= 4096:
         return [_torch_cast(x, to)]
-    return [x.astype(to)]
+    with np.errstate(over="ignore"):  # IEEE: a finite value past the type's range becomes +-inf, as ONNX Cast says
+        return [x.astype(to)]
 
 
 #: float32 <-> float16, the Casts of every FP16 island and region
@@ -432,19 +425,3 @@ def _pad(ctx, ins, a):
     if mode in ("reflect", "edge"):
         return [np.pad(x, width, mode=mode)]
     raise UnsupportedNode(ctx.node, [x.dtype], f"Pad mode {mode!r}")
-
-
-@op("ScatterND")
-def _scatter_nd(ctx, ins, a):
-    """ONNX ScatterND, reduction "none" (what torch emits for in-place index assignment)."""
-    data, indices, updates = ins
-    if a.get("reduction", "none") != "none":
-        raise UnsupportedNode(ctx.node, [data.dtype], f"ScatterND reduction {a.get('reduction')!r}")
-    out = np.array(data, copy=True)
-    idx = np.asarray(indices).astype(np.int64)
-    k = idx.shape[-1]
-    flat_idx = idx.reshape(-1, k)
-    flat_upd = np.asarray(updates).reshape((flat_idx.shape[0],) + out.shape[k:])
-    for i in range(flat_idx.shape[0]):
-        out[tuple(flat_idx[i])] = flat_upd[i]
-    return [out]
