@@ -53,15 +53,15 @@ MUTATED = ("min_val", "max_val", "batches_seen", "nonfinite_count", "scale", "ze
 def composite(x, min_val, max_val, batches_seen, nonfinite_count, scale, zero_point, averaging_constant: float,
               fmt: str, symmetric: bool, narrow_range: bool, power_of_two: Optional[str], axis: Optional[int],
               block_size: int, need_mask: bool, cpu: bool):
-    """The op's definition (module docstring), by the three ops' CPU implementations (``cpu``) or
-    their device-generic ones."""
-    observe = observer_update._cpu if cpu else observer_update.generic
+    """The op's definition (module docstring), by the three ops (``cpu``: dispatched, so on the CPU their
+    CPU implementations) or their device-generic implementations."""
+    observe = observer_update.observe_minmax_ if cpu else observer_update.generic
     observe(x, min_val, max_val, batches_seen, nonfinite_count, averaging_constant, axis, block_size)
     s, z = minmax_qparams(min_val, max_val, fmt, symmetric, narrow_range, power_of_two)
     scale.copy_(s)
     zero_point.copy_(z)
     mode, qmin, qmax = op_format_args(fmt, narrow_range)
-    run = fake_quant._cpu if cpu else fake_quant.generic
+    run = fake_quant.fake_quantize_op if cpu else fake_quant.generic
     return run(x, s, z, float(qmin), float(qmax), axis, block_size, mode, need_mask)
 
 
