@@ -92,6 +92,26 @@ def check_grid(path: str, x: torch.Tensor, grid: torch.Tensor) -> None:
         raise ValueError(f"{path or 'grid_sample'}: grid must be a float tensor, got {grid.dtype}")
 
 
+class SharedRequant(torch.nn.Module):
+    """The output requantization of a layer whose output has its input's scale and zero point (no
+    output observer): ``forward(y, q) = fake_quantize(y, q.fmt, s, zp)`` with the quantizer ``q``'s
+    current (effective) scale and zero point, ``q`` the owner's sibling quantizer named
+    ``shares_calls_of``. It never observes and holds no state (the state_dict is unchanged). A
+    module so that dal.verify can hook it: its calls are that quantizer's further calls in the
+    exported file (``<owner>.<shares_calls_of>/QuantizeLinear_1``, ...), in call order."""
+
+    def __init__(self, shares_calls_of: str):
+        super().__init__()
+        self.shares_calls_of = shares_calls_of
+
+    def forward(self, y: torch.Tensor, q: FakeQuantizer) -> torch.Tensor:
+        scale, zero_point = q.effective_qparams()
+        return fake_quantize(y, q.fmt, scale, zero_point, q.granularity, q.narrow_range, check=False)
+
+    def extra_repr(self) -> str:
+        return f"shares_calls_of={self.shares_calls_of!r}"
+
+
 class QGridSample(QATModule):
     """``F.grid_sample`` with an int8 / uint8 input, an int16 grid and the input's scale on the
     output (module doc). ``mode`` bilinear or nearest, ``padding_mode`` zeros or border, both
@@ -114,6 +134,7 @@ class QGridSample(QATModule):
         in_spec, _, _ = role_specs(spec)
         self.input_quant = make_quantizer(in_spec, None, f"{name}.input_quant", force_per_tensor=True)
         self.grid_quant = GridQuantizer(f"{name}.grid_quant")
+        self.output_requant = SharedRequant("input_quant")  # the output on the input's scale (module doc)
 
     @classmethod
     def from_spec(cls, spec=None, name: str = "", **kwargs):
@@ -131,8 +152,7 @@ class QGridSample(QATModule):
             return y
         if torch.onnx.is_in_onnx_export() or not q.fmt.is_scaled:
             return q(y)  # the exporter's placeholder (Q/DQ with the input's scale), or an FP16 cast: no observer
-        scale, zero_point = q.effective_qparams()
-        return fake_quantize(y, q.fmt, scale, zero_point, q.granularity, q.narrow_range, check=False)
+        return self.output_requant(y, q)
 
     def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
         check_grid(self.qat_name, x, grid)

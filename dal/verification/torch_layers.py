@@ -56,6 +56,18 @@ def _wrapper_prefix(modules: dict, points: dict) -> str:
     return found[0] if len(found) == 1 else ""
 
 
+def _sharers(modules: dict) -> dict[str, list[torch.nn.Module]]:
+    """``{quantizer path: [modules]}`` for modules that requantize with a sibling quantizer's scale and
+    zero point without calling it (``shares_calls_of``, e.g. dal.nn.grid_sample.SharedRequant): the
+    exporter writes their calls as that quantizer's further calls, so they count with its own."""
+    found: dict[str, list] = {}
+    for path, mod in modules.items():
+        sibling = getattr(mod, "shares_calls_of", None)
+        if isinstance(sibling, str) and path:
+            found.setdefault(f"{path.rpartition('.')[0]}.{sibling}".lstrip("."), []).append(mod)
+    return found
+
+
 def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, inputs: tuple,
                          file_values: dict, feed: Optional[dict] = None,
                          requantizer: Optional[dict] = None) -> list[LayerParity]:
@@ -63,7 +75,8 @@ def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, i
     integer tensors, by name), torch teacher-forced to the file's values as it runs. Each row's
     differing codes are judged (layer_verdict.judge_codes: near-ties or failures, from the NPU's
     codes and ``feed``, the graph inputs), its ``layer`` named and its ``cosine`` (float64, of the
-    dequantized tensors) given."""
+    dequantized tensors) given. A module sharing a quantizer's calls (:func:`_sharers`) is hooked with
+    it, one count of calls for both, so its output is compared and pinned like the quantizer's."""
     from .layer_verdict import dequantized_cosine, judge_codes, layer_of
     from .near_tie import LayerEvaluator
     from .onnx_tools import producers
@@ -74,6 +87,7 @@ def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, i
     modules = dict(torch_model.named_modules())
     by_quantizer = activation_points(model)
     prefix = _wrapper_prefix(modules, by_quantizer)
+    sharers = _sharers(modules)
     rows: list[LayerParity] = []
     hooks = []
     for qname, points in by_quantizer.items():
@@ -106,7 +120,7 @@ def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, i
             rows.append(row)
             forced = ((theirs - zp).astype(np.float32) * np.float32(scale)).astype(np.float32)
             return torch.from_numpy(forced).to(device=out.device, dtype=out.dtype)
-        hooks.append(mod.register_forward_hook(hook))
+        hooks += [m.register_forward_hook(hook) for m in [mod] + sharers.get(prefix + qname, [])]
     try:
         with eval_mode(torch_model), torch.no_grad():
             torch_model(*inputs)
