@@ -35,6 +35,8 @@ Everything here is computed in float64 from the integer codes both engines were 
              Softmax over ``n``: ``1.01 y expm1(2 max e + 10 u + u |x - max x| + gamma_{n+1})``;
              GridSample: near_tie_smooth.grid_sample_bound (the coordinate's error times the slope);
              ReduceSum over ``n`` terms: ``sum(e) + gamma_n sum(|x| + e)``;
+             LayerNormalization: near_tie_smooth.layer_norm_bound (inputs' errors through ``d / sigma``,
+             the mean's, variance's, sqrt's and division's rounding, then ``* scale + bias``);
            * Cast to float16 / float32: ``e + 2^-11 |v|`` / ``e + u |v|``;
 
            then the output quantizer's float32 division: ``E_float = e / s_y + 2 u |v - zp_y|``.
@@ -287,6 +289,10 @@ class LayerEvaluator:
 
             axes = self._int_value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
             return reduce_sum_bound(node, a, axes)
+        if op == "LayerNormalization":  # near_tie_smooth.layer_norm_bound states the bound
+            from .near_tie_smooth import layer_norm_bound
+
+            return layer_norm_bound(node, a, ins[1], ins[2] if len(ins) > 2 else None)
         if op == "GridSample":  # near_tie_smooth.grid_sample_bound states the bound
             from .near_tie_smooth import grid_sample_bound
 

@@ -3,7 +3,8 @@
 Each returns the op's value in float64 and an absolute bound on how far a float32 engine's result
 can be from it, given the inputs' own bounds ``e`` (``u = 2^-24``): the function's change over
 the input's error interval, plus 8 ulp of the result for a vectorised float32 implementation
-(module docstring of near_tie.py lists the formulas). GridSample: :func:`grid_sample_bound`.
+(module docstring of near_tie.py lists the formulas). GridSample: :func:`grid_sample_bound`;
+LayerNormalization: :func:`layer_norm_bound`.
 """
 from __future__ import annotations
 
@@ -98,3 +99,60 @@ def reduce_sum_bound(node, a: Exact, axes) -> Exact:
     def total(t):
         return t.sum(dim=dims, keepdim=keep)
     return Exact(total(a.v), total(a.e) + gamma(max(n, 1)) * total(a.v.abs() + a.e), total(a.mag))
+
+
+def layer_norm_bound(node, x: Exact, scale: Exact, bias) -> Exact:
+    """LayerNormalization (opset >= 17; export/SPEC.md §5a) in float64,
+    ``y = d / sigma * scale + bias``, ``d = x - mean(x)``, ``sigma = sqrt(mean(d^2) + eps)`` over the
+    ``N`` normalized elements, and a float32 bound for an engine that computes the mean as an ``N``-term
+    sum, the variance by two passes ``mean(d^2)``, by one pass ``mean(x^2) - mean^2`` or by Welford
+    updates, then ``sqrt``, a division (or a reciprocal and a product), ``* scale`` and ``+ bias``
+    (``a = |x| + e``, ``u = 2^-24``):
+
+    * the inputs' own errors ``e``: ``d`` moves by at most ``e_j + mean(e)``, and ``sigma`` (1-Lipschitz
+      in ``d / sqrt(N)``, ``d`` an orthogonal projection of ``x``) by at most ``e2 = sqrt(mean(e^2))``;
+    * rounding: the mean ``dm = gamma_{N+1} mean(a)``; each ``d_j`` ``dd_j = dm + u (|d_j| + e_j + mean(e) + dm)``;
+      the variance ``dV = gamma_{3N+8} mean(a^2) + u (V + eps)`` (two-pass: ``2 mean|d| dd + gamma_{N+2}
+      mean(d^2)``; one-pass: ``gamma_{N+1} mean(x^2) + 2 |m| dm + u m^2``; Welford: ``N u kappa V`` with
+      ``kappa^2 = mean(x^2) / V``, Chan, Golub & LeVeque 1983: each at most ``gamma_{3N+8} mean(a^2)``);
+    * ``|sigma_hat - sigma| <= S = e2 + min(sqrt(dV), dV / (sigma - e2)) + u (sigma + ...)`` (the ``sqrt``'s
+      rounding), ``sigma_lo = (sigma - S)(1 - u)`` > 0 or no bound;
+    * ``dz = (e_j + mean(e) + dd_j) / sigma_lo + |d_j| S / (sigma sigma_lo) + 2 u (|d_j| + e_j + mean(e) + dd_j) / sigma_lo``;
+    * ``e_y = |s| dz + e_s (|z| + dz) + e_b + 2 u (1 + u) ((|s| + e_s)(|z| + dz) + |b| + e_b)``.
+
+    dal.npu computes ``d / sigma`` in float64 and rounds it once, then ``* scale + bias`` in float32
+    (three roundings, inside ``e_y``)."""
+    axis = int(attr(node, "axis", -1)) % x.v.dim()
+    eps = float(attr(node, "epsilon", 1e-5))
+    dims = tuple(range(axis, x.v.dim()))
+    n = int(np.prod([x.v.shape[d] for d in dims]))
+
+    def mean(t):
+        return t.mean(dim=dims, keepdim=True)
+    d = x.v - mean(x.v)
+    var = mean(d * d)
+    sigma = (var + eps).sqrt()
+    a = x.v.abs() + x.e
+    e_mean = mean(x.e)
+    e2 = mean(x.e * x.e).sqrt()
+    dm = gamma(n + 1) * mean(a)
+    dd = dm + U * (d.abs() + x.e + e_mean + dm)
+    dv = gamma(3 * n + 8) * mean(a * a) + U * (var + eps)
+    room = sigma - e2
+    if not bool((room > 0).all()):
+        raise NoBound(f"{node.name} (LayerNormalization): the inputs' error bound reaches the spread (sigma)")
+    s_err = e2 + torch.minimum(dv.sqrt(), dv / room)
+    s_err = s_err + U * (sigma + s_err)
+    sigma_lo = (sigma - s_err) * (1 - U)
+    if not bool((sigma_lo > 0).all()):
+        raise NoBound(f"{node.name} (LayerNormalization): sigma's float32 error bound reaches 0")
+    z = d / sigma
+    moved = x.e + e_mean + dd
+    dz = moved / sigma_lo + d.abs() * s_err / (sigma * sigma_lo) + 2 * U * (d.abs() + moved) / sigma_lo
+    b_v = bias.v if bias is not None else torch.zeros((), dtype=torch.float64)
+    b_e = bias.e if bias is not None else torch.zeros((), dtype=torch.float64)
+    v = z * scale.v + b_v
+    s_abs = scale.v.abs() + scale.e
+    e = (scale.v.abs() * dz + scale.e * (z.abs() + dz) + b_e
+         + 2 * U * (1 + U) * (s_abs * (z.abs() + dz) + b_v.abs() + b_e))
+    return Exact(v, e, s_abs * (z.abs() + 1) + b_v.abs() + b_e)
