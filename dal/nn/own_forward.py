@@ -15,6 +15,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from .frozen_bn import is_frozen_batchnorm
 from .norm_act import is_norm_act
 
 RELU_FUNCTIONS = {F.relu, torch.relu}
@@ -190,6 +191,7 @@ class ConvBnPattern:
     bn: str
     relu_node: Optional[fx.Node]
     nodes: tuple = field(default=())
+    frozen: bool = False  # the BN is a frozen BatchNorm (frozen_bn.py), recognised by what it computes
 
 
 def _is_relu(node: fx.Node, modules: dict) -> bool:
@@ -202,7 +204,8 @@ def _is_relu(node: fx.Node, modules: dict) -> bool:
 
 def find_conv_bn(graph: fx.Graph, mod: nn.Module) -> list[ConvBnPattern]:
     """Conv2d -> BatchNorm2d (-> ReLU) chains where each link has a single user and each
-    module is called exactly once in this forward."""
+    module is called exactly once in this forward; a frozen BatchNorm (``frozen_bn.py``: found by
+    what it computes, e.g. torchvision's FrozenBatchNorm2d) in the BN's place is one too."""
     modules = dict(mod.named_modules())
     calls: dict[str, int] = {}
     for n in graph.nodes:
@@ -215,14 +218,15 @@ def find_conv_bn(graph: fx.Graph, mod: nn.Module) -> list[ConvBnPattern]:
         user = next(iter(n.users))
         bn = modules.get(user.target) if user.op == "call_module" else None
         act_inside = is_norm_act(bn)
-        if not (folds_as_batchnorm(bn) or act_inside):
-            continue
-        if user.args[0] is not n or calls[n.target] != 1 or calls[user.target] != 1:
+        if bn is None or not user.args or user.args[0] is not n or calls[n.target] != 1 or calls[user.target] != 1:
+            continue  # (checked first: recognising a frozen BN runs its forward once on a probe)
+        frozen = not (folds_as_batchnorm(bn) or act_inside) and is_frozen_batchnorm(bn)
+        if not (folds_as_batchnorm(bn) or act_inside or frozen):
             continue
         relu = None
         if len(user.users) == 1 and not act_inside:
             nxt = next(iter(user.users))
             if _is_relu(nxt, modules) and nxt.args[0] is user:
                 relu = nxt
-        found.append(ConvBnPattern(n.target, user.target, relu, (n, user)))
+        found.append(ConvBnPattern(n.target, user.target, relu, (n, user), frozen))
     return found

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
+from ..nn.conv_frozen_bn import QConvFrozenBn2d, QConvFrozenBnReLU2d
 from ..nn.norm import FP16_NORMS, QBatchNorm2d
 from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_act
 from ..nn.registry import QAT_MODULES, registry_type
@@ -117,6 +118,8 @@ def keep_attributes(gm: nn.Module, mod: nn.Module) -> nn.Module:
 def _fuse(mod: nn.Module, graph, nodes: dict, step: Step) -> None:
     conv, bn = mod.get_submodule(step.node), mod.get_submodule(step.bn)
     cls = QConvBnReLU2d if step.relu else QConvBn2d
+    if step.built.startswith("QConvFrozenBn"):  # a frozen BatchNorm (plan.py, dal.nn.frozen_bn)
+        cls = QConvFrozenBnReLU2d if step.relu else QConvFrozenBn2d
     if is_norm_act(bn):  # timm's BatchNormAct2d: the BN folds, drop + act stay at their paths
         set_submodule(mod, step.node, cls.from_float(conv, bare_batchnorm(bn), step.spec, step.path))
         set_submodule(mod, step.bn, ActAfterFold(bn))

@@ -8,8 +8,8 @@ planned, and the failure is a note. The graphs are kept for ``apply``, which rew
 A :class:`Step` has an ``action``:
 
 * ``quantize`` — swap for the registered QAT module; ``fuse`` — Conv2d + BatchNorm2d (+ ReLU)
-  into one QConvBn2d; ``functional`` — ``+``, ``*``, ``@``, ``cat`` in a traced forward get a
-  QAdd / QMul / QMatMul / QCat;
+  into one QConvBn2d (a frozen BatchNorm, ``dal.nn.frozen_bn``: QConvFrozenBn2d); ``functional``
+  — ``+``, ``*``, ``@``, ``cat`` in a traced forward get a QAdd / QMul / QMatMul / QCat;
 * ``ready-made`` — already a QAT module (operator replacement, or the user's);
 * ``passthrough`` — exact on integer codes (ReLU, max pool, reshape, ...);
 * ``fp16`` — a normalisation (GroupNorm, InstanceNorm2d) run in FP16 on hardware with an FP16
@@ -128,9 +128,10 @@ def build_plan(model: nn.Module, cap: Capture, resolve, extra: tuple = ()) -> li
             relu = pat.relu_node is not None
             # the report names every module a fused chain absorbs (a ReLU module by its path)
             act = f" ({prefix + pat.relu_node.target})" if relu and pat.relu_node.op == "call_module" else ""
+            kind = "FrozenBn" if pat.frozen else "Bn"  # a frozen BN: found by what it computes (nn/frozen_bn.py)
             steps.append(Step(conv, "Conv2d", "conv", "fuse", spec, f"fused with {prefix + pat.bn}"
-                              + (f" + relu{act}" if relu else ""), owner, pat.conv, pat.bn, relu,
-                              built="QConvBnReLU2d" if relu else "QConvBn2d"))
+                              + (" (a frozen BatchNorm)" if pat.frozen else "") + (f" + relu{act}" if relu else ""),
+                              owner, pat.conv, pat.bn, relu, built=f"QConv{kind}ReLU2d" if relu else f"QConv{kind}2d"))
         steps += _functional_steps(graph, mod, prefix, owner, resolve)
     steps = [s for s in steps if not _replaced_forward(s, fused, model, resolve)]
     for path, mod in model.named_modules():
