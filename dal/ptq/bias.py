@@ -46,7 +46,7 @@ def _layer_means(model, mods, data, num_batches, input_fn, stop_after=None):
 
 def _add_to_bias(mod: nn.Module, delta: torch.Tensor) -> None:
     with torch.no_grad():
-        if isinstance(mod, QConvBn2d) and mod.bn.affine:
+        if isinstance(mod, QConvBn2d) and getattr(mod.bn, "affine", True):  # a frozen BN (conv_frozen_bn.py): its bias buffer
             mod.bn.bias.add_(delta)
         elif mod.bias is not None:
             mod.bias.add_(delta)

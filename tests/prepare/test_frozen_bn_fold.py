@@ -289,3 +289,36 @@ def test_hugging_face_frozen_batchnorm_folds(tmp_path):
     dal.export_onnx(q.eval(), (x[:1],), path)
     report = dal.verify(path, q, (x[:1],))
     assert report.integer.identical and report.verdict(), report.verdict_line()
+
+
+def test_checkpoint_to_float_and_bias_correction_of_a_folded_frozen_bn():
+    """prepare_qat + load_state_dict restores the folded model exactly; dal.prepare.to_float gives
+    back conv + FrozenBatchNorm2d (+ ReLU), the float model exactly; dal.ptq.bias_correction moves
+    the frozen BN's bias (the folded bias) and never its statistics."""
+    from dal.prepare import to_float
+    from dal.ptq.bias import bias_correction
+    g = torch.Generator().manual_seed(4)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), FrozenBN(8), nn.ReLU(), nn.Conv2d(8, 8, 3), FrozenBN(8)).eval()
+    for b in (net[1], net[4]):
+        _randomise(b, g)
+    x = torch.randn(2, 3, 12, 12)
+
+    def prepare():
+        return dal.prepare_qat(copy.deepcopy(net), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+
+    q, q2 = prepare(), prepare()
+    dal.calibrate(q, [x], progress=False)
+    q2.load_state_dict(q.state_dict())
+    set_quantizer_state(q, "frozen")
+    set_quantizer_state(q2, "frozen")
+    with torch.no_grad():
+        assert torch.equal(q(x), q2(x))
+        back = to_float(copy.deepcopy(q))
+        assert isinstance(back.get_submodule("0.1"), FrozenBN) and isinstance(back.get_submodule("3.1"), FrozenBN)
+        assert torch.equal(back(x), net(x))
+    stats = {k: v.clone() for k, v in q.state_dict().items() if k.endswith(("running_mean", "running_var"))}
+    bias = q.get_submodule("3.bn").bias.clone()
+    bias_correction(q, [x], progress=False)
+    assert len(stats) == 4 and all(torch.equal(v, q.state_dict()[k]) for k, v in stats.items())
+    assert not torch.equal(bias, q.get_submodule("3.bn").bias)
