@@ -14,6 +14,7 @@ Protocol (the float row is the fair baseline: same total steps as every QAT row)
 
     python bench/bev.py --write                   # writes bench/results/bev.md
     python bench/bev.py --model splat --write     # Lift-Splat variant: bench/results/bev_splat.md
+    python bench/bev.py --model deform --write    # + MSDA, and an FP16-deformable row: bev_deform.md
     python bench/bev.py --quick                   # smoke run, numbers not meaningful
 
 ``--model splat`` trains ``bev_splat.LiftSplatBEV`` (flat-ground lift, scatter-add BEV pooling) with
@@ -38,6 +39,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "bev"))
 
 import dal  # noqa: E402
 from bev_model import GridSampleBEV  # noqa: E402
+from bev_deform import DeformBEV  # noqa: E402
 from bev_splat import LiftSplatBEV  # noqa: E402
 from bev_scenes import CAMERAS, CELLS, IMAGE, bev_scenes  # noqa: E402
 from cpu import cpu_flags  # noqa: E402  (bench/cpu.py)
@@ -49,10 +51,14 @@ ROWS = [("PTQ INT8", "int8_balanced", False), ("QAT INT8", "int8_balanced", True
         ("QAT W4A8", "w4a8_fp8_performance", True)]
 LIMITS = {"QAT INT8": 0.5, "QAT W4A8": 2.0}
 BATCH, LR = 16, 2e-3
-MODELS = {"grid": GridSampleBEV, "splat": LiftSplatBEV}
+MODELS = {"grid": GridSampleBEV, "splat": LiftSplatBEV, "deform": DeformBEV}
+#: the deformable model's extra row: MSDA's sampling arithmetic, weighted sum and grid_samples in FP16
+EXTRA_ROWS = {"deform": [("QAT FP16-deformable", "int8_deform_fp16", True)]}
 DESCRIBE = {"grid": "GridSampleBEV (grid_sample at fixed reference points, mean over the cameras that see a cell)",
             "splat": "LiftSplatBEV (each feature pixel lifted to its ground point, index_add into its cell, "
-                     "divided by the cell's pixel count)"}
+                     "divided by the cell's pixel count)",
+            "deform": "DeformBEV (GridSampleBEV's BEV as queries, then Deformable-DETR's MSDeformAttn in plain PyTorch "
+                      "over the 4 cameras as levels, 2 heads x 2 points, added to the queries)"}
 
 
 def recipe_for(name: str, model: str):
@@ -105,7 +111,7 @@ def accuracy_rows(train, test, fs, qs, workdir, model="grid"):
     rows = [(f"float ({fs} + {qs} steps)", evaluate(torch_runner(fair), test), None, t_fair)]
     print(f"{rows[0][0]}: {rows[0][1]}", file=sys.stderr, flush=True)
     keep = {}
-    for label, recipe, trains in ROWS:
+    for label, recipe, trains in ROWS + EXTRA_ROWS.get(model, []):
         rec = recipe_for(recipe, model)
         qm, secs = quantized(net if trains else fair, rec, train, test, qs if trains else 0)
         scores = evaluate(torch_runner(qm), test)
@@ -208,12 +214,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small budgets (smoke run)")
     ap.add_argument("--write", action="store_true", help="write bench/results/bev.md (bev_splat.md)")
-    ap.add_argument("--model", choices=sorted(MODELS), default="grid", help="image-to-BEV: grid_sample or splat")
+    ap.add_argument("--model", choices=sorted(MODELS), default="grid", help="image-to-BEV: grid_sample, splat (scatter-add) or deform (grid_sample + MSDA)")
+    ap.add_argument("--float-steps", type=int, default=1200, help="F (module doc)")
+    ap.add_argument("--qat-steps", type=int, default=300, help="Q (module doc)")
     ap.add_argument("--reps", type=int, default=15, help="interleaved rounds of the speed section")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     n_train, n_test = (128, 32) if args.quick else (2000, 512)
-    fs, qs = (10, 5) if args.quick else (1200, 300)
+    fs, qs = (10, 5) if args.quick else (args.float_steps, args.qat_steps)
     t0 = time.time()
     train, test = bev_scenes("train", n_train), bev_scenes("test", n_test)
     workdir = tempfile.mkdtemp(prefix="dal-bev-")

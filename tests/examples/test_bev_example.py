@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT / "tests" / "convert"))
 
 import bev_scenes as bs  # noqa: E402
 from bev_model import GridSampleBEV, bev_metrics  # noqa: E402
+from bev_deform import DeformBEV  # noqa: E402
 from bev_splat import LiftSplatBEV, splat_index  # noqa: E402
 from convert_common import assert_bit_exact  # noqa: E402
 
@@ -160,6 +161,29 @@ def test_lift_splat_variant_exports_and_npu_equals_integer_model():
     sc = [n for n in proto.graph.node if n.op_type == "ScatterElements"]
     assert len(sc) == 1 and any(a.name == "reduction" and a.s == b"add" for a in sc[0].attribute)
     assert_bit_exact(dal.convert(p), proto, dal.npu.load(proto, threads=1), [scenes.images[:2]], "splat")
+
+
+def test_deformable_variant_is_recognised_and_npu_equals_integer_model():
+    """The MSDA variant under int8_balanced: prepare finds the deformable attention (its sampling
+    arithmetic and weighted sum get int16 quantizers, besides the grid_samples' fixed int16 grids),
+    and the export runs on dal.npu equal to dal.convert on every element."""
+    from dal.nn.grid_sample import GridQuantizer
+    from dal.quantizer import FakeQuantizer
+
+    torch.manual_seed(0)
+    scenes = bs.bev_scenes("train", 8)
+    net = DeformBEV(width=8, head=8)
+    with torch.no_grad():
+        net.train()(scenes.images)
+    p = dal.prepare_qat(net, recipe="int8_balanced", hardware="a2000", example_inputs=(scenes.images[:2],))
+    int16 = [m for m in p.modules() if isinstance(m, FakeQuantizer) and not isinstance(m, GridQuantizer)
+             and m.fmt.name == "int16"]
+    assert int16, "no int16 quantizer outside the grids: the deformable attention was not recognised"
+    dal.calibrate(p, [scenes.images[:4], scenes.images[4:]], progress=False)
+    dal.set_quantizer_state(p, "frozen")
+    proto = dal.export_onnx(p.eval(), (scenes.images[:2],))
+    assert sum(n.op_type == "GridSample" for n in proto.graph.node) == 1 + bs.CAMERAS
+    assert_bit_exact(dal.convert(p), proto, dal.npu.load(proto, threads=1), [scenes.images[:2]], "deform")
 
 
 @pytest.fixture(scope="module")
