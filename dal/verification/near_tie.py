@@ -37,6 +37,7 @@ Everything here is computed in float64 from the integer codes both engines were 
              ReduceSum over ``n`` terms: ``sum(e) + gamma_n sum(|x| + e)``;
              LayerNormalization: near_tie_smooth.layer_norm_bound (inputs' errors through ``d / sigma``,
              the mean's, variance's, sqrt's and division's rounding, then ``* scale + bias``);
+             InstanceNormalization the same over the spatial axes (near_tie_smooth.instance_norm_bound);
            * Cast to float16 / float32: ``e + 2^-11 |v|`` / ``e + u |v|``;
 
            then the output quantizer's float32 division: ``E_float = e / s_y + 2 u |v - zp_y|``.
@@ -293,6 +294,10 @@ class LayerEvaluator:
             from .near_tie_smooth import layer_norm_bound
 
             return layer_norm_bound(node, a, ins[1], ins[2] if len(ins) > 2 else None)
+        if op == "InstanceNormalization":  # near_tie_smooth.instance_norm_bound states the bound
+            from .near_tie_smooth import instance_norm_bound
+
+            return instance_norm_bound(node, a, ins[1], ins[2])
         if op == "GridSample":  # near_tie_smooth.grid_sample_bound states the bound
             from .near_tie_smooth import grid_sample_bound
 

@@ -4,7 +4,7 @@ Each returns the op's value in float64 and an absolute bound on how far a float3
 can be from it, given the inputs' own bounds ``e`` (``u = 2^-24``): the function's change over
 the input's error interval, plus 8 ulp of the result for a vectorised float32 implementation
 (module docstring of near_tie.py lists the formulas). GridSample: :func:`grid_sample_bound`;
-LayerNormalization: :func:`layer_norm_bound`.
+LayerNormalization: :func:`layer_norm_bound`; InstanceNormalization: :func:`instance_norm_bound`.
 """
 from __future__ import annotations
 
@@ -123,8 +123,24 @@ def layer_norm_bound(node, x: Exact, scale: Exact, bias) -> Exact:
     dal.npu computes ``d / sigma`` in float64 and rounds it once, then ``* scale + bias`` in float32
     (three roundings, inside ``e_y``)."""
     axis = int(attr(node, "axis", -1)) % x.v.dim()
-    eps = float(attr(node, "epsilon", 1e-5))
-    dims = tuple(range(axis, x.v.dim()))
+    z, dz = _normalized(node, x, tuple(range(axis, x.v.dim())), float(attr(node, "epsilon", 1e-5)))
+    return _affine(z, dz, scale, bias)
+
+
+def instance_norm_bound(node, x: Exact, scale: Exact, bias: Exact) -> Exact:
+    """InstanceNormalization (GroupNorm's export; export/SPEC.md §5a): :func:`layer_norm_bound`'s value
+    and bound with the statistics over the spatial axes (2, ...) of each (sample, channel) and
+    ``scale``, ``B`` per channel (axis 1)."""
+    if x.v.dim() < 3:
+        raise NoBound(f"{node.name} (InstanceNormalization): input of rank {x.v.dim()} (at least 3 expected)")
+    z, dz = _normalized(node, x, tuple(range(2, x.v.dim())), float(attr(node, "epsilon", 1e-5)))
+    shape = [1, -1] + [1] * (x.v.dim() - 2)
+    return _affine(z, dz, Exact(scale.v.reshape(shape), scale.e.reshape(shape), scale.mag.reshape(shape)),
+                   Exact(bias.v.reshape(shape), bias.e.reshape(shape), bias.mag.reshape(shape)))
+
+
+def _normalized(node, x: Exact, dims: tuple, eps: float):
+    """``(z, dz)``: ``z = d / sigma`` in float64 over ``dims`` and its float32 bound (layer_norm_bound)."""
     n = int(np.prod([x.v.shape[d] for d in dims]))
 
     def mean(t):
@@ -140,15 +156,19 @@ def layer_norm_bound(node, x: Exact, scale: Exact, bias) -> Exact:
     dv = gamma(3 * n + 8) * mean(a * a) + U * (var + eps)
     room = sigma - e2
     if not bool((room > 0).all()):
-        raise NoBound(f"{node.name} (LayerNormalization): the inputs' error bound reaches the spread (sigma)")
+        raise NoBound(f"{node.name} ({node.op_type}): the inputs' error bound reaches the spread (sigma)")
     s_err = e2 + torch.minimum(dv.sqrt(), dv / room)
     s_err = s_err + U * (sigma + s_err)
     sigma_lo = (sigma - s_err) * (1 - U)
     if not bool((sigma_lo > 0).all()):
-        raise NoBound(f"{node.name} (LayerNormalization): sigma's float32 error bound reaches 0")
-    z = d / sigma
+        raise NoBound(f"{node.name} ({node.op_type}): sigma's float32 error bound reaches 0")
     moved = x.e + e_mean + dd
     dz = moved / sigma_lo + d.abs() * s_err / (sigma * sigma_lo) + 2 * U * (d.abs() + moved) / sigma_lo
+    return d / sigma, dz
+
+
+def _affine(z, dz, scale: Exact, bias) -> Exact:
+    """``z * scale + bias`` and ``e_y`` of layer_norm_bound."""
     b_v = bias.v if bias is not None else torch.zeros((), dtype=torch.float64)
     b_e = bias.e if bias is not None else torch.zeros((), dtype=torch.float64)
     v = z * scale.v + b_v

@@ -1,4 +1,5 @@
-"""near_tie's float32 error bound for LayerNormalization (near_tie_smooth.layer_norm_bound) against
+"""near_tie's float32 error bounds for LayerNormalization and InstanceNormalization (GroupNorm's export;
+near_tie_smooth.layer_norm_bound / instance_norm_bound) against
 the float64 oracle (torch's float64 layer_norm): onnxruntime (optimizations off, float32, its own
 algorithm) and torch's float32 CPU layer_norm (the QAT model's) lie within the bound of the float64
 value, also on rows whose mean dwarfs their spread (one-pass variance cancels there); the exact
@@ -102,3 +103,49 @@ def test_layer_evaluator_bounds_a_layer_behind_a_layer_norm():
     ref = _f64(codes.astype(np.float64) * float(np.float32(0.05)), s, b) / float(np.float32(0.02)) + 3
     assert np.allclose(v, ref, rtol=0, atol=1e-9)
     assert np.all(np.isfinite(bound)) and float(bound.max()) < 1e-2  # in codes
+
+
+@pytest.mark.parametrize("offset", [0, 90])
+def test_group_norm_chain_bound_holds_for_onnxruntime_and_torch_float32(offset):
+    """torch's GroupNorm export, DQ -> Reshape -> InstanceNormalization(scale 1, B 0) -> Reshape ->
+    Mul(gamma) -> Add(beta) -> Q, through LayerEvaluator (near_tie_smooth.instance_norm_bound, then
+    Mul and Add): the value is torch's float64 group_norm of the dequantized codes (the oracle), and
+    onnxruntime's float32 result and torch's float32 group_norm (statistics in float32, affine folded)
+    lie within the bound of it, in output codes."""
+    from onnx import numpy_helper
+
+    from dal.verification.near_tie import LayerEvaluator
+
+    rng = np.random.default_rng(6)
+    codes = np.clip(rng.normal(offset, 20, (2, 8, 6, 6)).round(), -128, 127).astype(np.int8)
+    gam = (rng.standard_normal((8, 1, 1)) * 0.5 + 1).astype(np.float32)
+    bet = (rng.standard_normal((8, 1, 1)) * 0.2).astype(np.float32)
+    xs, ys = np.float32(0.05), np.float32(0.01)
+    inits = [numpy_helper.from_array(a, k) for k, a in (
+        ("xs", np.array(xs)), ("xz", np.array(0, np.int8)), ("shape_g", np.array([0, 2, -1], np.int64)),
+        ("one", np.ones(2, np.float32)), ("zero", np.zeros(2, np.float32)), ("shape_x", np.array([2, 8, 6, 6], np.int64)),
+        ("gamma", gam), ("beta", bet), ("ys", np.array(ys)), ("yz", np.array(0, np.int16)))]
+    nodes = [helper.make_node("DequantizeLinear", ["q", "xs", "xz"], ["x"], name="dq"),
+             helper.make_node("Reshape", ["x", "shape_g"], ["xg"], name="r1"),
+             helper.make_node("InstanceNormalization", ["xg", "one", "zero"], ["n"], name="in", epsilon=1e-5),
+             helper.make_node("Reshape", ["n", "shape_x"], ["nx"], name="r2"),
+             helper.make_node("Mul", ["nx", "gamma"], ["m"], name="mul"),
+             helper.make_node("Add", ["m", "beta"], ["y"], name="add"),
+             helper.make_node("QuantizeLinear", ["y", "ys", "yz"], ["out"], name="out/QuantizeLinear")]
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("q", TensorProto.INT8, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("out", TensorProto.INT16, None)], inits), opset_imports=[helper.make_opsetid("", 21)])
+    v, bound = LayerEvaluator(model, {"q": codes}, {}).pre_rounding(nodes[-1])
+    x64 = torch.from_numpy(codes.astype(np.float64) * float(xs))
+    ref = torch.nn.functional.group_norm(x64, 2, torch.from_numpy(gam.reshape(-1)).double(),
+                                         torch.from_numpy(bet.reshape(-1)).double(), 1e-5).numpy() / float(ys)
+    assert np.allclose(v, ref, rtol=0, atol=1e-8)
+    ort = run_ort(model, {"q": codes})[0].astype(np.float64) / float(ys)
+    tf32 = torch.nn.functional.group_norm(x64.float(), 2, torch.from_numpy(gam.reshape(-1)),
+                                          torch.from_numpy(bet.reshape(-1)), 1e-5).double().numpy() / float(ys)
+    for got in (ort, tf32):
+        err = np.abs(got - v)
+        assert err.max() > 0
+        assert np.all(err <= bound), float((err - bound).max())
+    assert float(bound.max()) < 1e-3 * float(np.abs(v).max())  # a 1-LSB difference far from a boundary fails
