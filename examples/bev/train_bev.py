@@ -4,6 +4,7 @@ check the exported file on dal.npu.
     python examples/bev/train_bev.py                          # defaults: a few minutes on 2 cores
     python examples/bev/train_bev.py --float-steps 20 --qat-steps 5 --train 256 --test 64
     python examples/bev/train_bev.py --model splat          # Lift-Splat-style scatter-add pooling
+    python examples/bev/train_bev.py --model deform --recipe int8_deform_fp16   # + MSDA, kept in FP16
 
 The flow is the user's: float training (:func:`train_steps`), ``dal.prepare_qat`` (int8_balanced on
 the a2000: the grid_sample's grid in int16 with the fixed scale 2^-14, its output on its input's
@@ -26,9 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bev_model import GridSampleBEV, bev_metrics, predict  # noqa: E402
 from bev_scenes import BEVScenes, bev_scenes  # noqa: E402
+from bev_deform import DeformBEV  # noqa: E402
 from bev_splat import LiftSplatBEV  # noqa: E402
 
-MODELS = {"grid": GridSampleBEV, "splat": LiftSplatBEV}
+MODELS = {"grid": GridSampleBEV, "splat": LiftSplatBEV, "deform": DeformBEV}
 
 
 def batches(scenes: BEVScenes, batch_size: int, steps: int, seed: int = 0):
@@ -97,7 +99,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--qat-steps", type=int, default=200)
     ap.add_argument("--recipe", default="int8_balanced", help="a bundled recipe (for --model splat, one whose "
                     "rules quantize scatter_add: int8_balanced does)")
-    ap.add_argument("--model", choices=sorted(MODELS), default="grid", help="image-to-BEV: grid_sample or splat")
+    ap.add_argument("--model", choices=sorted(MODELS), default="grid",
+                    help="image-to-BEV: grid_sample, splat (scatter-add) or deform (grid_sample + MSDA)")
     ap.add_argument("--out", default="out", help="folder for the checkpoint and the ONNX file")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
