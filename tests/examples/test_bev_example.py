@@ -227,14 +227,15 @@ def test_qat_step_export_and_npu_equals_integer_model(exported):
     assert_bit_exact(dal.convert(p), proto, sess, [scenes.images[:2], scenes.images[2:4]], "bev")
 
 
-def test_readme_bev_table_is_the_benchmark_output():
-    """README's BEV table is the one bench/bev.py wrote to bench/results/bev.md."""
+@pytest.mark.parametrize("marker, result", [("bev-table", "bev.md"), ("bev-splat-table", "bev_splat.md")])
+def test_readme_bev_table_is_the_benchmark_output(marker, result):
+    """README's BEV tables are the ones bench/bev.py wrote to bench/results/."""
     import re
 
     readme = (ROOT / "README.md").read_text()
-    found = re.search(r"<!-- bev-table -->\n(.*?)<!-- /bev-table -->", readme, flags=re.S)
-    assert found, "README.md has no <!-- bev-table --> block"
+    found = re.search(rf"<!-- {marker} -->\n(.*?)<!-- /{marker} -->", readme, flags=re.S)
+    assert found, f"README.md has no <!-- {marker} --> block"
     table = found.group(1).strip()
     assert table.startswith("| model |")
-    assert table in (ROOT / "bench" / "results" / "bev.md").read_text(), \
-        "README's BEV table differs from bench/results/bev.md: re-run bench/bev.py --write"
+    assert table in (ROOT / "bench" / "results" / result).read_text(), \
+        f"README's {marker} differs from bench/results/{result}: re-run bench/bev.py --write"
