@@ -290,18 +290,12 @@ class LayerEvaluator:
 
             axes = self._int_value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
             return reduce_sum_bound(node, a, axes)
-        if op == "LayerNormalization":  # near_tie_smooth.layer_norm_bound states the bound
-            from .near_tie_smooth import layer_norm_bound
+        if op in ("LayerNormalization", "InstanceNormalization", "GridSample"):  # near_tie_smooth states each bound
+            from . import near_tie_smooth as smooth
 
-            return layer_norm_bound(node, a, ins[1], ins[2] if len(ins) > 2 else None)
-        if op == "InstanceNormalization":  # near_tie_smooth.instance_norm_bound states the bound
-            from .near_tie_smooth import instance_norm_bound
-
-            return instance_norm_bound(node, a, ins[1], ins[2])
-        if op == "GridSample":  # near_tie_smooth.grid_sample_bound states the bound
-            from .near_tie_smooth import grid_sample_bound
-
-            return grid_sample_bound(node, a, ins[1])
+            bound = {"LayerNormalization": smooth.layer_norm_bound, "InstanceNormalization": smooth.instance_norm_bound,
+                     "GridSample": smooth.grid_sample_bound}[op]
+            return bound(node, *ins[:3]) if op != "LayerNormalization" or len(ins) > 2 else bound(node, a, ins[1], None)
         if op == "Cast":
             to = attr(node, "to", 0)
             if to == onnx.TensorProto.FLOAT16:
