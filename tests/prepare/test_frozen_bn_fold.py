@@ -322,3 +322,24 @@ def test_checkpoint_to_float_and_bias_correction_of_a_folded_frozen_bn():
     bias_correction(q, [x], progress=False)
     assert len(stats) == 4 and all(torch.equal(v, q.state_dict()[k]) for k, v in stats.items())
     assert not torch.equal(bias, q.get_submodule("3.bn").bias)
+
+
+def test_recognition_finds_the_eps_each_frozen_bn_computes_with():
+    """With random buffers: torchvision's FrozenBatchNorm2d(eps=1e-3) computes with 1e-3, and with 0.1
+    once its eps attribute is set to that; timm's freeze_batch_norm_2d of a BatchNorm2d(eps=1e-3)
+    (torchvision's class, eps copied) with 1e-3. Not recognised: a BatchNorm2d (parameters), a
+    module without the four buffers, timm's FrozenBatchNormAct2d (its activation inside: submodules)."""
+    g = torch.Generator().manual_seed(5)
+    tv = FrozenBN(6, eps=1e-3)
+    _randomise(tv, g)
+    assert frozen_batchnorm_eps(tv) == 1e-3
+    tv.eps = 0.1
+    assert frozen_batchnorm_eps(tv) == 0.1
+    assert frozen_batchnorm_eps(nn.BatchNorm2d(6).eval()) is None
+    assert frozen_batchnorm_eps(nn.Identity()) is None
+    timm = pytest.importorskip("timm")
+    frozen = timm.layers.freeze_batch_norm_2d(nn.BatchNorm2d(6, eps=1e-3))
+    _randomise(frozen, g)
+    assert frozen_batchnorm_eps(frozen) == 1e-3
+    act = timm.layers.freeze_batch_norm_2d(timm.layers.BatchNormAct2d(6, act_layer=nn.ReLU))
+    assert type(act).__name__ == "FrozenBatchNormAct2d" and frozen_batchnorm_eps(act) is None
