@@ -69,7 +69,7 @@ def check(arch: str, kind: str, prompts: int, steps: int, prompt_len: int, seed:
         # (FACTS.md): the FP8 cache's decode graph is checked by generate_check alone
         verdict = dal.verify(dec, CodesStep(DecoderStep(model, cache_len, True)), inputs) if kind != "fp8" else None
         t3 = time.perf_counter()
-    print(f"{arch} {recipe} ({kv} cache), P={prompt_len} L={cache_len}: {report}")
+    print(f"\n{arch} {recipe} ({kv} cache), P={prompt_len} L={cache_len}: {report}")  # after the progress bar
     full = [a == b and len(a) == steps + 1 for a, b in zip(report.tokens_integer, report.tokens_npu)]
     print(f"  identical tokens for all {steps} steps on {sum(full)} of {prompts} prompts (a prompt stops at its "
           f"first difference); first prompt's tokens {report.tokens_integer[0][:12]}...")
