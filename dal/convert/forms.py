@@ -2,7 +2,8 @@
 
 ``QMatMul`` -> :class:`~dal.convert.attention.MatMulForm`, ``NpuSoftmax`` ->
 :class:`~dal.convert.attention.SoftmaxForm`, ``Fp16LayerNorm`` and float ``nn.LayerNorm`` ->
-:class:`~dal.convert.layernorm.LayerNormForm`, ``QLutActivation`` ->
+:class:`~dal.convert.layernorm.LayerNormForm`, ``Fp16RMSNorm`` ->
+:class:`~dal.convert.rmsnorm.RMSNormForm`, ``QLutActivation`` ->
 :class:`~dal.convert.lut.LutForm`, ``QGridSample`` -> :class:`~dal.convert.grid_sample.GridSampleForm`, a float ``nn.GELU`` (or its FP16 island, ``Fp16GELU``) ->
 :class:`~dal.convert.lut.GeluForm`, a float ``nn.Linear`` / ``nn.ConvNd`` (a skipped layer) ->
 :class:`~dal.convert.float_layers.FloatLayerForm`.
@@ -21,12 +22,14 @@ from ..nn.scatter_add import QScatterAdd
 from ..prepare.fp16_island import Fp16Island
 from ..replace.layernorm import Fp16LayerNorm
 from ..replace.lut import QLutActivation
+from ..replace.rmsnorm import Fp16RMSNorm
 from ..replace.softmax import NpuSoftmax
 from .attention import MatMulForm, SoftmaxForm, half_operands
 from .float_layers import FloatLayerForm, is_float_layer
 from .grid_sample import GridSampleForm
 from .scatter import ScatterAddForm
 from .layernorm import LayerNormForm
+from .rmsnorm import RMSNormForm
 from .lut import GeluForm, LutForm, lut_form_why_not
 
 def _is_gelu(mod: nn.Module) -> bool:
@@ -51,6 +54,8 @@ def _form(mod: nn.Module, path: str, opset: int):
         return ScatterAddForm(mod, path), ""
     if isinstance(mod, Fp16LayerNorm) or type(mod) is nn.LayerNorm:
         return LayerNormForm(mod, path, opset), ""
+    if isinstance(mod, Fp16RMSNorm):
+        return RMSNormForm(mod, path), ""
     if _is_gelu(mod):
         if mod.approximate not in ("none", "tanh"):
             return None, f"GELU approximate={mod.approximate!r}"
@@ -71,7 +76,7 @@ def swap_forms(net: nn.Module, opset: int, swap) -> dict[str, str]:
     listing = {}
     for path, mod in list(net.named_modules()):
         if not path or not (isinstance(mod, (QMatMul, NpuSoftmax, Fp16LayerNorm, QLutActivation, QGridSample,
-                                  QScatterAdd))
+                                  QScatterAdd, Fp16RMSNorm))
                             or type(mod) is nn.LayerNorm or _is_gelu(mod) or is_float_layer(mod)):
             continue
         form, why = _form(mod, path, traced)
