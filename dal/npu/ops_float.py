@@ -13,8 +13,8 @@ output type (float32, or float16 inside an FP16 region):
     as onnxruntime does; a float16 one is part of the float64 sum, rounded once with it
     (ops_dense.py, export/SPEC.md §6);
   * Sigmoid, Tanh, Erf, Gelu, Elu, Softplus, Mish: computed in float64 from the input and
-    rounded once; Exp, Log, Sqrt and Softmax use numpy's float32 routines (they may differ
-    from onnxruntime by an ulp).
+    rounded once; Sqrt is numpy's IEEE square root, correctly rounded (SPEC §5a); Exp, Log and
+    Softmax use numpy's float32 routines (they may differ from onnxruntime by an ulp).
 """
 from __future__ import annotations
 
