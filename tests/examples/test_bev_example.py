@@ -227,7 +227,8 @@ def test_qat_step_export_and_npu_equals_integer_model(exported):
     assert_bit_exact(dal.convert(p), proto, sess, [scenes.images[:2], scenes.images[2:4]], "bev")
 
 
-@pytest.mark.parametrize("marker, result", [("bev-table", "bev.md"), ("bev-splat-table", "bev_splat.md")])
+@pytest.mark.parametrize("marker, result", [("bev-table", "bev.md"), ("bev-splat-table", "bev_splat.md"),
+                                            ("bev-deform-table", "bev_deform.md")])
 def test_readme_bev_table_is_the_benchmark_output(marker, result):
     """README's BEV tables are the ones bench/bev.py wrote to bench/results/."""
     import re
