@@ -1,0 +1,275 @@
+"""Benchmark: the deployed tiny Llama's decode and prefill speed (issue 43, Performance).
+
+The model is bench/llm_common.py's tiny Llama (4 layers, width 256; its cached pre-trained weights
+when present, else random weights from its config: the speed does not depend on the weights),
+prepared with ``w4a8_int8_llm`` for the a2000 plus an INT8 per-tensor KV-cache rule (INT8: onnxruntime cannot take float8
+inputs from Python), calibrated on held-out text, and written by ``dal.export_decoder`` as a
+prefill graph (P = 128) and a decode graph (cache L = 256). All engines run on one thread, in one
+interleaved run (each repetition runs every engine once, in turn):
+
+- decode: one token at position P with a cache of P written entries;
+  dal.npu (``dal.npu.load(path, threads=1)``) vs onnxruntime (1 intra-op thread, sequential,
+  default graph optimizations but one: at its default level it refuses these files, see
+  :data:`ORT_OFF`) on the same decode file, fed the same codes;
+  the integer model (``dal.convert`` of the decode step, torch) vs the float model's eager decode
+  (the same pre-trained weights, unprepared: transformers' LlamaForCausalLM, one token with its
+  DynamicCache of P entries, cropped back to P after each step, as generate does one step);
+- prefill: the same pairs on the P = 128 prompt (the float model's forward with ``use_cache``).
+
+Ratios are speeds (tokens per second): peer's time / engine's time, wall and CPU time
+(``time.process_time``, which a loaded machine distorts least on one thread). Targets (not
+asserted): dal.npu / onnxruntime >= 1.0x, integer / float >= 0.5x. When dal.npu misses its
+target, the table of where its time goes per op type (Session.profile) follows. Writes
+bench/results/llm_npu.md.
+
+    .venv/bin/python bench/llm_npu.py [--reps 15] [--layers 4]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from cpu import cpu_flags  # noqa: E402
+from results_file import write_result  # noqa: E402
+
+RECIPE, HARDWARE = "w4a8_int8_llm", "a2000"
+PROMPT, CACHE = 128, 256
+#: the recipe has no KV-cache rule; export_decoder needs one: INT8 codes, one scale per tensor
+#: onnxruntime 1.32 refuses these files at its default level (ORT_ENABLE_ALL) and at ORT_ENABLE_EXTENDED:
+#: QDQPropagationTransformer and QDQS8ToU8Transformer together write a QuantizeLinear
+#: (``.../Unsqueeze_1_output_0_q``, after the GQA Unsqueeze of the int8 cache codes) whose
+#: output_dtype INT8 does not match its uint8 zero point (TypeInferenceError at session creation);
+#: with either one of them off it loads. Both variants run, everything else at the default level;
+#: the faster one is the peer (the stricter comparison for dal.npu).
+ORT_OFF = ("QDQS8ToU8Transformer", "QDQPropagationTransformer")
+KV_RULE = {"type": "kv_cache", "input": {"format": "int8", "granularity": "per_tensor", "symmetric": True}}
+
+
+def float_model(layers: int | None = None):
+    """(float LlamaForCausalLM in eval mode, where its weights came from). ``layers`` given: a
+    random model of llm_common's config with that many layers (no cache lookup)."""
+    import llm_common
+
+    if layers is not None:
+        import transformers as T
+
+        cfg = dict(llm_common.CONFIG, num_hidden_layers=layers)
+        torch.manual_seed(0)
+        return T.LlamaForCausalLM(T.LlamaConfig(**cfg)).eval(), f"random weights, {layers} layer(s)"
+    path = llm_common._cache_path()
+    if os.path.exists(path):
+        model, info = llm_common.pretrained(verbose=False)
+        return model.eval(), f"pre-trained, cached ({info['path']})"
+    return llm_common.build(0).eval(), "random weights (no cached pre-trained model; speed does not depend on them)"
+
+
+def prepared(model, prompt_len: int, calib: list):
+    """A copy of ``model`` prepared with :data:`RECIPE` plus :data:`KV_RULE`, calibrated on ``calib`` ([1, P] id tensors), eval mode."""
+    import copy
+
+    import dal
+
+    rec = dal.load_recipe(RECIPE).with_rules_prepended([KV_RULE])
+    p = dal.prepare_qat(copy.deepcopy(model), recipe=rec, hardware=HARDWARE)
+    dal.calibrate(p, calib)
+    return p.eval()
+
+
+class Engines:
+    """The six callables of one run, on the files of ``dal.export_decoder(q, ...)`` and their inputs.
+
+    ``fp``: the float model; ``q``: its prepared, calibrated copy; P = ``prompt_len``, L = ``cache_len``."""
+
+    def __init__(self, fp, q, directory: str, prompt_len: int = PROMPT, cache_len: int = CACHE):
+        import onnxruntime as ort
+        from transformers import DynamicCache
+
+        import dal
+        import dal.npu
+        from dal.convert import convert
+        from dal.export.decoder import causal_mask
+        from dal.export.decoder_module import CodesStep, DecoderStep
+
+        P, L = prompt_len, cache_len
+        self.pre_path, self.dec_path = dal.export_decoder(q, os.path.join(directory, "llm"), prompt_len=P,
+                                                          cache_len=L)
+        self.int_pre = convert(CodesStep(DecoderStep(q, L, False)))
+        self.int_dec = convert(CodesStep(DecoderStep(q, L, True)))
+        self.npu_pre, self.npu_dec = dal.npu.load(self.pre_path, threads=1), dal.npu.load(self.dec_path, threads=1)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self.ort = {(phase, off): ort.InferenceSession(path, so, providers=["CPUExecutionProvider"],
+                                                       disabled_optimizers=[off])
+                    for phase, path in (("prefill", self.pre_path), ("decode", self.dec_path)) for off in ORT_OFF}
+        self.ort_pre, self.ort_dec = self.ort["prefill", ORT_OFF[0]], self.ort["decode", ORT_OFF[0]]
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, fp.config.vocab_size, (1, P), generator=g)
+        pre_in = (ids, torch.arange(P)[None], causal_mask(torch.ones(1, P, dtype=torch.bool), P, False))
+        with torch.no_grad():
+            pre_out = self.int_pre(*pre_in)
+        caches = []  # the host's cache after the prefill: its P entries in slots 0..P-1
+        for t in pre_out[1:]:
+            c = torch.zeros(*t.shape[:2], L, t.shape[3], dtype=t.dtype)
+            c[:, :, :P] = t
+            caches.append(c)
+        tok = int(pre_out[0][0, -1].argmax())
+        dec_in = (torch.tensor([[tok]]), torch.tensor([[P]]),
+                  causal_mask(torch.arange(L)[None] < P, 1, True), *caches)
+        self.pre_in, self.dec_in = pre_in, dec_in
+        names = lambda s: [i.name for i in s.get_inputs()]
+        self.pre_np = dict(zip(names(self.ort_pre), [t.numpy() for t in pre_in]))
+        self.dec_np = dict(zip(names(self.ort_dec), [t.numpy() for t in dec_in]))
+        self.fp, self.ids, self.tok, self.P = fp, ids, torch.tensor([[tok]]), P
+        with torch.no_grad():
+            self.kv = fp(ids, use_cache=True, past_key_values=DynamicCache(config=fp.config)).past_key_values
+
+    def float_decode(self):
+        """One eager decode step of the float model on its P-entry cache, the cache cropped back after."""
+        with torch.no_grad():
+            out = self.fp(self.tok, past_key_values=self.kv, use_cache=True,
+                          position_ids=torch.tensor([[self.P]]))
+        self.kv.crop(-1)  # back to the P prompt entries (transformers 5: crop(-n) drops n)
+        return out.logits
+
+    def float_prefill(self):
+        with torch.no_grad():
+            return self.fp(self.ids, use_cache=True).logits
+
+    def int_decode(self):
+        with torch.no_grad():
+            return self.int_dec(*self.dec_in)
+
+    def int_prefill(self):
+        with torch.no_grad():
+            return self.int_pre(*self.pre_in)
+
+    def runs(self) -> dict:
+        """name -> callable, in the order each repetition runs them (``ort <phase> -<optimizer>``:
+        onnxruntime with that one optimizer off, :data:`ORT_OFF`)."""
+        ort = lambda phase, off, feed: (lambda: self.ort[phase, off].run(None, feed))
+        return {"npu decode": lambda: self.npu_dec.run(self.dec_np),
+                **{f"ort decode -{off}": ort("decode", off, self.dec_np) for off in ORT_OFF},
+                "int decode": self.int_decode, "float decode": self.float_decode,
+                "npu prefill": lambda: self.npu_pre.run(self.pre_np),
+                **{f"ort prefill -{off}": ort("prefill", off, self.pre_np) for off in ORT_OFF},
+                "int prefill": self.int_prefill, "float prefill": self.float_prefill}
+
+
+def timed(runs: dict, reps: int) -> tuple[dict, dict]:
+    """(median wall ms, median CPU ms) of each callable over ``reps`` interleaved repetitions, one
+    untimed warm-up run each first."""
+    for f in runs.values():
+        f()
+    wall, cpu = defaultdict(list), defaultdict(list)
+    for _ in range(reps):
+        for k, f in runs.items():
+            t, c = time.perf_counter(), time.process_time()
+            f()
+            wall[k].append((time.perf_counter() - t) * 1e3)
+            cpu[k].append((time.process_time() - c) * 1e3)
+    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
+
+
+def by_op(rows: list[dict]) -> list[tuple[str, int, float, float]]:
+    """(op type, steps, ms, share) of ``Session.profile``'s ``rows``, summed per op type, slowest first."""
+    acc = defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        acc[r["op"]][0] += 1
+        acc[r["op"]][1] += r["ms"]
+    total = sum(v[1] for v in acc.values()) or 1.0
+    return sorted(((k, n, ms, ms / total) for k, (n, ms) in acc.items()), key=lambda r: -r[2])
+
+
+def main(reps: int = 15, layers: int | None = None, write: bool = True) -> str:
+    torch.set_num_threads(1)
+    fp, source = float_model(layers)
+    import llm_common
+
+    held = llm_common.data()[1]
+    calib = [held[i * PROMPT: (i + 1) * PROMPT][None] for i in range(4)]
+    q = prepared(fp, PROMPT, calib)
+    lines = []
+
+    def say(s=""):
+        print(s, flush=True)
+        lines.append(s)
+
+    with tempfile.TemporaryDirectory() as d:
+        e = Engines(fp, q, d)
+        load = os.getloadavg()[0]
+        wall, cpu = timed(e.runs(), reps)
+        load = max(load, os.getloadavg()[0])
+        say("# Tiny Llama decode / prefill speed, one thread (bench/llm_npu.py)")
+        say()
+        say(f"command: `.venv/bin/python bench/llm_npu.py --reps {reps}" + (f" --layers {layers}`" if layers else "`"))
+        say(f"CPU: {cpu_flags()}")
+        say(f"load average (1 min, highest of before / after): {load:.1f} on {os.cpu_count()} CPUs "
+            "(a shared machine: wall times swing; CPU time distorts least)")
+        say(f"model: llm_common tiny Llama ({source}), recipe {RECIPE} + {KV_RULE}, hardware {HARDWARE}; prefill P = {PROMPT}, "
+            f"decode graph cache L = {CACHE}, decode at position {PROMPT} with {PROMPT} cached entries")
+        import onnxruntime
+        say(f"torch {torch.__version__}, threads 1; onnxruntime {onnxruntime.__version__}, ORT_ENABLE_ALL less one "
+            "optimizer (below), 1 intra-op thread, sequential; dal.npu threads=1")
+        say(f"{reps} interleaved repetitions, medians; ratio = speed (tokens/s) of the engine / its peer's = "
+            "peer ms / engine ms")
+        say()
+        say("| phase | engine | ms | peer | peer ms | ratio wall (target) | ratio CPU time | engine tok/s |")
+        say("|---|---|---|---|---|---|---|---|")
+        ratios, peer_note = {}, {}
+        for phase, toks in (("decode", 1), ("prefill", PROMPT)):
+            for a, b, target in (("npu", "ort", 1.0), ("int", "float", 0.5)):
+                ka, kb = f"{a} {phase}", f"{b} {phase}"
+                if b == "ort":  # the faster of the two loadable onnxruntime variants
+                    kb = min((f"ort {phase} -{off}" for off in ORT_OFF), key=lambda k: wall[k])
+                    peer_note[phase] = kb
+                rw, rc = wall[kb] / wall[ka], cpu[kb] / cpu[ka]
+                ratios[ka] = rw
+                name = {"npu": "dal.npu", "ort": "onnxruntime", "int": "integer model (dal.convert)",
+                        "float": "float eager (transformers)"}
+                say(f"| {phase} | {name[a]} | {wall[ka]:.2f} | {name[b]} | {wall[kb]:.2f} | {rw:.2f}x (>= {target}x) "
+                    f"| {rc:.2f}x | {toks * 1e3 / wall[ka]:.0f} |")
+        say()
+        say("onnxruntime at its default level refuses these files (TypeInferenceError, see ORT_OFF in the "
+            "bench); the peer is the faster of it with one optimizer off: " +
+            "; ".join(f"{ph}: " + ", ".join(f"-{off} {wall[f'ort {ph} -{off}']:.2f} ms" for off in ORT_OFF) +
+                      f" (peer: {peer_note[ph].split(' -')[1]} off)" for ph in ("decode", "prefill")))
+        for phase, sess, feed in (("decode", e.npu_dec, e.dec_np), ("prefill", e.npu_pre, e.pre_np)):
+            if ratios[f"npu {phase}"] >= 1.0:
+                continue
+            say()
+            say(f"dal.npu {phase} misses 1.0x: where its time goes (Session.profile, medians of 5 runs, "
+                "summed per op type)")
+            say()
+            say("| op | steps | ms | share |")
+            say("|---|---|---|---|")
+            rows = sess.profile(feed, repeat=5)
+            for op, n, ms, share in by_op(rows)[:10]:
+                say(f"| {op} | {n} | {ms:.3f} | {share:.0%} |")
+            say()
+            say("its slowest steps: " + "; ".join(f"{r['node']} ({r['op']}, {r['kind']}) {r['ms']:.3f} ms "
+                                                  f"{r['share']:.0%}" for r in rows[:6]))
+    text = "\n".join(lines) + "\n"
+    if write:
+        write_result("llm_npu.md", text)
+    return text
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--layers", type=int, default=None, help="random weights with this many layers (smoke runs)")
+    a = ap.parse_args()
+    main(a.reps, a.layers)
