@@ -73,8 +73,8 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
     correct export can drift by a few LSB; the layer-by-layer view isolates each layer's own
     disagreement, which may only be near-ties. ``report.verdict()`` (the one verdict, ParityReport.verdict)
     is: integer model == NPU on every element, and every layer-by-layer difference a near-tie, tested
-    code by code (near_tie.py). ``npu_vs_float``: each output against the torch model with its
-    quantizers off. Requantizer settings come from the ``dal.requantizer`` metadata, named in the report.
+    code by code (near_tie.py). Vs the float model (quantizers off), not in the verdict: ``npu_vs_float``
+    per output, ``float_cosine`` per layer row (beside its LSB counts). Requantizers: ``dal.requantizer`` metadata.
 
     A missing file raises FileNotFoundError; a truncated or invalid file, or inputs of the wrong
     number, type, rank or size, raise :class:`~dal.verification.inputs.VerifyInputError` (a

@@ -1,6 +1,8 @@
 """ParityReport: per output and per layer agreement of the NPU reference with torch and onnxruntime."""
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -13,7 +15,11 @@ class LayerParity:
     are near-ties (``near_ties``) and how many are not (``failures = differ - near_ties``: the row fails when > 0;
     ``note`` says why, e.g. the op without an error model), which ``layer`` computed the
     tensor (layer_verdict.layer_of), ``cosine``: float64 cosine of the two engines' dequantized
-    tensors, and ``float_cosine``: NPU reference vs the torch float model (quantizers off), where run."""
+    tensors, and ``float_cosine``: float64 cosine of the NPU reference's dequantized values at this
+    point, ``(code - zp) * s``, with the torch float model's (every quantizer off) value at the same
+    quantizer, run end to end on the same inputs (layer_verdict.annotate_float): the vendor flow's
+    per-layer consistency figure, quantization error included. Neither cosine is part of the
+    verdict: only the codes (``differ``, ``near_ties``) decide it."""
 
     tensor: str
     node: str
@@ -26,6 +32,10 @@ class LayerParity:
     layer: str = ""
     cosine: Optional[float] = None
     float_cosine: Optional[float] = None
+
+    def to_dict(self) -> dict:
+        """The row's fields, plus ``failures``, as plain JSON values (non-finite floats as strings)."""
+        return _plain({**dataclasses.asdict(self), "failures": self.failures})
 
     @property
     def failures(self) -> int:
@@ -139,6 +149,24 @@ class ParityReport:
                     "float32 sums round a few near-tie codes the other way and later layers amplify them")
         return f"diagnosis: real discrepancy between the integer model and the NPU: first at {self.integer.first}"
 
+    def to_dict(self) -> dict:
+        """The whole report as plain JSON values (``json.dumps(report.to_dict(), allow_nan=False)``
+        works; a non-finite float such as an infinite PSNR is the string ``"inf"``): ``verdict``,
+        ``verdict_line``, ``outputs`` (pair -> Agreement fields), the three row lists
+        (:meth:`LayerParity.to_dict`: LSB counts with ``cosine`` and ``float_cosine`` beside them)
+        and ``integer``. Cosines are reported, not part of the verdict."""
+        integer = None if self.integer is None else {**dataclasses.asdict(self.integer),
+                                                     "identical": self.integer.identical}
+        return _plain({"model": self.model, "requantizer": self.requantizer, "verdict": self.verdict(),
+                       "verdict_line": self.verdict_line(),
+                       "outputs": {name: {pair: dataclasses.asdict(a) for pair, a in pairs.items()}
+                                   for name, pairs in self.outputs.items()},
+                       "first_divergence": self.first_divergence,
+                       "first_forced_divergence": self.first_forced_divergence,
+                       "layers": [r.to_dict() for r in self.layers],
+                       "layers_forced": [r.to_dict() for r in self.layers_forced],
+                       "torch_layers": [r.to_dict() for r in self.torch_layers], "integer": integer})
+
     @property
     def max_torch_layer_lsb(self) -> float:
         """Largest code difference between a torch quantizer and the NPU reference, layer by layer."""
@@ -183,7 +211,9 @@ class ParityReport:
 
 def _layer_view(title: str, unit: str, rows: list, first) -> list[str]:
     """A one-line summary of a layer-by-layer comparison (near-ties and failures counted), its first
-    divergence, the rows that differ; then every row's cosine (float64, dequantized)."""
+    divergence, the rows that differ; then every row: codes differing, max LSB, and beside them
+    the cosines (float64, dequantized; reported, not part of the verdict): vs the other engine
+    and vs the float model (quantizers off)."""
     differ = [row for row in rows if row.differ]
     worst = max((row.max_abs for row in rows), default=0.0)
     near, fail = sum(r.near_ties for r in rows), sum(r.failures for r in rows)
@@ -192,10 +222,23 @@ def _layer_view(title: str, unit: str, rows: list, first) -> list[str]:
     if first:
         lines.append(f"first divergence layer by layer: {first}")
     lines += _layer_lines(differ)
-    lines.append(f"  {'tensor':<40} {'layer':<20} {'cosine':>10} {'vs float':>10}")
-    lines += [f"  {row.tensor[:40]:<40} {row.layer[:20]:<20} {_cos(row.cosine):>10} {_cos(row.float_cosine):>10}"
-              for row in rows]
+    wt = max([len("tensor")] + [len(r.tensor) for r in rows])  # whole names: every row identifiable
+    wl = max([len("layer")] + [len(r.layer) for r in rows])
+    lines.append(f"  {'tensor':<{wt}} {'layer':<{wl}} {'differ':>13} {'max LSB':>7} {'cosine':>10} {'vs float':>10}")
+    lines += [f"  {row.tensor:<{wt}} {row.layer:<{wl}} {f'{row.differ}/{row.elements}':>13} "
+              f"{row.max_abs:>7.3g} {_cos(row.cosine):>10} {_cos(row.float_cosine):>10}" for row in rows]
     return lines
+
+
+def _plain(v):
+    """``v`` with tuples as lists and non-finite floats as strings ("inf", "nan"): strict JSON."""
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
 
 
 def _cos(v) -> str:
