@@ -48,7 +48,7 @@ def broadcast_param(p: np.ndarray, x_shape, axis: int, block_size: int, what: st
         if p.shape[axis] != need or any(p.shape[i] != x_shape[i] for i in range(rank) if i != axis):
             raise NPUError(f"{what}: blocked parameter shape {p.shape} does not match input "
                            f"{tuple(x_shape)} with block_size {block_size} on axis {axis}")
-        return np.repeat(p, block_size, axis=axis).take(range(x_shape[axis]), axis=axis)
+        return p.take(np.arange(x_shape[axis]) // block_size, axis=axis)  # element i in block i // block_size
     if block_size < 0:
         raise NPUError(f"{what}: negative block_size {block_size}")
     if p.ndim != 1 or p.shape[0] != x_shape[axis]:

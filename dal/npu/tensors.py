@@ -39,6 +39,10 @@ def load_initializer(t) -> np.ndarray:
     except Exception as e:
         raise NPUError(f"initializer {t.name!r} is malformed: {e}") from None
     expect = int(np.prod(t.dims)) if len(t.dims) else 1
+    if t.HasField("raw_data") and t.data_type in (21, 22) and len(t.raw_data) != (expect + 1) // 2:
+        # UINT4 / INT4 pack two values a byte: onnx's unpacking would drop extra bytes silently
+        raise NPUError(f"initializer {t.name!r} is malformed: {len(t.raw_data)} raw bytes for {expect} "
+                       f"4-bit values (dims {list(t.dims)}) need {(expect + 1) // 2}")
     if a.size != expect:
         raise NPUError(f"initializer {t.name!r} holds {a.size} values for dims {list(t.dims)}")
     return a

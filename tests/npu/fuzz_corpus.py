@@ -25,9 +25,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import graphs  # noqa: E402
+from fuzz_decoder import blocked_model, cache_model, decoder_edge, embed_model  # noqa: E402
 
 FEEDS = {"mixed_u8": (1, 4, 16, 16), "mixed_s8": (1, 4, 16, 16), "conv": (1, 8, 12, 12),
-         "gemm": (5, 40), "grid": (1, 8, 9, 2), "scatter": (24, 5)}
+         "gemm": (5, 40), "grid": (1, 8, 9, 2), "scatter": (24, 5),
+         "blocked": (4, 32), "cache": (1, 2, 1, 8), "embed": (3, 8)}
 
 
 def grid_model(seed=4):
@@ -77,7 +79,8 @@ def base_models():
             "conv": graphs.conv_model(seed=2, act="s8"),
             "gemm": graphs.linear_model(seed=3, op="Gemm"),
             "grid": grid_model(),
-            "scatter": scatter_model()}
+            "scatter": scatter_model(),
+            "blocked": blocked_model(), "cache": cache_model(), "embed": embed_model()}
 
 
 def _copy(m):
@@ -252,7 +255,9 @@ def index_out_of_range(m, rng):
         return "no index initializer", []
     n, t = cands[rng.integers(len(cands))]
     arr = numpy_helper.to_array(t).copy()
-    size = 6  # the scatter base model's axis 0
+    data = [d for d in m.graph.initializer if d.name == n.input[0]]
+    axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
+    size = data[0].dims[axis] if data else 6  # else the scatter base model's axis 0
     flat = arr.reshape(-1)
     flat[rng.integers(flat.size)] = size if rng.integers(2) else -size - 1
     _replace(m, t.name, arr)
@@ -268,7 +273,9 @@ def graph_input_shape(m, rng):
 
 KINDS = {f.__name__: f for f in (truncate_initializer, wrong_element_type, shape_off_by_one,
                                   bad_attribute, dangling_input, cyclic_input, bad_scale,
-                                  bad_zero_point, junk_metadata, graph_input_shape, index_out_of_range)}
+                                  bad_zero_point, junk_metadata, graph_input_shape, index_out_of_range,
+                                  decoder_edge)}
+ONLY = {"decoder_edge": ("blocked", "cache", "embed")}  # kinds that apply to some base models only
 
 
 def corpus(per_kind: int = 6, seed: int = 0):
@@ -278,8 +285,9 @@ def corpus(per_kind: int = 6, seed: int = 0):
     bases = base_models()
     out = []
     for kind, fn in KINDS.items():
+        names = list(ONLY.get(kind, bases))
         for k in range(per_kind):
-            bname = list(bases)[k % len(bases)]
+            bname = names[k % len(names)]
             m = _copy(bases[bname])
             label, culprits = fn(m, rng)
             out.append((f"{kind}/{bname}/{label}", bname, m.SerializeToString(), culprits))
