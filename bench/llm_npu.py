@@ -193,6 +193,46 @@ def by_op(rows: list[dict]) -> list[tuple[str, int, float, float]]:
     return sorted(((k, n, ms, ms / total) for k, (n, ms) in acc.items()), key=lambda r: -r[2])
 
 
+def constant_dequantizers(path: str) -> set:
+    """Names of the DequantizeLinear nodes of the ONNX file ``path`` whose every input is an initializer."""
+    import onnx
+
+    g = onnx.load(path).graph
+    init = {i.name for i in g.initializer}
+    return {n.name for n in g.node if n.op_type == "DequantizeLinear" and all(i in init for i in n.input if i)}
+
+
+def profile_lines(say, e: "Engines", ratios: dict) -> None:
+    """For each phase where dal.npu misses 1.0x: where its time goes (Session.profile), per op type, by step
+    kind, the share of constant-weight DequantizeLinear steps, and its slowest steps."""
+    for phase, sess, feed in (("decode", e.npu_dec, e.dec_np), ("prefill", e.npu_pre, e.pre_np)):
+        if ratios[f"npu {phase}"] >= 1.0:
+            continue
+        say()
+        say(f"dal.npu {phase} misses 1.0x: where its time goes (Session.profile, medians of 5 runs, "
+            "summed per op type)")
+        say()
+        say("| op | steps | ms | share |")
+        say("|---|---|---|---|")
+        rows = sess.profile(feed, repeat=5)
+        for op, n, ms, share in by_op(rows)[:10]:
+            say(f"| {op} | {n} | {ms:.3f} | {share:.0%} |")
+        say()
+        kinds = defaultdict(int)
+        for r in rows:
+            kinds[r["kind"]] += 1
+        const = constant_dequantizers(e.dec_path if phase == "decode" else e.pre_path)
+        wdq = sum(r["ms"] for r in rows if r["node"] in const)
+        total = sum(r["ms"] for r in rows) or 1.0
+        say(f"steps by kind: {dict(kinds)} (\"fused\" = an integer group; the linears here run as \"node\" "
+            f"steps: the weight's DequantizeLinear, then a float MatMul); DequantizeLinear of constant weights "
+            f"(every input an initializer, recomputed on every run): {len(const)} steps, {wdq:.3f} ms = "
+            f"{wdq / total:.0%} of the profiled {total:.3f} ms")
+        say()
+        say("its slowest steps: " + "; ".join(f"{r['node']} ({r['op']}, {r['kind']}) {r['ms']:.3f} ms "
+                                              f"{r['share']:.0%}" for r in rows[:6]))
+
+
 def main(reps: int = 15, layers: int | None = None, write: bool = True) -> str:
     torch.set_num_threads(1)
     fp, source = float_model(layers)
@@ -226,8 +266,9 @@ def main(reps: int = 15, layers: int | None = None, write: bool = True) -> str:
         say(f"{reps} interleaved repetitions, medians; ratio = speed (tokens/s) of the engine / its peer's = "
             "peer ms / engine ms")
         say()
-        say("| phase | engine | ms | peer | peer ms | ratio wall (target) | ratio CPU time | engine tok/s |")
-        say("|---|---|---|---|---|---|---|---|")
+        say("| phase | engine | ms | CPU ms | peer | peer ms | peer CPU ms | ratio wall (target) | ratio CPU time "
+            "| engine tok/s |")
+        say("|---|---|---|---|---|---|---|---|---|---|")
         ratios, peer_note = {}, {}
         for phase, toks in (("decode", 1), ("prefill", PROMPT)):
             for a, b, target in (("npu", "ort", 1.0), ("int", "float", 0.5)):
@@ -239,28 +280,14 @@ def main(reps: int = 15, layers: int | None = None, write: bool = True) -> str:
                 ratios[ka] = rw
                 name = {"npu": "dal.npu", "ort": "onnxruntime", "int": "integer model (dal.convert)",
                         "float": "float eager (transformers)"}
-                say(f"| {phase} | {name[a]} | {wall[ka]:.2f} | {name[b]} | {wall[kb]:.2f} | {rw:.2f}x (>= {target}x) "
-                    f"| {rc:.2f}x | {toks * 1e3 / wall[ka]:.0f} |")
+                say(f"| {phase} | {name[a]} | {wall[ka]:.2f} | {cpu[ka]:.2f} | {name[b]} | {wall[kb]:.2f} | {cpu[kb]:.2f} "
+                    f"| {rw:.2f}x (>= {target}x) | {rc:.2f}x | {toks * 1e3 / wall[ka]:.0f} |")
         say()
         say("onnxruntime at its default level refuses these files (TypeInferenceError, see ORT_OFF in the "
             "bench); the peer is the faster of it with one optimizer off: " +
             "; ".join(f"{ph}: " + ", ".join(f"-{off} {wall[f'ort {ph} -{off}']:.2f} ms" for off in ORT_OFF) +
                       f" (peer: {peer_note[ph].split(' -')[1]} off)" for ph in ("decode", "prefill")))
-        for phase, sess, feed in (("decode", e.npu_dec, e.dec_np), ("prefill", e.npu_pre, e.pre_np)):
-            if ratios[f"npu {phase}"] >= 1.0:
-                continue
-            say()
-            say(f"dal.npu {phase} misses 1.0x: where its time goes (Session.profile, medians of 5 runs, "
-                "summed per op type)")
-            say()
-            say("| op | steps | ms | share |")
-            say("|---|---|---|---|")
-            rows = sess.profile(feed, repeat=5)
-            for op, n, ms, share in by_op(rows)[:10]:
-                say(f"| {op} | {n} | {ms:.3f} | {share:.0%} |")
-            say()
-            say("its slowest steps: " + "; ".join(f"{r['node']} ({r['op']}, {r['kind']}) {r['ms']:.3f} ms "
-                                                  f"{r['share']:.0%}" for r in rows[:6]))
+        profile_lines(say, e, ratios)
     text = "\n".join(lines) + "\n"
     if write:
         write_result("llm_npu.md", text)

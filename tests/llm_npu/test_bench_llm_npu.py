@@ -24,6 +24,7 @@ def test_bench_runs_one_layer(tmp_path):
     e = llm_npu.Engines(fp, q, str(tmp_path), prompt_len=8, cache_len=16)  # small: the bench uses 128 / 256
     wall, cpu = llm_npu.timed(e.runs(), reps=2)
     assert set(wall) == set(cpu) == set(e.runs())
+    assert "model.layers.0.mlp.down_proj.weight_quant/DequantizeLinear" in llm_npu.constant_dequantizers(e.dec_path)
     # the thing timed is the real step: dal.npu's decode codes equal the integer model's, bit for bit
     npu = e.npu_dec.run(e.dec_np)
     mine = e.int_decode()
