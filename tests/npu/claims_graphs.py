@@ -215,9 +215,9 @@ def _resize(b, rng, fin, variant):
 def _op(b, rng, cls, variant, fin, fw):
     if cls in ("conv", "conv_transpose", "linear", "matmul", "embedding"):
         return _dense(b, rng, cls, fin, fw)
-    if cls in ("add", "mul"):
+    if cls in ("add", "mul", "deformable_attention"):  # §5g: the weighted sum is a quantized Mul of its operands
         a, c = _act_in(b, fin, _x(rng, 1, 4, 5, 5)), _act_in(b, fin, _x(rng, 1, 4, 5, 5))
-        return b.node(cls.capitalize(), [a, c])
+        return b.node("Add" if cls == "add" else "Mul", [a, c])
     if cls == "cat":
         a, c = _act_in(b, fin, _x(rng, 1, 3, 4, 4)), _act_in(b, fin, _x(rng, 1, 2, 4, 4))
         return b.node("Concat", [a, c], axis=1)
