@@ -1,7 +1,8 @@
 """A hand-written BEV-style module, as a new user writes one (issue 44): a shared small CNN over
 six camera feature maps, ``F.grid_sample`` of each camera onto a BEV grid from fixed reference
 points, a multi-scale deformable-attention block in plain PyTorch as in Deformable-DETR's
-reference code (``ms_deform_attn_core_pytorch``, a helper function, not a method), the residual
+reference code (``ms_deform_attn_core_pytorch``, a helper function, not a method: the one copy
+in examples/bev/bev_deform.py), the residual
 ``y = self.norm(query + self.attn(...))`` and a BEV conv head.
 
 Neither forward traces with torch.fx (``B, N, C, H, W = x.shape`` unpacks a Proxy; the core
@@ -10,33 +11,17 @@ Tiny sizes: a forward is a few milliseconds.
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "bev"))
+from bev_deform import ms_deform_attn_core_pytorch  # noqa: E402  (the one copy of the reference core)
+
 CAMERAS, IMG, BEV, D_MODEL = 6, 16, 8, 16
-
-
-def ms_deform_attn_core_pytorch(value, value_spatial_shapes, sampling_locations, attention_weights):
-    """Deformable-DETR's reference (models/ops/functions/ms_deform_attn_func.py), unchanged."""
-    N_, S_, M_, D_ = value.shape
-    _, Lq_, M_, L_, P_, _ = sampling_locations.shape
-    value_list = value.split([H_ * W_ for H_, W_ in value_spatial_shapes], dim=1)
-    sampling_grids = 2 * sampling_locations - 1
-    sampling_value_list = []
-    for lid_, (H_, W_) in enumerate(value_spatial_shapes):
-        # N_, H_*W_, M_, D_ -> N_, H_*W_, M_*D_ -> N_, M_*D_, H_*W_ -> N_*M_, D_, H_, W_
-        value_l_ = value_list[lid_].flatten(2).transpose(1, 2).reshape(N_ * M_, D_, H_, W_)
-        # N_, Lq_, M_, P_, 2 -> N_, M_, Lq_, P_, 2 -> N_*M_, Lq_, P_, 2
-        sampling_grid_l_ = sampling_grids[:, :, :, lid_].transpose(1, 2).flatten(0, 1)
-        # N_*M_, D_, Lq_, P_
-        sampling_value_l_ = F.grid_sample(value_l_, sampling_grid_l_,
-                                          mode="bilinear", padding_mode="zeros", align_corners=False)
-        sampling_value_list.append(sampling_value_l_)
-    # (N_, Lq_, M_, L_, P_) -> (N_, M_, Lq_, L_, P_) -> (N_, M_, 1, Lq_, L_*P_)
-    attention_weights = attention_weights.transpose(1, 2).reshape(N_ * M_, 1, Lq_, L_ * P_)
-    output = (torch.stack(sampling_value_list, dim=-2).flatten(-2) * attention_weights).sum(-1).view(N_, M_ * D_, Lq_)
-    return output.transpose(1, 2).contiguous()
 
 
 class MSDeformAttn(nn.Module):
