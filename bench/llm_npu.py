@@ -39,7 +39,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # (2 threads here) ignores dal.npu's threads=1; set before numpy is imported
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -27,7 +27,6 @@ ValueError naming the layer.
 """
 from __future__ import annotations
 
-from typing import Optional
 
 import torch
 
