@@ -165,10 +165,20 @@ class Session:
             for name in self.sparse24:  # still verified, even though the float path runs
                 from .sparse import check_24
                 check_24(g.consts[name], self.sparse24[name] if True else 0, name)
-        self.steps = steps
+        self._finish(steps)
+
+    def _finish(self, steps):
+        """Set ``steps`` (less the constant ones, run here once: constant_steps.py), their
+        liveness and the pixel-major plan."""
+        from .constant_steps import fold
+        g, self.steps, self._folded = self.graph, steps, {}
+        self._live = self._liveness()
+        self.steps, self._folded = fold(steps, self._live, g.consts,
+                                        lambda st, ins: self._exec(st, ins, False))
         self._live = self._liveness()
         # tensors kept pixel-major between integer steps (layout.py); every one handed out is NCHW
-        self._nhwc = layout.plan(steps, self._live, g.outputs, rank4_names(g)) if semantics == "integer" else set()
+        self._nhwc = (layout.plan(self.steps, self._live, g.outputs, rank4_names(g))
+                      if self.semantics == "integer" else set())
 
     def _in_types(self, n):
         out = []
@@ -229,6 +239,7 @@ class Session:
                     want_s = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in dims]
                     raise NPUError(f"graph input {name!r} must have shape {want_s}, got {list(x.shape)}")
             env[name] = x
+        env.update(self._folded)  # values of the constant steps run at load (constant_steps.py)
         return env
 
     def _exec(self, step, ins, want_extra):
@@ -345,8 +356,8 @@ class Session:
     def run_layerwise(self, values: dict) -> dict:
         """Run every step on the given tensor values (e.g. an oracle's intermediates) instead of
         its own upstream results; returns what each step computes. Isolates per-layer parity."""
-        out = {}
-        consts = self.graph.consts
+        out = self._public(dict(self._folded))
+        consts = {**self.graph.consts, **self._folded}
         for step in self.steps:
             try:
                 ins = [None if not i else values[i] if i in values else consts[i] for i in step.inputs]
