@@ -265,8 +265,9 @@ def profile_lines(say, e: "Engines", ratios: dict) -> None:
             "overhead outside the steps, or caches the interleaved peers evicted)")
         say()
         say(f"steps by kind: {dict(kinds)} (\"fused\" = an integer group; the linears here run as \"node\" "
-            f"steps: the weight's DequantizeLinear, then a float MatMul); DequantizeLinear of constant weights "
-            f"(every input an initializer, recomputed on every run): {len(const)} steps, {wdq:.3f} ms = "
+            f"steps: the weight's DequantizeLinear, then a float MatMul); DequantizeLinear nodes of constant "
+            f"weights: {len(const)} in the file, {sum(r['node'] in const for r in rows)} still run per step "
+            f"(dal.npu computes constant steps once at load: dal/npu/constant_steps.py), {wdq:.3f} ms = "
             f"{wdq / total:.0%} of the profiled {total:.3f} ms")
         say()
         say("its slowest steps: " + "; ".join(f"{r['node']} ({r['op']}, {r['kind']}) {r['ms']:.3f} ms "
