@@ -1,8 +1,8 @@
 """A hand-written BEV-style module, as a new user writes one (issue 44): a shared small CNN over
 six camera feature maps, ``F.grid_sample`` of each camera onto a BEV grid from fixed reference
 points, a multi-scale deformable-attention block in plain PyTorch as in Deformable-DETR's
-reference code (``ms_deform_attn_core_pytorch``, a helper function, not a method: the one copy
-in examples/bev/bev_deform.py), the residual
+reference code (``ms_deform_attn_core_pytorch``, a helper function, not a method; it and ``MSDeformAttn`` are
+examples/bev/bev_deform.py's), the residual
 ``y = self.norm(query + self.attn(...))`` and a BEV conv head.
 
 Neither forward traces with torch.fx (``B, N, C, H, W = x.shape`` unpacks a Proxy; the core
@@ -19,37 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "bev"))
-from bev_deform import ms_deform_attn_core_pytorch  # noqa: E402  (the one copy of the reference core)
+from bev_deform import MSDeformAttn, ms_deform_attn_core_pytorch  # noqa: E402,F401  (the one copy of each)
 
 CAMERAS, IMG, BEV, D_MODEL = 6, 16, 8, 16
-
-
-class MSDeformAttn(nn.Module):
-    """Deformable-DETR's ``MSDeformAttn`` (2-D reference points, no padding mask)."""
-
-    def __init__(self, d_model=D_MODEL, n_levels=3, n_heads=2, n_points=2):
-        super().__init__()
-        self.d_model, self.n_levels, self.n_heads, self.n_points = d_model, n_levels, n_heads, n_points
-        self.sampling_offsets = nn.Linear(d_model, n_heads * n_levels * n_points * 2)
-        self.attention_weights = nn.Linear(d_model, n_heads * n_levels * n_points)
-        self.value_proj = nn.Linear(d_model, d_model)
-        self.output_proj = nn.Linear(d_model, d_model)
-        with torch.no_grad():  # as Deformable-DETR's _reset_parameters: offsets start small
-            self.sampling_offsets.weight.mul_(0.1)
-
-    def forward(self, query, reference_points, input_flatten, input_spatial_shapes, input_level_start_index):
-        N, Len_q, _ = query.shape
-        N, Len_in, _ = input_flatten.shape
-        value = self.value_proj(input_flatten)
-        value = value.view(N, Len_in, self.n_heads, self.d_model // self.n_heads)
-        sampling_offsets = self.sampling_offsets(query).view(N, Len_q, self.n_heads, self.n_levels, self.n_points, 2)
-        attention_weights = self.attention_weights(query).view(N, Len_q, self.n_heads, self.n_levels * self.n_points)
-        attention_weights = F.softmax(attention_weights, -1).view(N, Len_q, self.n_heads, self.n_levels, self.n_points)
-        offset_normalizer = torch.stack([input_spatial_shapes[..., 1], input_spatial_shapes[..., 0]], -1)
-        sampling_locations = reference_points[:, :, None, :, None, :] \
-            + sampling_offsets / offset_normalizer[None, None, None, :, None, :]
-        output = ms_deform_attn_core_pytorch(value, input_spatial_shapes, sampling_locations, attention_weights)
-        return self.output_proj(output)
 
 
 def _cnn(c_in, c_out, stride=1):
@@ -68,7 +40,6 @@ class BEVBlock(nn.Module):
         self.down = nn.ModuleList([_cnn(d_model, d_model, 2) for _ in range(n_levels - 1)])
         shapes = [(BEV >> i, BEV >> i) for i in range(n_levels)]
         self.register_buffer("spatial_shapes", torch.tensor(shapes, dtype=torch.long))
-        self.register_buffer("level_start_index", torch.tensor([0] + [h * w for h, w in shapes[:-1]]).cumsum(0))
         c = (torch.arange(BEV, dtype=torch.float32) + 0.5) / BEV
         ref = torch.stack(torch.meshgrid(c, c, indexing="xy"), -1).reshape(1, BEV * BEV, 1, 2)
         self.register_buffer("reference_points", ref.expand(1, BEV * BEV, n_levels, 2).contiguous())
@@ -89,5 +60,5 @@ class BEVBlock(nn.Module):
         value = torch.cat([lvl.flatten(2).transpose(1, 2) for lvl in levels], 1)
         query = bev.flatten(2).transpose(1, 2)
         ref = self.reference_points.expand(B, -1, -1, -1)
-        y = self.norm(query + self.attn(query, ref, value, self.spatial_shapes, self.level_start_index))
+        y = self.norm(query + self.attn(query, ref, value, self.spatial_shapes))
         return self.head(y.transpose(1, 2).reshape(B, -1, BEV, BEV))

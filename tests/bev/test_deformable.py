@@ -21,7 +21,7 @@ from dal.nn.grid_sample import QGridSample
 from dal.recipe.errors import RecipeError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bev_block import BEVBlock, MSDeformAttn, ms_deform_attn_core_pytorch  # noqa: E402
+from bev_block import BEVBlock, ms_deform_attn_core_pytorch  # noqa: E402
 
 torch.set_num_threads(1)
 
