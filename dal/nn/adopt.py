@@ -6,6 +6,8 @@ from torch import nn
 # Attributes a QAT module adds on top of its float module; to_float drops them.
 QAT_ATTRS = ("qat_name", "activation", "bias_mode", "_float_cls", "bn_frozen_flag")
 QAT_SUBMODULES = ("input_quant", "weight_quant", "output_quant", "input_quants", "bn")
+# Buffers a QAT module adds: the 2:4 mask, a conv-BN's frozen flag; to_float drops them.
+QAT_BUFFERS = ("weight_mask", "bn_frozen")
 
 
 def adopt(cls, mod: nn.Module):
@@ -23,7 +25,8 @@ def adopt(cls, mod: nn.Module):
 
 
 def release(mod: nn.Module, float_cls=None) -> nn.Module:
-    """The float module of a QAT module: same parameters, quantizers and QAT attributes removed."""
+    """The float module of a QAT module: the same Parameter objects; quantizers, the QAT attributes
+    (``QAT_ATTRS``), submodules (``QAT_SUBMODULES``) and buffers (``QAT_BUFFERS``) removed."""
     cls = float_cls or mod.__dict__.get("_float_cls")
     if cls is None:
         raise ValueError(f"{type(mod).__name__} does not know its float class; it was not built with from_float")
@@ -31,8 +34,7 @@ def release(mod: nn.Module, float_cls=None) -> nn.Module:
     nn.Module.__init__(new)
     state = {k: v for k, v in mod.__dict__.items() if k not in QAT_ATTRS and k != "training"}
     for key in ("_parameters", "_buffers", "_modules"):
-        state[key] = {k: v for k, v in state[key].items() if k not in QAT_SUBMODULES}
-    state["_buffers"].pop("weight_mask", None)
+        state[key] = {k: v for k, v in state[key].items() if k not in QAT_SUBMODULES + QAT_BUFFERS}
     new.__dict__.update(state)
     new.training = mod.training
     return new

@@ -72,7 +72,6 @@ class QConvFrozenBn2d(QConvBn2d):
         bn = self.bn
         conv = release(self, nn.Conv2d)
         conv.__dict__.pop("frozen_bn_eps", None)
-        conv._buffers.pop("bn_frozen", None)
         layers = [conv, bn] + ([nn.ReLU()] if self.activation == "relu" else [])
         return nn.Sequential(*layers)
 

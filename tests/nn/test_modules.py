@@ -88,6 +88,17 @@ def test_conv_bn_eval_off_equals_float_conv_bn(cls, relu):
     torch.testing.assert_close(q(x), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cls,relu", [(QConvBn2d, False), (QConvBnReLU2d, True)])
+def test_conv_bn_to_float_is_the_float_modules(cls, relu):
+    """to_float gives back conv, BN (and ReLU) with exactly the float modules' state: no QAT buffer
+    (bn_frozen, weight_mask) is left on the returned Conv2d."""
+    conv, bn = nn.Conv2d(3, 8, 3, padding=1), _bn(8)
+    keys = set(nn.Sequential(conv, bn).state_dict())
+    back = cls.from_float(conv, bn, INT8, "c").to_float()
+    assert [type(m) for m in back] == [nn.Conv2d, nn.BatchNorm2d] + ([nn.ReLU] if relu else [])
+    assert set(back.state_dict()) == keys and back[0].weight is conv.weight
+
+
 def test_conv_bn_training_tracks_batch_statistics_like_float_bn():
     torch.manual_seed(4)
     conv, bn = nn.Conv2d(3, 8, 3, padding=1, bias=False), _bn(8)
