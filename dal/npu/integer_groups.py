@@ -300,8 +300,12 @@ class FusedStep:
 
 def match(g, node, sparse24: dict):
     """Plan dict for a fusable group rooted at Conv/Gemm/MatMul ``node``, a list of plans (one
-    per reader, group_chain.for_reader) when k >= 2 quantizers read it, else None."""
+    per reader, group_chain.for_reader) when k >= 2 quantizers read it, else None. A MatMul with
+    a blocked weight: blocked_groups.match (always a list)."""
     plan = _match_one(g, node, sparse24)
+    if plan is None and node.op_type == "MatMul":  # blocked weights: blocked_groups.py
+        from .blocked_groups import match as match_blocked
+        return match_blocked(g, node)
     if plan is None or len(plan["q_readers"]) < 2:
         return plan
     return [for_reader(g, plan, q) for q in plan["q_readers"]]

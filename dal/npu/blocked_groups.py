@@ -1,0 +1,176 @@
+"""Blocked integer groups: a MatMul whose weight is dequantized per block of input channels
+(export/SPEC.md §5a, "blocked integer group"), as a chip with one int32 accumulator per block
+and a float rescale computes it:
+
+    DQ(x codes, per tensor) -> MatMul(., DQ(w codes [K, N], axis 0, block_size B))
+        [-> Relu | Clip] -> QuantizeLinear (one, or k >= 2 reading the same tensor)
+
+Per row m and output channel n, with nb = ceil(K / B) blocks (the last one holds K - (nb-1) B
+channels when B does not divide K, as the blocked DequantizeLinear defines it):
+
+    acc_b = sum_{k in block b} (x_q[k] - zp_x) (w_q[k, n] - zp_w[b, n])     exact integers
+    t     = (((acc_0 s_0 + acc_1 s_1) + acc_2 s_2) + ...)                  float64, b ascending,
+            s_b = float64(s_w[b, n]); each product acc_b * s_b is exact (|acc_b| < 2^29)
+    v     = float32(float64(s_x) * t)                                      two roundings (float64, float32)
+    q     = clamp(round_half_even(v / s_y) + zp_y, lo, hi)                 float32 division (ONNX Q)
+
+``[lo, hi]`` narrowed by a Relu / Clip as in integer_groups.py. With one block (nb = 1) this is
+the per-channel group's ``float32(float64(acc) * (float64(s_x) * float64(s_w)))``: both are the
+float64 rounding of the same exact real number, then float32.
+
+The block sums are exact in float32 arithmetic when every partial sum is an integer below 2^24
+(``B * max|x_q - zp_x| * max|w_q - zp_w| < 2^24``, e.g. 8-bit inputs and 4-bit weights, at most
+255 x 15, for B up to 4386): one batched float32 matmul of the codes (numpy, any summation order), else float64
+(exact below 2^53). Not matched, and left to the float path (a float island): Gemm, a bias
+(an Add after the MatMul, or a float bias), 16-bit input codes, an integer (fixed-point /
+power-of-two) requantizer, a declared accumulator narrower than 32 bits, a block sum that
+could leave 2^29, a pass-through MaxPool / Resize, float16 scales, a scale that is not finite
+and positive.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import quant
+from .group_chain import is_dq, plan_output_chain
+
+_X = {np.dtype(np.int8), np.dtype(np.uint8)} | quant.INT4
+_W = _X
+
+
+def _requantizer(g):
+    rq = getattr(g, "_dal_requantizer", None)
+    if rq is None:
+        from .metadata import read_requantizer
+        rq = g._dal_requantizer = read_requantizer(g.model)
+    return rq
+
+
+def _positive(s) -> bool:
+    return s is not None and s.size > 0 and bool(np.all(np.isfinite(s)) and np.all(s > 0))
+
+
+def match(g, node):
+    """A list of plans (one per QuantizeLinear reader) for a blocked group rooted at MatMul
+    ``node`` (module doc), else None. Each plan has ``blocked`` set (group_post.group_step)."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+        return None
+    dqx, dqw = g.producer(node.input[0]), g.producer(node.input[1])
+    if not (is_dq(dqx) and is_dq(dqw)) or g.attrs(dqx).get("block_size", 0):
+        return None
+    bsz = int(g.attrs(dqw).get("block_size", 0))
+    if bsz <= 0:
+        return None
+    xs, xz = g.const(dqx.input[1]), g.const_opt(dqx, 2)
+    wq, ws, wz = g.const(dqw.input[0]), g.const(dqw.input[1]), g.const_opt(dqw, 2)
+    if xs is None or xz is None or xs.size != 1 or xz.size != 1 or xs.dtype != np.float32 or xz.dtype not in _X:
+        return None
+    if wq is None or ws is None or wq.ndim != 2 or wq.dtype not in _W or ws.dtype != np.float32:
+        return None
+    if g.attrs(dqw).get("axis", 1) % 2 != 0:
+        return None
+    k, n = wq.shape
+    nb = -(-k // bsz)
+    if ws.shape != (nb, n) or (wz is not None and (wz.shape != (nb, n) or wz.dtype != wq.dtype)):
+        return None
+    if not (_positive(xs) and _positive(ws)):
+        return None
+    rq = _requantizer(g)
+    if rq.integer or (rq.accumulator_bits is not None and rq.accumulator_bits < 32):
+        return None
+    x_dtype = xz.dtype
+    zx = int(xz.reshape(-1)[0])
+    qmin, qmax = quant.int_range(x_dtype)
+    x_max = max(zx - qmin, qmax - zx)
+    blk = np.arange(k) // bsz
+    wd = wq.astype(np.int64) - (wz.astype(np.int64)[blk] if wz is not None else 0)
+    w_max = int(np.abs(wd).max()) if wd.size else 0
+    bound = bsz * x_max * w_max
+    if bound >= 2**29:
+        return None
+    plan = {"op": "MatMul", "blocked": True, "x_name": dqx.input[0], "x_dtype": x_dtype,
+            "x_scale": np.float32(xs.reshape(())), "x_zp": zx, "k": k, "channels": n,
+            "block_size": bsz, "w_int": wd, "w_scale": ws.astype(np.float64),
+            "exact_f32": bound < 2**24,
+            # group_chain.bias_add takes no bias for a blocked weight: the sentinel stops it
+            "bias_q": None, "bias_f": "blocked"}
+    if not plan_output_chain(g, node, plan) or plan["bias_add"] or plan["post"] is not None:
+        return None
+    plan["bias_f"] = None
+    if not all(_positive(g.const(q.input[1])) for q in plan["q_readers"]):
+        return None
+    return [dict(plan, q_out=q.output[0], q_node=q, y_scale=np.float32(g.const(q.input[1]).reshape(())),
+                 y_zp=int(g.const_opt(q, 2).reshape(-1)[0]), y_dtype=g.const_opt(q, 2).dtype, q_readers=[q])
+            for q in plan["q_readers"]]
+
+
+class BlockedStep:
+    """One blocked group (module doc): ``outputs`` are its readers' codes."""
+
+    kind = "fused"
+    nhwc_capable, nhwc_in, nhwc_out = False, (), False
+
+    def __init__(self, g, node, plans: list):
+        p = plans[0]
+        self.node, self.node_name, self.op = node, node.name, "MatMul"
+        self.isa = p.get("isa")
+        self.inputs = [p["x_name"]]
+        self.outputs = [q["q_out"] for q in plans]
+        self.op_out, self.act_out = p["op_out"], p["act_out"]
+        self.extra_outputs = [self.op_out] + ([self.act_out] if self.act_out else [])
+        self.x_dtype, self.x_zp, self.k = np.dtype(p["x_dtype"]), p["x_zp"], p["k"]
+        self.s_x = np.float64(p["x_scale"])
+        self.act_lo, self.act_hi = p["act_lo"], p["act_hi"]
+        b, k, n = p["block_size"], p["k"], p["channels"]
+        nb = -(-k // b)
+        self.pad = nb * b - k
+        dt = np.float32 if p["exact_f32"] else np.float64
+        self.dt = dt
+        w = np.pad(p["w_int"], ((0, self.pad), (0, 0)))
+        self.w = np.ascontiguousarray(w.reshape(nb, b, n).astype(dt))  # [nb, B, N], exact
+        self.s_w = p["w_scale"][:, None, :]  # [nb, 1, N] float64
+        self.nb, self.b, self.n = nb, b, n
+        self.readers = []
+        for q in plans:
+            ys, yz = np.float32(q["y_scale"]), int(q["y_zp"])
+            qmin, qmax = quant.int_range(q["y_dtype"])
+            one = lambda v: int(quant.quantize(np.float32(v), ys, np.array(yz), q["y_dtype"]))
+            lo = max(qmin, one(self.act_lo)) if self.act_lo is not None else qmin
+            hi = min(qmax, one(self.act_hi)) if self.act_hi is not None else qmax
+            self.readers.append((q["q_out"], ys, yz, lo, hi, np.dtype(q["y_dtype"])))
+
+    def value(self, xq):
+        """``v`` (float32, shape ``xq.shape[:-1] + (N,)``) of the module doc for codes ``xq``."""
+        from .errors import NPUError
+        if xq.dtype != self.x_dtype:
+            raise NPUError(f"node {self.node_name!r}: input codes are {xq.dtype}, the zero point "
+                           f"says {self.x_dtype}")
+        if xq.ndim < 1 or xq.shape[-1] != self.k:
+            raise NPUError(f"node {self.node_name!r}: input shape {xq.shape} does not match "
+                           f"reduction length {self.k}")
+        x2 = xq.reshape(-1, self.k).astype(self.dt) - self.dt(self.x_zp)  # exact
+        if self.pad:
+            x2 = np.pad(x2, ((0, 0), (0, self.pad)))
+        m = x2.shape[0]
+        xb = x2.reshape(m, self.nb, self.b).transpose(1, 0, 2)  # [nb, M, B]
+        acc = np.matmul(xb, self.w)  # [nb, M, N]: exact integers (module doc)
+        p = acc.astype(np.float64) * self.s_w  # exact products
+        t = p[0].copy()
+        for j in range(1, self.nb):  # float64, blocks in ascending order
+            t += p[j]
+        v = (t * self.s_x).astype(np.float32)
+        return v.reshape(xq.shape[:-1] + (self.n,))
+
+    def run(self, ins, threads, want_extra=False):
+        v = self.value(ins[0])
+        out = {}
+        for name, ys, yz, lo, hi, dt in self.readers:
+            r = np.rint(v / ys).astype(np.float64) + yz  # float32 division, half to even
+            out[name] = np.clip(r, lo, hi).astype(np.int64).astype(dt)
+        if want_extra:
+            out[self.op_out] = v
+            if self.act_out:
+                lo = -np.inf if self.act_lo is None else self.act_lo
+                hi = np.inf if self.act_hi is None else self.act_hi
+                out[self.act_out] = np.minimum(np.maximum(v, np.float32(lo)), np.float32(hi)).astype(np.float32)
+        return out
