@@ -19,7 +19,8 @@ float path (dal/npu/README.md, "Numeric contract"):
   weight)`` then the float32 bias, activation and output quantizer.
 
 The integer conditions are the NPU's: 8/4-bit per-tensor input codes, 8/4-bit weights per
-tensor or per output channel (not per group), a 2-D Conv weight, a Linear whose input is 2-D or
+tensor or per output channel (per group of input channels: a Linear without bias, the float
+requantizer, the blocked group of blocked_linear.py), a 2-D Conv weight, a Linear whose input is 2-D or
 whose bias is int32 codes (torch exports a batched Linear with bias as MatMul + Add; the NPU
 takes an Add of the int32 bias into the group, a float bias Add it leaves float), a per-tensor
 consumer of 8/16/4-bit codes.
@@ -35,6 +36,7 @@ from torch import nn
 from ..formats import INT32, PER_TENSOR, per_channel, quantize
 from ..nn.base import apply_activation
 from ..nn.norm import QBatchNorm2d
+from .blocked_linear import ACC_LIMIT, BlockedWeights, blocked_why_not
 from .accumulate import chunk_bounds, conv_exact, limit, linear_exact, refuse_int32_overflow
 from .errors import ConvertError
 from .fp16_region import half_dtype, half_forward
@@ -99,6 +101,7 @@ class IntegerLayer(WrapsModule):
         w, b = weight_and_bias(qat) if self.kind != "other" else (None, None)
         self.register_buffer("w_dq", None if w is None else qat.quantized_weight(w).detach().clone())
         self.register_buffer("b_dq", None if b is None else qat.quantized_bias(b).detach().float().clone())
+        self.blocked = None  # BlockedWeights of a per-group weight (blocked_linear.py)
         self.why_not = self._integer_form(w, b)
         self.fixed: dict[int, FixedPoint] = {}
         self.fan_values = None  # the model's {id(y): (y, {id(reader q): its value})}, api.py
@@ -114,11 +117,13 @@ class IntegerLayer(WrapsModule):
             return "not a zero-padded 2-D convolution"
         if not (_active(q_in) and q_in.fmt.name in _IN_CODES and q_in.granularity.axis is None):
             return "input is not per-tensor 16/8/4-bit integer codes"
-        if not (_active(q_w) and q_w.fmt.name in _W_CODES and not q_w.granularity.block_size):
-            return "weight is not 8/4-bit integer codes per tensor or per channel"
+        if not (_active(q_w) and q_w.fmt.name in _W_CODES):
+            return "weight is not 8/4-bit integer codes per tensor, per channel or per group"
         s_x, zp_x = q_in.effective_qparams()
         s_w, zp_w = q_w.effective_qparams()
         self.s_x, self.zp_x, self.in_fmt = float(s_x.reshape(())), int(zp_x.reshape(())), q_in.fmt
+        if q_w.granularity.block_size:  # export/SPEC.md §5a blocked integer group: blocked_linear.py
+            return self._blocked_form(w, b, q_in, q_w, s_w, zp_w)
         codes = quantize(w, q_w.fmt, s_w.float(), zp_w, q_w.granularity, q_w.narrow_range)
         shape = [-1] + [1] * (w.ndim - 1)
         w_int = codes.float() - zp_w.float().reshape(shape if zp_w.numel() > 1 else ())
@@ -142,6 +147,18 @@ class IntegerLayer(WrapsModule):
         if self.rq.kind != "float" and self.bias_f is not None:
             raise ConvertError(f"{self.path}: the {self.rq.kind} requantizer needs an int32 bias with scale "
                                "s_x * s_w (bias_mode='int32'), this layer has a float bias")
+        return ""
+
+    def _blocked_form(self, w, b, q_in, q_w, s_w, zp_w) -> str:
+        why = blocked_why_not(self.kind, b is not None, q_in.fmt.bits, self.rq)
+        if why or w.ndim != 2 or q_w.granularity.normalized_axis(2) != 1:
+            return why or "per-group weight not blocked along the input channels"
+        codes = quantize(w, q_w.fmt, s_w.float(), zp_w, q_w.granularity, q_w.narrow_range)
+        x_max = max(self.zp_x - q_in.qmin, q_in.qmax - self.zp_x)
+        self.blocked = BlockedWeights(codes, zp_w, s_w, q_w.granularity.block_size, int(x_max))
+        if self.blocked.bound >= ACC_LIMIT:
+            self.blocked = None
+            return "per-group weight whose block sums could reach 2^29"
         return ""
 
     # ---- run time ---------------------------------------------------------------------------
@@ -195,6 +212,10 @@ class IntegerLayer(WrapsModule):
             raise ConvertError(f"{self.path}: its input holds {int(torch.isnan(xi).sum())} NaN; the NPU's "
                                f"QuantizeLinear ({self.qat.input_quant.name}) has no code for NaN")
         xi.clamp_(lo, hi)
+        if self.blocked is not None:  # export/SPEC.md §5a blocked integer group (blocked_linear.py)
+            y = apply_activation(self.blocked.value(xi, self.s_x), self.qat.activation)
+            q_out = self.qat.output_quant
+            return q_out(y) if q_out is not None else y
         if self.kind == "conv":
             q = self.qat
             acc = conv_exact(xi, self.w_int, self.chunks, q.stride, q.padding, q.dilation, q.groups)

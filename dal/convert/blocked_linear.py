@@ -1,0 +1,71 @@
+"""A Linear whose weight is quantized per group of input channels (INT4 blocks of the LLM
+recipes), as export/SPEC.md §5a's blocked integer group computes it, in torch.
+
+With ``x_i = x_q - zp_x`` (exact integers), the integer weight ``w_i[k, n] = w_q - zp_w`` and
+its float32 scale ``s_w[b, n]`` per block ``b`` of ``B`` input channels (``nb = K / B``; dal's
+per-group quantizers need ``B`` to divide ``K``):
+
+    acc_b[m, n] = sum_{k in block b} x_i[m, k] w_i[k, n]      one float64 batched matmul of the
+                                                               codes: exact (integers below 2^53)
+    t[m, n]     = acc_0 s_0 + acc_1 s_1 + ... + acc_{nb-1} s_{nb-1}
+                  float64, added left to right (b ascending); each product exact (|acc_b| < 2^29,
+                  s_b a float32)
+    v[m, n]     = float32(float64(s_x) * t)
+
+The output quantizer then rounds ``v`` (ONNX's float32 division; probe.py finds it) exactly as
+the NPU's requantizer ``clamp(round_half_even(v / s_y) + zp_y, lo, hi)`` does (Q is monotone, so
+a Relu / Clip applied to ``v`` first changes nothing). dal.npu computes the same numbers from the
+file in numpy (dal/npu/blocked_groups.py); this is written separately from the trained layer.
+"""
+from __future__ import annotations
+
+import torch
+
+#: a block sum at or above this bound would make ``acc_b * s_b`` inexact in float64
+ACC_LIMIT = 2 ** 29
+
+
+def blocked_why_not(kind: str, has_bias: bool, in_bits: int, rq) -> str:
+    """Why a Linear with a per-group weight quantizer has no blocked integer group ("" if it has
+    one as far as these conditions go; the block-sum bound is checked on the codes)."""
+    if kind != "linear":
+        return "a per-group weight outside a Linear has no integer group"
+    if has_bias:
+        return "per-group weight with a bias (the blocked group takes none)"
+    if in_bits > 8:
+        return "per-group weight with 16-bit input codes"
+    if rq.kind != "float":
+        return f"per-group weight with the {rq.kind} requantizer (the blocked group is float-rescaled)"
+    if rq.accumulator_bits is not None and rq.accumulator_bits < 32:
+        return f"per-group weight with a {rq.accumulator_bits}-bit accumulator"
+    return ""
+
+
+class BlockedWeights(torch.nn.Module):
+    """The integer weight of a per-group quantized Linear, per block (module doc)."""
+
+    def __init__(self, codes: torch.Tensor, zp: torch.Tensor, scale: torch.Tensor, block: int, x_max: int):
+        """``codes`` [N, K] the weight codes, ``zp`` / ``scale`` [N, K / block] (or a scalar zero
+        point), ``x_max`` the largest ``|x_q - zp_x|`` of the input format."""
+        super().__init__()
+        n, k = codes.shape
+        nb = k // block
+        zp_full = zp.double().reshape(-1, 1) if zp.numel() == 1 else zp.double().repeat_interleave(block, dim=1)
+        w_int = codes.double() - zp_full  # [N, K] exact
+        self.block, self.nb, self.n = block, nb, n
+        self.bound = block * x_max * int(w_int.abs().max()) if w_int.numel() else 0
+        # [nb, B, N]: block b's rows of the [K, N] weight
+        self.register_buffer("w", w_int.t().reshape(nb, block, n).contiguous())
+        self.register_buffer("s_w", scale.float().double().t().contiguous())  # [nb, N]
+
+    def value(self, xi: torch.Tensor, s_x: float) -> torch.Tensor:
+        """``v`` (float32, ``xi.shape[:-1] + (N,)``) for ``xi = x_q - zp_x`` (integers)."""
+        lead = xi.shape[:-1]
+        x = xi.double().reshape(-1, self.nb, self.block).transpose(0, 1)  # [nb, M, B]
+        acc = torch.bmm(x, self.w.to(x.device))  # [nb, M, N], exact
+        s = self.s_w.to(x.device)
+        t = acc[0] * s[0]
+        for b in range(1, self.nb):
+            t = t + acc[b] * s[b]
+        v = (t * torch.tensor(s_x, dtype=torch.float64, device=x.device)).float()
+        return v.reshape(*lead, self.n)
