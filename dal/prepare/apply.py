@@ -38,7 +38,7 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
     leaves = {s.path: _find(model, s.path) for s in leaf_steps}
     for step in plan:
         if step.site is not None:
-            if step.action == "functional":
+            if step.action in ("functional", "fp16"):  # fp16: a softmax island (call_sites.routes_island)
                 install(model, step.site, _site_module(step))
         elif step.action in ("fuse", "functional") or (step.action == "fp16" and step.node):
             by_owner.setdefault(step.owner, []).append(step)
@@ -80,6 +80,10 @@ def _leaf_module(mod: nn.Module, step: Step) -> nn.Module:
 
 
 def _site_module(step: Step) -> nn.Module:
+    if step.action == "fp16":  # the site's Fp16Function calls the Tensor method of its name
+        return Fp16Function(step.site.op.function, step.path, step.op_class)
+    if step.type_name in ("scatter_add", "gather"):  # params: (kind, dim) of the call
+        return (QScatterAdd if step.type_name == "scatter_add" else QGather)(step.spec, step.path, *step.site.params)
     if step.type_name == "cat":
         return QCat(step.spec, step.path, arity=step.site.arity, dim=step.site.dim)
     if step.type_name == "grid_sample":

@@ -42,7 +42,9 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..nn.gather import GATHER_METHODS, gather_call_args
 from ..nn.grid_sample import grid_sample_args
+from ..nn.scatter_add import SCATTER_METHODS, scatter_call
 from .float_ops import FloatOp, classify_node
 
 #: frames of torch's own dispatch wrappers between a user's call and the mode
@@ -54,16 +56,27 @@ _MUL = {"mul", "__mul__", "__rmul__", "__imul__", "mul_"}
 _CAT = {"cat", "concat", "concatenate"}
 _MATMUL = {"matmul", "__matmul__", "bmm"}
 _GRID_SAMPLE = {"grid_sample", "grid_sampler"}  # F.grid_sample, torch.grid_sampler (dal.nn.grid_sample)
-#: the names a routed (quantizable) call can have: any other call passes straight through
-_KIND_NAMES = frozenset(_ADD | _MUL | _CAT | _MATMUL | _GRID_SAMPLE)
+#: scatter-adds (dal.nn.scatter_add: index_put_ with accumulate, scatter_add, index_add) and gathers
+#: on codes (dal.nn.gather: gather, index_select, take_along_dim), as functions and as methods
+_SCATTER = frozenset(SCATTER_METHODS)
+_GATHER = frozenset(GATHER_METHODS)
+#: float functions routed to an FP16 island (``fp16_island.Fp16Function``) where the hardware check
+#: made their site one: the softmax class (an attention's weights, Deformable-DETR's MSDA)
+ISLAND_FUNCTIONS = frozenset({"softmax", "log_softmax"})
+#: the names a routed call can have: any other call passes straight through
+_KIND_NAMES = frozenset(_ADD | _MUL | _CAT | _MATMUL | _GRID_SAMPLE | _SCATTER | _GATHER | ISLAND_FUNCTIONS)
 SITES_ATTR = "dal_sites"
 
 
 @dataclass(frozen=True)
 class Site:
     """One call site: ``owner`` path, ``key`` (``add_l78_0``), ``kind`` ("add", "mul", "cat",
-    "matmul", "grid_sample" — quantizable — else None), ``op`` (the FloatOp of any other op), ``arity`` (the
-    number of tensors a cat joins), ``dim`` (its axis) and ``line`` (file:line, for the report)."""
+    "matmul", "grid_sample", "scatter_add", "gather" — quantizable — else None), ``op`` (the FloatOp
+    of any other op; for a scatter-add or gather also its host op, listed when no recipe rule
+    quantizes it), ``arity`` (the number of tensors a cat joins), ``dim`` (its axis), ``line``
+    (file:line, for the report) and ``params``: grid_sample's ``(mode, padding_mode,
+    align_corners)``, a scatter-add's ``(kind, dim)`` (``QScatterAdd``'s), a gather's ``(kind, dim)``
+    (``QGather``'s)."""
 
     owner: str
     key: str
@@ -72,11 +85,17 @@ class Site:
     arity: int = 2
     dim: int = 0
     line: str = ""
-    params: tuple = ()  # grid_sample: (mode, padding_mode, align_corners) of the call
+    params: tuple = ()  # grid_sample: (mode, padding_mode, align_corners); scatter_add / gather: (kind, dim)
 
     @property
     def path(self) -> str:
         return f"{self.owner}.{SITES_ATTR}.{self.key}" if self.owner else f"{SITES_ATTR}.{self.key}"
+
+
+def routes_island(site: Site) -> bool:
+    """A float call site the mode can run as an FP16 island (a softmax, :data:`ISLAND_FUNCTIONS`):
+    the hardware check makes it one where ``fp16_island.is_island`` says so."""
+    return site.kind is None and site.op is not None and site.op.function in ISLAND_FUNCTIONS
 
 
 def _caller():
@@ -140,6 +159,8 @@ def classify_call(func, args, kwargs) -> tuple[Optional[str], Optional[FloatOp],
     the FloatOp of a listed float / passthrough op, or ``(None, None, 0, 0)`` for the rest
     (shapes, scalar arithmetic, dtype queries)."""
     name = getattr(func, "__name__", "")
+    if name in _SCATTER or name in _GATHER:
+        return _index_call(func, name, args, kwargs)
     if name in _CAT:
         seq = args[0] if args else kwargs.get("tensors", ())
         dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
@@ -163,6 +184,43 @@ def classify_call(func, args, kwargs) -> tuple[Optional[str], Optional[FloatOp],
     node = _Stub(func, name, args, kwargs)
     op = classify_node(node)
     return None, op, 0, 0
+
+
+def _is_method(func, name: str) -> bool:
+    """``func`` is a Tensor method (``x.index_add_``), not a torch function (``torch.index_add``)."""
+    return getattr(func, "__objclass__", None) in _TENSOR_CLASSES or getattr(torch.Tensor, name, None) is func
+
+
+def index_call(func, args, kwargs):
+    """``("scatter_add", (kind, dim, x, index, src, in_place))`` or ``("gather", (kind, dim, x,
+    index))`` for a scatter-add / gather call that ``QScatterAdd`` / ``QGather`` computes
+    (``dal.nn.scatter_add.scatter_call``, ``dal.nn.gather.gather_call_args``), else None."""
+    name = getattr(func, "__name__", "")
+    method = _is_method(func, name)
+    target = name if method else func
+    sc = scatter_call(target, tuple(args), dict(kwargs), method) if name in _SCATTER else None
+    if sc is not None:
+        return "scatter_add", sc
+    gc = gather_call_args(target, tuple(args), dict(kwargs), method) if name in _GATHER else None
+    return ("gather", gc) if gc is not None else None
+
+
+def _index_call(func, name, args, kwargs) -> tuple[Optional[str], Optional[FloatOp], int, int]:
+    """classify_call for a scatter-add / gather spelling: kind "scatter_add" / "gather" when its
+    data is a float tensor and its index a tensor (an integer index is checked by the module, a
+    float one refused there, naming it), with the host FloatOp kept for a site no rule quantizes;
+    integer data (positions, counts) is no site."""
+    op = classify_node(_Stub(func, name, args, kwargs))
+    call = index_call(func, args, kwargs)
+    if call is None:
+        return None, op, 0, 0
+    kind, parts = call
+    x, index = parts[2], parts[3]
+    if not (_float_tensor(x) and torch.is_tensor(index)):
+        return None, op, 0, 0
+    if kind == "scatter_add" and not _float_tensor(parts[4]):
+        return None, op, 0, 0
+    return kind, op or FloatOp("float", kind, parts[0]), 0, int(parts[1])
 
 
 #: element-wise arithmetic no QAT module computes (a QAdd / QMul takes two float tensors)
@@ -200,8 +258,7 @@ class _Stub:
     """An fx-node look-alike, so that ``float_ops.classify_node`` (one table) decides."""
 
     def __init__(self, func, name, args, kwargs):
-        is_method = getattr(func, "__objclass__", None) in _TENSOR_CLASSES or \
-            getattr(torch.Tensor, name, None) is func
+        is_method = _is_method(func, name)
         self.op = "call_method" if is_method else "call_function"
         self.target = name if is_method else func
         self.args, self.kwargs = args, kwargs
@@ -268,12 +325,65 @@ class _SiteMode(TorchFunctionMode):
         key = f"{tag}_l{frame.f_lineno}_{n}"
         if self.record is not None:
             line = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-            params = grid_sample_args(args, kwargs, func is torch.grid_sampler) if kind == "grid_sample" else ()
+            if kind in ("scatter_add", "gather"):
+                _check_index_call(kind, func, args, kwargs, f"{self.path}.{SITES_ATTR}.{key}".lstrip("."), line)
+            params = grid_sample_args(args, kwargs, func is torch.grid_sampler) if kind == "grid_sample" else \
+                (index_call(func, args, kwargs)[1][0], dim) if kind in ("scatter_add", "gather") else ()
             self.record.setdefault((self.path, key), Site(self.path, key, kind, op, arity, dim, line, params))
-        if kind is not None and self.sites is not None and key in self.sites:
-            tensors = (args[0] if args else kwargs["tensors"]) if kind == "cat" else args[:2]
-            return key, self.sites[key](*tensors)
+        if self.sites is not None and key in self.sites:
+            if kind is not None:
+                return key, _route(kind, self.sites[key], func, args, kwargs)
+            if op is not None and op.function in ISLAND_FUNCTIONS:  # an FP16 island (prepare.check)
+                return key, _island(self.sites[key], args, kwargs)
         return key, func(*args, **kwargs)
+
+
+def _check_index_call(kind: str, func, args, kwargs, path: str, line: str) -> None:
+    """At discovery (before torch's own message, which names no layer): a ValueError naming the
+    site's ``path`` and source ``line`` for an index of a float type, out of range or of the
+    wrong shape (``QScatterAdd`` / ``QGather``'s checks, the same ones calibration applies)."""
+    from ..nn.gather import gather_call
+    from ..nn.scatter_add import scatter_operands
+
+    call = index_call(func, args, kwargs)[1]
+    try:
+        if kind == "scatter_add":
+            scatter_operands(call[0], call[2], call[3], call[4], call[1], path)
+        else:
+            gather_call(call[0], call[2], call[3], call[1], path)
+    except ValueError as err:
+        raise ValueError(f"{err} (called at {line})") from None
+
+
+def _route(kind: str, module: nn.Module, func, args, kwargs):
+    """The call's result computed by its site's QAT module. An in-place scatter-add
+    (``x.index_put_(..., accumulate=True)``, ``x.scatter_add_``, ``x.index_add_``) writes the
+    module's result into ``x`` (``copy_``, autograd-tracked) and returns ``x``, as the call did."""
+    if kind == "cat":
+        return module(*(args[0] if args else kwargs["tensors"]))
+    if kind == "scatter_add":
+        _, _, x, index, src, in_place = index_call(func, args, kwargs)[1]
+        y = module(x, index, src)
+        return x.copy_(y) if in_place else y
+    if kind == "gather":
+        _, _, x, index = index_call(func, args, kwargs)[1]
+        return module(x, index)
+    return module(*args[:2])
+
+
+def _island(module: nn.Module, args, kwargs):
+    """A softmax call (``F.softmax(x, dim)``, ``torch.softmax``, ``x.softmax(dim)``; log_softmax
+    alike) run by its ``Fp16Function`` (the method of that name on the fp16-rounded input)."""
+    kwargs = dict(kwargs)
+    kwargs.pop("_stacklevel", None)
+    if args:
+        x, rest = args[0], tuple(args[1:])
+    else:
+        x, rest = kwargs.pop("input", None), ()
+        x = kwargs.pop("self") if x is None else x
+    if len(rest) > 1 and isinstance(rest[1], int) and "dim" not in kwargs:  # F.softmax(x, dim, _stacklevel)
+        rest = rest[:1] + rest[2:]
+    return module(x, *rest, **kwargs)
 
 
 @dataclass(frozen=True)

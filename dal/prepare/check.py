@@ -20,6 +20,7 @@ from ..nn.norm import FP16_NORMS
 from ..nn.registry import QAT_MODULES, registry_type
 from ..hardware.op_classes import HOST_OP_CLASSES, OP_CLASS_ROLES
 from .float_ops import hardware_verdict
+from .call_sites import routes_island
 from .fp16_island import is_island
 from .plan import Step
 
@@ -52,7 +53,8 @@ def check_plan(plan: list[Step], recipe, hw, model=None) -> list[Step]:
             continue
         if step.action == "functional" and step.op_class in HOST_OP_CLASSES and not hw.supports_op(step.op_class):
             # a quantized op of a class the NPU may lack (grid_sample): refused by path with the fix
-            problems.append(Problem(f"{step.path} ({step.type_name}): hardware {hw.name!r} does not run "
+            at = f", called at {step.site.line}" if step.site is not None else ""  # a call site: its source line
+            problems.append(Problem(f"{step.path} ({step.type_name}{at}): hardware {hw.name!r} does not run "
                                     f"{step.op_class} (not under ops: in {hw.source or hw.name}); fix: a recipe rule "
                                     f"with skip: true for {step.path!r} (or type {step.op_class}) keeps it in float "
                                     "off the NPU, or use hardware that lists it (e.g. a2000)"))
@@ -82,12 +84,14 @@ def check_plan(plan: list[Step], recipe, hw, model=None) -> list[Step]:
             elif not runs:
                 problems.append(Problem(f"{step.path} ({step.type_name}): the export would hold a float "
                                         f"{step.float_op.function}, which hardware {hw.name!r} cannot run; fix: {how}"))
-            elif is_island(hw, step.float_op) and (step.site is not None or _skip_rule(recipe, step)):
-                why = "its recipe rule (skip) keeps it" if step.site is None else "a call in a forward fx cannot trace:"
+            elif is_island(hw, step.float_op) and ((step.site is not None and not routes_island(step.site))
+                                                   or _skip_rule(recipe, step)):
+                why = "its recipe rule (skip) keeps it" if _skip_rule(recipe, step) else \
+                    "a call in a forward fx cannot trace:"
                 step = dataclasses.replace(step, reason=_join(step.reason, f"{how}; {why} in float32, not an FP16 "
                                                               f"island (export/SPEC.md §5a)"))
             elif is_island(hw, step.float_op):
-                built = f"Fp16Function({step.type_name})" if step.node else f"Fp16{step.type_name}"
+                built = f"Fp16Function({step.type_name})" if step.node or step.site else f"Fp16{step.type_name}"
                 step = dataclasses.replace(step, action="fp16", built=built, reason=_join(
                     step.reason, f"{how}: an FP16 island, input and output rounded to fp16 ({hw.name}'s "
                     f"{hw.op(step.float_op.op_class).engine} engine has compute: fp16)"))

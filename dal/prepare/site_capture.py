@@ -10,6 +10,8 @@ untraced owners are listed with the way to capture them.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -43,6 +45,10 @@ def capture_sites(model: nn.Module, cap: Capture, resolve, example_inputs) -> tu
     flow: list = []
     with eval_mode(model), quantizer_states(model, "off"), torch.no_grad():
         sites = discover(model, owners, run, flow)
+    # a scatter-add / gather no recipe rule quantizes is listed as the (host) float op it is, as in
+    # a traced forward (plan._functional_steps); its call then runs unrouted
+    sites = [dataclasses.replace(s, kind=None) if s.kind in ("scatter_add", "gather")
+             and resolve(s.path, s.kind, s.kind) is None else s for s in sites]
     roles = deformable_roles(sites, flow)  # multi-scale deformable attention (dal.prepare.deformable)
     flow.clear()
     count = {p: 0 for p in owners}

@@ -5,6 +5,10 @@ the same quantized inputs. Every differing code is classified (near_tie.py): a d
 exactly 1 whose exact value lies within the float32 error bound of the boundary between the two
 codes is a *near-tie*; any other difference (1 LSB away from every boundary's reach, more than
 1 LSB, or behind an op with no error model) is a *failure*. A row passes when it has no failure.
+Behind an FP16 island's output rounding (a ``Cast(to=FLOAT16)`` between the quantizer and the op
+that computed its input) one float16 ulp may span several codes of a finer quantizer: there a
+differing code is a near-tie when both codes lie within the error bound (float16 rounding
+included) of the exact value (``_judge_fp16``); for codes 1 apart that is the same test.
 
 The layer a row belongs to is the op that computed the quantizer's input, walking back through
 ops that only move or clip values (Relu, Clip, MaxPool, Flatten, ...): ``add.input_quants.1``
@@ -37,6 +41,8 @@ def judge_codes(evaluator: Optional[LayerEvaluator], q_node, mine, theirs) -> tu
     differ = d != 0
     if not differ.any():
         return 0, 0, ""
+    if evaluator is not None and _behind_fp16_cast(evaluator.made_by, q_node):
+        return _judge_fp16(evaluator, q_node, a, b, differ)
     ones = d == 1
     beyond = int((d > 1).sum())
     if not ones.any():
@@ -57,6 +63,41 @@ def judge_codes(evaluator: Optional[LayerEvaluator], q_node, mine, theirs) -> tu
         note = (f"a 1-LSB difference at {float(v[k]):.6f} codes, {float(distance_to_tie(v[k])):.3g} from the "
                 f"boundary, beyond its bound {float(bound[k]):.3g}")
     return int(near.sum()), beyond + int((~near).sum()), note
+
+
+def _behind_fp16_cast(made_by: dict, q_node) -> bool:
+    """The quantizer reads an FP16 island's output: a ``Cast(to=FLOAT16)`` lies between it and the
+    op that computed its input (through the ops of :data:`PASS_THROUGH`)."""
+    node = made_by.get(q_node.input[0])
+    while node is not None and node.op_type in PASS_THROUGH:
+        if node.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in node.attribute):
+            return True
+        node = made_by.get(node.input[0])
+    return False
+
+
+def _judge_fp16(evaluator, q_node, a, b, differ) -> tuple[int, int, str]:
+    """judge_codes behind an FP16 island's output rounding. One float16 ulp is several codes of a
+    finer quantizer (an int16 one after a softmax in fp16: up to 2^-11 / s_y codes), so the two
+    engines' float16 roundings of values within float32 error of a float16 tie land codes apart.
+    A differing code is a near-tie when both codes are consistent with the exact value ``v``
+    within the error bound (which holds the float16 rounding, ``2^-11 |v|``): both rounding
+    intervals ``[c - 1/2, c + 1/2]`` lie within ``bound`` of ``v``; for codes 1 apart this is
+    the module's test ``|v - boundary| <= bound``."""
+    try:
+        v, bound = evaluator.pre_rounding(q_node)
+    except NoBound as err:
+        return 0, int(differ.sum()), f"not tested for near-ties: {err}"
+    v = np.broadcast_to(v, a.shape)[differ]
+    bound = np.broadcast_to(bound, a.shape)[differ]
+    lo, hi = np.minimum(a, b)[differ], np.maximum(a, b)[differ]
+    near = (v >= hi - 0.5 - bound) & (v <= lo + 0.5 + bound)
+    note = ""
+    if not near.all():
+        k = int(np.argmax(~near))
+        note = (f"codes {int(lo[k])} and {int(hi[k])} (behind an fp16 cast) at {float(v[k]):.6f} codes: not both "
+                f"within its bound {float(bound[k]):.3g}")
+    return int(near.sum()), int((~near).sum()), note
 
 
 def layer_of(model: onnx.ModelProto, q_node, made_by: Optional[dict] = None) -> str:

@@ -109,7 +109,8 @@ class ParityReport:
         groups, AND in both layer-by-layer views (NPU from onnxruntime's codes; torch
         teacher-forced to the NPU's) every differing code is a near-tie: exactly 1 LSB, its exact
         value within the float32 accumulation-error bound of the boundary between the two codes
-        (near_tie.py states the bound). End-to-end drift of the float engines is reported
+        (near_tie.py states the bound); behind an FP16 island's float16 rounding, both codes
+        within that bound of the exact value (layer_verdict.py). End-to-end drift of the float engines is reported
         (LSB counts, cosine) and does not decide it. Without a torch model there is no integer
         model: the layer-by-layer half alone decides."""
         if self.integer is not None and not self.integer.identical:
