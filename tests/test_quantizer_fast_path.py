@@ -5,7 +5,7 @@ The torch path (observer modules, choose_qparams, set_qparams, fake_quantize) is
 fast path is switched off with ``FakeQuantizer.use_kernel(False)`` (public: a renamed private
 method cannot silently make the reference the fast path again; ``test_the_switch_takes_the_torch_path``). Every
 state, the running and moving-average observers, integer / FP8 formats, per tensor and per
-channel, ties, zeros of both signs, non-finite batches (where the fast path must hand over),
+channel and per group, ties, zeros of both signs, non-finite batches (where the fast path must hand over),
 and a quantizer called twice before one backward (a shared detection head).
 """
 import copy
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from dal.formats import native, per_channel
+from dal.formats import native, per_channel, per_group
 from dal.nn import QConvBn2d, SimpleLayerSpec, SimpleTensorSpec
 from dal.quantizer import FakeQuantizer
 
@@ -98,6 +98,8 @@ CONFIGS = [  # fmt, granularity, symmetric, narrow, observer
     ("uint8", 0, False, False, "minmax"),
     ("fp8_e4m3", None, True, False, "minmax"),
     ("fp8_e5m2", 0, True, False, "moving_average"),
+    ("int4", per_group(1, 8), True, False, "minmax"),          # an LLM weight's int4 groups (rows of 8)
+    ("int8", per_group(1, 4), False, False, "moving_average"),
 ]
 
 
@@ -123,7 +125,7 @@ def taken(monkeypatch):
 
 @pytest.mark.parametrize("fmt,axis,symmetric,narrow,observer", CONFIGS)
 def test_fast_path_matches_the_torch_path_in_every_state(fmt, axis, symmetric, narrow, observer, taken):
-    gran = per_channel(axis) if axis is not None else None
+    gran = per_channel(axis) if isinstance(axis, int) else axis
     kw = dict(granularity=gran) if gran is not None else {}
     fast = FakeQuantizer(fmt, symmetric=symmetric, narrow_range=narrow, observer=observer, **kw).train()
     gen = torch.Generator().manual_seed(0)

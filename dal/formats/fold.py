@@ -82,14 +82,19 @@ def row_minmax(x: torch.Tensor, f: Optional[torch.Tensor] = None) -> Optional[tu
 
 @torch.no_grad()
 def scale_extremes(x: torch.Tensor, gran: Granularity, f: Optional[torch.Tensor] = None):
-    """``(lo, hi)`` per scale of ``gran`` (per tensor or per channel along axis 0) of ``x`` (of
-    ``x * f`` per row when ``f`` is given), exactly as the observers' ``block_minmax`` finds
-    them for finite data; None where only ``block_minmax`` can (other granularities, a row
+    """``(lo, hi)`` per scale of ``gran`` (per tensor, per channel along axis 0, or per group of
+    ``block_size`` along the last axis of a contiguous ``x``, flat in the scale's row-major order)
+    of ``x`` (of ``x * f`` per row when ``f`` is given; not per group), exactly as the observers'
+    ``block_minmax`` finds them for finite data; None where only ``block_minmax`` can (other granularities, a row
     ``row_minmax`` declines). Per tensor without ``f`` it is ``torch.aminmax``, as there."""
     axis = gran.normalized_axis(x.dim())
     if axis is None and f is None:
         return torch.aminmax(x.detach())
-    if axis not in (None, 0) or gran.block_size:
+    if gran.block_size:  # blocks of the last axis of a contiguous x: the rows of x.reshape(-1, block_size)
+        if f is not None or axis != x.dim() - 1 or not x.is_contiguous():
+            return None
+        return row_minmax(x.detach().reshape(-1, gran.block_size))
+    if axis not in (None, 0):
         return None
     rows = row_minmax(x.detach(), None if f is None else f.detach())
     if rows is not None and axis is None:

@@ -24,7 +24,8 @@ Implementations (the same bits; tests/kernels/test_kernels_observe_fake_quant.py
 * CPU: per tensor, the C++ step ``dal_track_fq_forward`` (one pass for the batch's extremes, the
   observer step and scale in C++ with the same float32 / float64 expressions, one fake-quantization
   pass; ``dal.formats.track``), and per channel on the rows of a weight (``axis`` 0, or every axis
-  before it of size 1) ``dal_row_minmax`` -> ``dal_track_qparams`` -> ``dal_fq_forward``; each for
+  before it of size 1) or per group along the last axis of a contiguous ``x`` (one row per group)
+  ``dal_row_minmax`` -> ``dal_track_qparams`` -> ``dal_fq_forward``; each for
   float32 input in a dense layout the kernel reads in memory order, float32 / int32 / int64 CPU
   buffers and no power-of-two rounding. Where the C++ step declines (a NaN or an infinity, a zero
   extreme whose sign torch's reductions decide, a running min / max touching zero), having written
@@ -81,15 +82,15 @@ def cpu_step(x, min_val, max_val, batches_seen, scale, zero_point, averaging_con
              need_mask: bool):
     """The op by the C++ step, or None with nothing written where it does not apply or declines."""
     lib = native.library()
-    if lib is None or power_of_two is not None or x.dtype != torch.float32 or block_size \
+    if lib is None or power_of_two is not None or x.dtype != torch.float32 \
             or not buffers_ok(min_val, max_val, batches_seen, scale, zero_point):
         return None
-    lay = kernel_layout(x, axis, 0)
+    lay = kernel_layout(x, axis, block_size)
     if lay is None:
         return None
     rows, row_len, div, mod = lay
     if min_val.numel() != mod or (axis is not None and mod != rows):
-        return None  # per channel: one row per channel only (a weight's axis 0)
+        return None  # per channel: one row per channel only (a weight's axis 0); per group: one row per group
     q = get_format(fmt)
     mode, qmin, qmax = op_format_args(q, narrow_range)
     args = step_args(averaging_constant or None, q, symmetric, qmin, qmax)

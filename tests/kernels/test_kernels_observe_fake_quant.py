@@ -197,9 +197,9 @@ def test_opcheck():
 
 @pytest.mark.parametrize("axis,block", [(1, 5), (1, 0)], ids=["per_group", "per_channel_axis1"])
 def test_groups_and_inner_channels_equal_generic(axis, block):
-    """Per group (blocks of 5 along the last axis, an LLM weight's int4 groups) and per channel on an
-    inner axis (no C++ step: the three ops' CPU forms): the CPU op equals the device-generic one and
-    numpy's running min / max of each block."""
+    """Per group (blocks of 5 along the last axis, an LLM weight's int4 groups: the C++ step, one row
+    per group) and per channel on an inner axis (no C++ step: the three ops' CPU forms): the CPU op
+    equals the device-generic one and numpy's running min / max of each block."""
     rng = np.random.default_rng(9)
     x = torch.from_numpy(rng.normal(0, 2, (6, 10)).astype(np.float32))
     n = 6 * 10 // block if block else 10
@@ -209,6 +209,10 @@ def test_groups_and_inner_channels_equal_generic(axis, block):
         bufs = [torch.full(shape, -0.5), torch.full(shape, 0.5), torch.tensor(1), torch.tensor(0), torch.ones(shape),
                 torch.zeros(shape, dtype=torch.int32)]
         args = (x, *bufs, 0.0, "int4", True, False, None, axis, block, True)
+        if cpu:  # the C++ step applies per group, not per inner channel
+            applies = OFQ.cpu_step(x, *[b.clone() for b in bufs[:3]], *[b.clone() for b in bufs[4:]], 0.0, "int4",
+                                   True, False, None, axis, block, True) is not None
+            assert applies == bool(block)
         y, m = OFQ.observe_fake_quantize_(*args) if cpu else OFQ.composite(*args, cpu=False)
         outs.append((y, m, bufs))
     (y1, m1, b1), (y2, m2, b2) = outs
@@ -219,3 +223,30 @@ def test_groups_and_inner_channels_equal_generic(axis, block):
     assert b1[0].numel() == n
     np.testing.assert_array_equal(b1[0].numpy().reshape(-1), np.minimum(blocks.min(axis=red), -0.5).reshape(-1))
     np.testing.assert_array_equal(b1[1].numpy().reshape(-1), np.maximum(blocks.max(axis=red), 0.5).reshape(-1))
+
+
+@pytest.mark.parametrize("fmt,symmetric", [(FORMATS["int4"], True), (FORMATS["int8"], False)], ids=["int4sym", "int8aff"])
+@pytest.mark.parametrize("c", [0.0, 0.25], ids=["minmax", "ema"])
+def test_per_group_cpp_step_equals_numpy(fmt, symmetric, c):
+    """Per group of 32 along the last axis (an LLM weight's int4 groups): the C++ step (one row per
+    group) equals numpy's formulas on the groups as rows, two steps, ties and saturation included,
+    and the mask follows the input's order."""
+    for name, x in _cases().items():
+        x = x.reshape(24, 32)  # 768 values: 24 groups of 32, as a (12, 64) weight with groups of 32
+        mn, mx = np.full(24, -127 * 2.0 ** -4, np.float32), np.full(24, 127 * 2.0 ** -4, np.float32)
+        bufs = _buffers(mn.reshape(12, 2), mx.reshape(12, 2))
+        for step in range(2):
+            xs = x * np.float32(1 + step)
+            xw = torch.from_numpy(xs.reshape(12, 64).copy())
+            done = OFQ.cpu_step(xw, *bufs[:3], *bufs[4:], c, fmt.name, symmetric, False, None, 1, 32, True)
+            assert done is not None, "the C++ step was expected to apply"
+            y, m = done
+            ey, emask, mn, mx, es, ez = _oracle(xs, mn, mx, c, fmt, symmetric, 0)
+            tag = f"{name} step {step}"
+            assert_bits_equal(y, ey.reshape(12, 64), tag)
+            rows, row_len = FQ.mask_layout((12, 64), 1, 32)
+            assert np.array_equal(FQ.unpack_mask(m, rows, row_len, (12, 64)).numpy(), emask.reshape(12, 64)), tag
+            assert_bits_equal(bufs[0], mn.reshape(12, 2), tag)
+            assert_bits_equal(bufs[1], mx.reshape(12, 2), tag)
+            assert_bits_equal(bufs[4], es.reshape(12, 2), tag)
+            assert np.array_equal(bufs[5].numpy(), ez.reshape(12, 2)) and int(bufs[2]) == 4 + step, tag
