@@ -12,9 +12,14 @@ inside submodules, losses or post-processing helpers are someone else's), and ke
 ``<kind>_l<line>_<n>``: the source line of the call and its occurrence on that line in this
 forward (a loop over five pyramid levels gives five keys, one per level, as the exported graph
 has five ops). ``discover`` runs the float model once with a recording mode and returns the
-sites; ``install`` puts a QAdd / QMul / QCat per quantized site in ``owner.dal_sites`` (a
-ModuleDict: the quantizers are in ``state_dict``, so ``prepare_qat`` + ``load_state_dict``
-restores them) and registers the hooks that route each site's call to its module.
+sites; ``install`` puts a QAdd / QMul / QCat / QMatMul / QGridSample / QScatterAdd / QGather per
+quantized site, or an ``Fp16Function`` per softmax the hardware runs as an FP16 island, in
+``owner.dal_sites`` (a ModuleDict: the quantizers are in ``state_dict``, so ``prepare_qat`` +
+``load_state_dict`` restores them) and registers the hooks that route each site's call to its
+module. A scatter-add / gather call (``index_put_(accumulate=True)``, ``scatter_add``,
+``index_add``; ``gather``, ``index_select``, ``take_along_dim``) is routed with its own arguments
+(``dal.nn.scatter_add.scatter_call``, ``dal.nn.gather.gather_call_args``); an in-place spelling
+writes the module's result into its tensor with ``copy_``, so the caller's tensor holds it.
 
 Why not the alternatives: ``torch.export`` captures these forwards, but as an aten graph that
 replaces the user's Python forward (training then runs an inference graph with other module
@@ -298,8 +303,8 @@ class _SiteMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         # Training runs every torch call of the owner's forward, and of everything it calls,
-        # through here (thousands per step in a detector head). Only an add / mul / cat /
-        # matmul can be routed, and the keys of those count only their own kind, so when
+        # through here (thousands per step in a detector head). Only a call of a _KIND_NAMES name
+        # can be routed, and the keys of those count only their own kind, so when
         # routing the rest is passed on before any frame is read (the recording run still
         # classifies every call, for the report).
         if self.record is None and getattr(func, "__name__", "") not in _KIND_NAMES:
@@ -325,8 +330,8 @@ class _SiteMode(TorchFunctionMode):
         key = f"{tag}_l{frame.f_lineno}_{n}"
         if self.record is not None:
             line = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-            if kind in ("scatter_add", "gather"):
-                _check_index_call(kind, func, args, kwargs, f"{self.path}.{SITES_ATTR}.{key}".lstrip("."), line)
+            if kind in ("scatter_add", "gather") and not _module_computes(kind, func, args, kwargs):
+                kind = None  # listed as the host op it is (values broadcast, a bool mask): torch runs it
             params = grid_sample_args(args, kwargs, func is torch.grid_sampler) if kind == "grid_sample" else \
                 (index_call(func, args, kwargs)[1][0], dim) if kind in ("scatter_add", "gather") else ()
             self.record.setdefault((self.path, key), Site(self.path, key, kind, op, arity, dim, line, params))
@@ -338,21 +343,23 @@ class _SiteMode(TorchFunctionMode):
         return key, func(*args, **kwargs)
 
 
-def _check_index_call(kind: str, func, args, kwargs, path: str, line: str) -> None:
-    """At discovery (before torch's own message, which names no layer): a ValueError naming the
-    site's ``path`` and source ``line`` for an index of a float type, out of range or of the
-    wrong shape (``QScatterAdd`` / ``QGather``'s checks, the same ones calibration applies)."""
+def _module_computes(kind: str, func, args, kwargs) -> bool:
+    """Whether ``QScatterAdd`` / ``QGather`` computes this call of the discovery forward: its
+    checks (``scatter_operands`` / ``gather_call``: an integer index in range, the updates of the
+    index's shape) pass. A call torch runs that they refuse (values broadcast to the index, as an
+    occupancy count ``index_put_((i,), ones(()), accumulate=True)``; a bool mask) stays torch's."""
     from ..nn.gather import gather_call
     from ..nn.scatter_add import scatter_operands
 
     call = index_call(func, args, kwargs)[1]
     try:
         if kind == "scatter_add":
-            scatter_operands(call[0], call[2], call[3], call[4], call[1], path)
+            scatter_operands(call[0], call[2], call[3], call[4], call[1])
         else:
-            gather_call(call[0], call[2], call[3], call[1], path)
-    except ValueError as err:
-        raise ValueError(f"{err} (called at {line})") from None
+            gather_call(call[0], call[2], call[3], call[1])
+    except ValueError:
+        return False
+    return True
 
 
 def _route(kind: str, module: nn.Module, func, args, kwargs):

@@ -194,3 +194,27 @@ def test_no_rule_leaves_them_float_host_ops():
     assert len(rows) == CAMS and all(r.status == "host" for r in rows), rows
     assert not any(isinstance(m, QGather) for m in p.modules())
     assert torch.equal(p(f, idx), Splat("index_select")(f, idx))
+
+
+def test_a_call_the_module_does_not_compute_stays_torchs():
+    """An occupancy count ``index_put_((i,), ones(()), accumulate=True)`` (values broadcast to the
+    index, which QScatterAdd does not take) stays torch's own call, listed as a host op, next to a
+    pooled feature scatter that is quantized."""
+
+    class Count(nn.Module):
+        def forward(self, f, idx):
+            n = int(f.shape[0])  # int() of a Proxy: fx cannot trace this forward
+            occ = f.new_zeros(M)
+            occ.index_put_((idx[:n, 0],), torch.ones(()), accumulate=True)
+            bev = f.new_zeros(M, C).index_add(0, idx[:n, 0], f[:, 0])
+            return bev * occ[:, None]
+
+    f, idx = _data(0, "index_add")
+    p = dal.prepare_qat(Count(), recipe=RECIPE, hardware="a2000", example_inputs=(f, idx))
+    rows = {r.name.split("_l")[0] + "/" + r.type_name: r.status for r in dal.prepared(p).report.rows
+            if r.name.startswith("dal_sites.scatter_add_l")}
+    assert rows == {"dal_sites.scatter_add/index_put": "host", "dal_sites.scatter_add/QScatterAdd": "quantized"}, rows
+    occ = [m for m in p.modules() if isinstance(m, QScatterAdd)]
+    assert len(occ) == 1 and occ[0].kind == "index_add"
+    with torch.no_grad():
+        assert torch.equal(p(f, idx), Count()(f, idx))  # quantizers still observing: float numbers

@@ -109,5 +109,30 @@ def test_integer_model_equals_the_npu_and_onnxruntime_within_one_lsb_layer_by_la
     # Both layer-by-layer views (the NPU from onnxruntime's codes; torch teacher-forced to the NPU's,
     # QGridSample's output requantization pinned too) within 1 LSB, every differing code a proven
     # near-tie (GridSample: near_tie_smooth.grid_sample_bound; onnxruntime and torch sample in float32).
-    assert report.layers_forced and report.max_layer_lsb_forced <= 1, report.verdict_line()
+    # The attention weights' softmax is an FP16 island whose float16 output feeds the int16 weighted
+    # sum: there one float16 ulp spans several int16 codes (layer_verdict: judged by that bound).
+    assert report.layers_forced, report.verdict_line()
+    assert max((r.max_abs for r in report.layers_forced if "softmax_l" not in r.layer), default=0) <= 1, \
+        report.verdict_line()
     assert report.verdict(), report.verdict_line()
+
+
+def test_deformable_attention_softmax_is_an_fp16_island(flow):
+    """issue 44: each deformable attention's ``F.softmax`` of its attention weights (a call site: the
+    forward does not trace) runs as the a2000 declares its softmax, an FP16 island exported as
+    export/SPEC.md §6 states: each such Softmax reads ``Cast(FLOAT16) -> Cast(FLOAT)`` and is read by a
+    ``Cast(FLOAT16)``."""
+    proto = flow["proto"]
+    made_by = {o: n for n in proto.graph.node for o in n.output}
+    users = {i: n for n in proto.graph.node for i in n.input}
+
+    def cast_to(node):
+        return next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+
+    softmax = [n for n in proto.graph.node if n.op_type == "Softmax" and "softmax_l" in n.name]  # call sites
+    attention_layers = 2 if flow["name"] == "deformable_detr" else 1
+    assert len(softmax) == attention_layers, [n.name for n in proto.graph.node if n.op_type == "Softmax"]
+    for n in softmax:
+        up = made_by[n.input[0]]
+        assert cast_to(up) == TensorProto.FLOAT and cast_to(made_by[up.input[0]]) == TensorProto.FLOAT16, n.name
+        assert cast_to(users[n.output[0]]) == TensorProto.FLOAT16, n.name
