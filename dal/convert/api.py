@@ -26,6 +26,7 @@ from .forms import swap_forms
 from .layers import IntegerLayer, fan_value
 from .opset import called_functions, export_opset
 from .probe import plan_groups, record
+from .quant_calls import use_integer_quantizers
 
 
 class Requantizer:
@@ -133,6 +134,7 @@ class IntegerModel(nn.Module):
         self._fan_hooked: set = set()
         for lay in layers.values():
             lay.fan_values = self._fan
+        use_integer_quantizers(net)  # the same values, less per-call overhead (quant_calls.py)
 
     def _plan(self, args, kwargs) -> None:
         layers = list(self._layers.values())

@@ -69,6 +69,10 @@ class MatMulForm(WrapsModule):
         self.half = half_operands(list(qat.input_quants))
 
     def forward(self, a, b):
+        with torch._C.DisableTorchFunction():  # no op here is one NPUFloatOps replaces (float_ops.py)
+            return self._forward(a, b)
+
+    def _forward(self, a, b):
         q = self.qat
         qs = list(q.input_quants)  # one per operand, or none (the operand is used as it is)
         a, b = (qs[0](a), qs[1](b)) if len(qs) == 2 else (a, b)
@@ -87,6 +91,11 @@ class SoftmaxForm(WrapsModule):
         self.qat, self.path = qat, path
 
     def forward(self, x, *addends):
+        # softmax_f32's float64 sum is torch's (NPUFloatOps replaces float32 / float16 sums only)
+        with torch._C.DisableTorchFunction():
+            return self._forward(x, *addends)
+
+    def _forward(self, x, *addends):
         q = self.qat
         has_addends = False
         for a in addends:
