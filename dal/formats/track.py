@@ -28,7 +28,9 @@ from torch.autograd.graph import increment_version
 
 from . import native
 from .fold import scale_extremes
-from .fused import FusedFakeQuantizeFunction, KernelOutputFunction, kernel_layout, kernel_mode, kernel_params
+from .fused import (FusedFakeQuantizeFunction, KernelOutputFunction, kernel_layout, kernel_mode, kernel_params,
+                    plain_tensor)
+from .memory_order import dense_order, inverse
 from .granularity import Granularity
 from .qformat import QFormat
 
@@ -150,10 +152,17 @@ def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin,
     Returns the output (an autograd node whose backward is ``grad * mask`` when ``x`` needs a
     gradient), or None, having changed nothing, where the torch path must decide: no kernel,
     a tensor or parameters the kernel does not take, a scale not yet calibrated, and every case
-    where ``track_qparams`` declines (NaN, zeros of both signs at an extreme, ...)."""
+    where ``track_qparams`` declines (NaN, zeros of both signs at an extreme, ...). A dense
+    non-contiguous ``x`` per tensor runs on its memory's contiguous view; the result has ``x``'s
+    strides (``dal.formats.memory_order``)."""
     lay = kernel_layout(x, gran)
     if lay is None:
-        return None
+        # Per tensor, a dense non-contiguous x (channels-last, transposed) is the contiguous view of its
+        # memory permuted: the kernel on that view, the result permuted back, the same numbers (memory_order).
+        perm = dense_order(x) if gran.axis is None and plain_tensor(x) else None
+        y = None if perm is None else kernel_fake_quantize(x.permute(perm), gran, fmt, qmin, qmax, scale,
+                                                           zero_point, step)
+        return None if y is None else y.permute(inverse(perm))
     need = x.requires_grad and torch.is_grad_enabled()
     if step is None:
         done = fixed_fake_quantize(x, lay, scale, zero_point, fmt, qmin, qmax, need)
