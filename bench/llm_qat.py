@@ -13,7 +13,13 @@ the medians of wall time and of this process's CPU time (``time.process_time``: 
 the wall clock also counts waiting for a core) are printed with the ratios, the CPU flags and the
 load average. The compiled models' first (warm-up) step includes the compile and is not timed.
 
-    python bench/llm_qat.py [--reps 7] [--threads 1] [--no-compile] [--write]
+    python bench/llm_qat.py [--reps 7] [--threads 1] [--no-compile] [--no-floor] [--write]
+
+Two eager floor rows (``--no-floor`` leaves them out) say what the eager target is measured against:
+``float (eager attention) eager`` (the float model with transformers' explicit matmul + softmax attention,
+the form the NPU attention has, instead of the fused SDPA kernel) and ``one pass per quantizer eager``
+(dal's prepared model with every quantizer in QAT replaced by ``x * 1.0``: one elementwise pass
+forward and one backward per quantizer site, the least any per-site fake quantization costs).
 
 Targets (issue 42): dal / float <= 1.2 eager and <= 1.1 compiled; dal / torchao <= 1.0.
 """
@@ -69,12 +75,34 @@ def torchao_model():
     return model.train()
 
 
-def candidates(x, compile_: bool) -> dict:
-    """name -> step closure: float, dal, torchao eager, and (``compile_``) the same compiled."""
+def float_eager_attention():
+    """The float tiny Llama with transformers' eager attention (explicit matmul, softmax, matmul)."""
+    model = L.build(0)
+    model.config._attn_implementation = "eager"
+    return model.train()
+
+
+def one_pass_model(x):
+    """:func:`dal_model` with every quantizer in QAT (state ``quantize``) computing ``t * 1.0`` instead:
+    one elementwise pass forward and one backward per quantizer site (the floor row)."""
+    from dal.quantizer import quantizers
+
+    model = dal_model(x)
+    for _, q in quantizers(model):
+        if q.state == "quantize":
+            q.forward = lambda t: t * 1.0
+    return model
+
+
+def candidates(x, compile_: bool, floor: bool = True) -> dict:
+    """name -> step closure: float, dal, torchao eager, (``floor``) the two floor rows eager, and
+    (``compile_``) float, dal, torchao compiled."""
     models = {"float": L.build(0).train(), "dal W4A8 QAT": dal_model(x), "torchao QAT": torchao_model()}
+    if floor:
+        models.update({"float (eager attention)": float_eager_attention(), "one pass per quantizer": one_pass_model(x)})
     runs = {f"{k} eager": step_fn(m, x) for k, m in models.items()}
     if compile_:
-        for k in models:  # separate instances: compile must not share modules with the eager run
+        for k in ("float", "dal W4A8 QAT", "torchao QAT"):  # separate instances: compile must not share modules
             m = {"float": lambda: L.build(0).train(), "dal W4A8 QAT": lambda: dal_model(x),
                  "torchao QAT": torchao_model}[k]()
             runs[f"{k} compiled"] = step_fn(torch.compile(m), x)
@@ -85,11 +113,11 @@ def _load() -> str:
     return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def run(reps: int, compile_: bool) -> str:
-    """The markdown report: CPU line, one row per candidate, the three ratios against their targets."""
+def run(reps: int, compile_: bool, floor: bool = True) -> str:
+    """The markdown report: CPU line, one row per candidate, the ratios against their targets."""
     torch.manual_seed(0)
     x = torch.randint(0, L.CONFIG["vocab_size"], (BATCH, SEQ))
-    runs = candidates(x, compile_)
+    runs = candidates(x, compile_, floor)
     t = time.perf_counter()
     for fn in runs.values():  # warm-up: compiles, allocator, AdamW state
         fn()
@@ -121,7 +149,17 @@ def run(reps: int, compile_: bool) -> str:
     if compile_:
         checks += [("dal / float, compiled", "dal W4A8 QAT compiled", "float compiled", TARGETS["compiled"]),
                    ("dal / torchao, compiled", "dal W4A8 QAT compiled", "torchao QAT compiled", TARGETS["peer"])]
+    if floor:
+        checks += [("floor: float eager attention / float, eager", "float (eager attention) eager", "float eager",
+                    None),
+                   ("floor: one pass per quantizer / float, eager", "one pass per quantizer eager", "float eager",
+                    None),
+                   ("dal / one pass per quantizer, eager", "dal W4A8 QAT eager", "one pass per quantizer eager",
+                    None)]
     for name, a, b, target in checks:
+        if target is None:
+            lines.append(f"| {name} | {wall[a] / wall[b]:.3f} | {cpu[a] / cpu[b]:.3f} | - | - |")
+            continue
         r_w, r_c = wall[a] / wall[b], cpu[a] / cpu[b]
         lines.append(f"| {name} | {r_w:.3f} | {r_c:.3f} | <= {target} | {'ok' if r_c <= target else 'MISSED'} |")
     return "\n".join(lines) + "\n"
@@ -132,10 +170,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-compile", action="store_true", help="eager only")
+    ap.add_argument("--no-floor", action="store_true", help="without the two eager floor rows")
     ap.add_argument("--write", action="store_true", help="write bench/results/llm_qat.md")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    md = run(args.reps, not args.no_compile)
+    md = run(args.reps, not args.no_compile, not args.no_floor)
     print(md)
     if args.write:
         write_result("llm_qat.md", md)
