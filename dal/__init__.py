@@ -34,6 +34,7 @@ _LAZY = {
     "export_onnx": ("dal.export", "export_onnx"),
     "export_decoder": ("dal.export.decoder", "export_decoder"),
     "verify": ("dal.verification", "verify"),
+    "verify_decoder": ("dal.verification.decoder", "verify_decoder"),
     "generate_check": ("dal.verification.generate_check", "generate_check"),
     "prepare_sparse": ("dal.sparsity", "prepare_sparse"),
     "load_recipe": ("dal.recipe", "load_recipe"),

@@ -1,7 +1,9 @@
 """Parity reports: the NPU reference against the torch QAT model and onnxruntime."""
 from .api import verify
+from .decoder import DecoderReport, verify_decoder
 from .inputs import VerifyInputError
 from .metrics import Agreement, agreement
 from .report import LayerParity, ParityReport
 
-__all__ = ["verify", "VerifyInputError", "ParityReport", "LayerParity", "Agreement", "agreement"]
+__all__ = ["verify", "verify_decoder", "DecoderReport",
+           "VerifyInputError", "ParityReport", "LayerParity", "Agreement", "agreement"]

@@ -10,6 +10,7 @@ import torch
 from .. import nest
 from ..nn.modes import eval_mode
 from ..quantizer import quantizer_states
+from .codes import is_code, ordinals
 from .inputs import VerifyInputError, check_feed, load_onnx
 from .integer_model import integer_vs_npu
 from .metrics import agreement
@@ -53,7 +54,10 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
             leaves): its tensor leaves in ``dal.nest`` order are paired with the file's outputs
             in graph order, which is how dal.export_onnx wrote them; the report names each
             output by the file's name for it (dal.nest's ``output.logits``, ``output.aux.0``).
-        inputs: a tensor or tuple of tensors, in graph-input order.
+        inputs: a tensor or tuple of tensors (or numpy arrays), in graph-input order. A float8
+            input (a decode graph's FP8 KV cache) is a ``torch.float8_e4m3fn`` / ``float8_e5m2``
+            tensor or the ``ml_dtypes`` array of the same type; it reaches onnxruntime as an
+            ``OrtValue`` of its bytes with the ONNX element type (onnx_tools.ort_run_all).
         onnxruntime: also run onnxruntime with graph optimizations disabled and compare every
             intermediate integer tensor with the NPU reference twice: end to end (``layers``,
             each engine on its own upstream values) and layer by layer (``layers_forced``: every
@@ -76,13 +80,34 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
     code by code (near_tie.py). Vs the float model (quantizers off), not in the verdict: ``npu_vs_float``
     per output, ``float_cosine`` per layer row (beside its LSB counts). Requantizers: ``dal.requantizer`` metadata.
 
+    Quantized tensors are compared as codes: integer codes in LSBs, float8 codes in steps of
+    the format's grid (codes.ordinals: adjacent representable values are 1 apart).
+
+    A decoder (dal.export_decoder's prefill and decode files) is verified in one call by
+    :func:`dal.verify_decoder` ``((prefill, decode), model, prompt)``: each file as here, the decode
+    step fed from the prefill's own outputs (its cache codes and next token), both sections
+    printed, one verdict. One file of the pair is verified here with
+    ``dal.export.decoder.decoder_step(model, path)`` as the torch model.
+
     A missing file raises FileNotFoundError; a truncated or invalid file, or inputs of the wrong
     number, type, rank or size, raise :class:`~dal.verification.inputs.VerifyInputError` (a
     ValueError) naming the file or the input; without onnxruntime installed (and
     ``onnxruntime=True``) an ImportError says ``pip install 'dal[ort]'``.
     """
+    return verify_with_outputs(onnx_path, torch_model, inputs, onnxruntime, threads)[0]
+
+
+def verify_with_outputs(onnx_path, torch_model=None, inputs=(), onnxruntime: bool = True,
+                        threads=None) -> tuple[ParityReport, list]:
+    """:func:`verify` (same arguments, same checks), returning ``(report, outputs)``: the
+    ParityReport and the NPU reference's outputs (numpy, in graph-output order), which
+    verify_decoder feeds to the decode step."""
     import dal.npu
 
+    if isinstance(onnx_path, (tuple, list)):
+        raise VerifyInputError(f"verify: onnx_path is a {type(onnx_path).__name__} of {len(onnx_path)}; give one "
+                               "file (for a decoder's (prefill, decode) pair use dal.verify_decoder(paths, model, "
+                               "prompt))")
     if onnxruntime:
         require_onnxruntime()  # before minutes of NPU reference runs, not after
     model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else load_onnx(onnx_path)
@@ -113,7 +138,7 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
     if ort_values:
         # Layer by layer: onnxruntime's integer tensors replace the NPU's own as it runs, so a
         # one-LSB near-tie upstream cannot cascade; what differs is each layer's own arithmetic.
-        codes = {k: v for k, v in ort_values.items() if np.asarray(v).dtype.kind in "iu"}
+        codes = {k: v for k, v in ort_values.items() if is_code(v)}  # integer and float8 codes
         forced = sess.run_teacher_forced(feed, codes)
         report.layers_forced, report.first_forced_divergence = _compare_integer_tensors(forced, ort_values, made_by)
         annotate_forced(report.layers_forced, model, forced, ort_values, feed, requant)  # near-ties, code by code
@@ -122,7 +147,7 @@ def verify(onnx_path, torch_model=None, inputs=(), *, onnxruntime: bool = True, 
         annotate_float(report.layers_forced + report.torch_layers, torch_model, inputs, npu_values, model)
         # the two integer engines, derived independently (torch model / file): must be identical
         report.integer = integer_vs_npu(torch_model, model, inputs, npu_outs, npu_values, sess.steps)
-    return report
+    return report, npu_outs
 
 
 def _compare_integer_tensors(mine_values: dict, ort_values: dict, made_by: dict):
@@ -130,14 +155,15 @@ def _compare_integer_tensors(mine_values: dict, ort_values: dict, made_by: dict)
     node whose output differs (None when all agree)."""
     rows, first = [], None
     for name, ref in ort_values.items():
-        # Integer tensors (QuantizeLinear outputs) are what the hardware holds between layers;
-        # float intermediates differ in the last bits by design (exact int32 vs float32 sums).
-        if name not in mine_values or np.asarray(ref).dtype.kind not in "iu":
+        # Quantized tensors (QuantizeLinear outputs: integer or float8 codes) are what the hardware
+        # holds between layers; float intermediates differ in the last bits by design (exact int32
+        # vs float32 sums). Codes are compared by grid position (codes.ordinals: LSBs, float8 steps).
+        if name not in mine_values or not is_code(ref):
             continue
         mine = np.asarray(mine_values[name])
         if mine.shape != np.shape(ref):
             continue
-        a = agreement(mine.astype(np.float64), np.asarray(ref, dtype=np.float64))
+        a = agreement(ordinals(mine).astype(np.float64), ordinals(ref).astype(np.float64))
         node = made_by.get(name)
         row = LayerParity(name, node.name if node else "", node.op_type if node else "", a.elements,
                           a.elements - a.identical, a.max_abs)

@@ -10,8 +10,9 @@ import os
 
 import numpy as np
 import onnx
-import torch
 from onnx import helper
+
+from .codes import as_numpy, is_float8
 
 
 class VerifyInputError(ValueError):
@@ -47,7 +48,7 @@ def _expected_shape(value_info) -> list:
 
 
 def _as_array(t) -> np.ndarray:
-    return t.detach().cpu().numpy() if torch.is_tensor(t) else np.asarray(t)
+    return as_numpy(t)  # a torch float8 tensor: the ml_dtypes array of the same bits
 
 
 def _check_one(k: int, vi, arr: np.ndarray, where: str) -> None:
@@ -56,8 +57,10 @@ def _check_one(k: int, vi, arr: np.ndarray, where: str) -> None:
     if elem:
         want = helper.tensor_dtype_to_np_dtype(elem)
         if arr.dtype != want:
-            raise VerifyInputError(f"verify: {name} is {arr.dtype}, but {where} takes {want}; convert it "
-                                   f"(e.g. x.to(torch.{want}) or np.asarray(x, np.{want}))")
+            how = (f"x.to(torch.{want}) or np.asarray(x, np.{want})" if not is_float8(np.dtype(want)) else
+                   f"a torch.{want} tensor or an ml_dtypes.{want} array: a {want} cache comes from the "
+                   f"file's own present outputs / the {want} KV-cache quantizer")
+            raise VerifyInputError(f"verify: {name} is {arr.dtype}, but {where} takes {want}; convert it (e.g. {how})")
     if not vi.type.tensor_type.HasField("shape"):
         return
     dims = _expected_shape(vi)

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from ..nest import tensors
+from .codes import as_numpy, is_code, ordinals
 
 #: a weight's codes in the file: ``<quantizer>.codes``, ``<quantizer>.codes_<k>`` for call k
 _CODES = re.compile(r"^(.*)\.codes(?:_\d+)?$")
@@ -75,18 +76,20 @@ def integer_vs_npu(torch_model, model: onnx.ModelProto, inputs: tuple, npu_outs:
     row = IntegerParity()
     for k, ref in enumerate(npu_outs):
         row.elements += int(np.size(ref))
-        mine = outs[k].detach().cpu().numpy() if k < len(outs) else None  # an output missing: all differ
+        mine = as_numpy(outs[k]) if k < len(outs) else None  # an output missing: all differ
+        if mine is not None and is_code(ref):  # integer or float8 codes (a KV cache): by grid position
+            mine, ref = ordinals(mine), ordinals(ref)
         row.differ += (int((mine.reshape(np.shape(ref)) != ref).sum()) if mine is not None and mine.size == np.size(ref)
                        else int(np.size(ref)))
     mine_codes = {}
     for qname, calls in codes.items():
         for k, c in enumerate(calls):
-            mine_codes[f"{qname}.quantized" + (f"_{k}" if k else "")] = c.cpu().numpy()
+            mine_codes[f"{qname}.quantized" + (f"_{k}" if k else "")] = as_numpy(c)
     for node in model.graph.node:
         name = node.output[0] if node.op_type == "QuantizeLinear" else None
         if name is None or name not in npu_values or name not in mine_codes:
             continue
-        ref, mine = np.asarray(npu_values[name]).astype(np.int64), mine_codes[name].astype(np.int64)
+        ref, mine = ordinals(npu_values[name]), ordinals(mine_codes[name])
         d = int((mine != ref).sum()) if mine.shape == ref.shape else int(ref.size)
         row.tensors += 1
         row.codes += int(ref.size)

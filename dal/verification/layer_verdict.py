@@ -21,7 +21,8 @@ from typing import Optional
 import numpy as np
 import onnx
 
-from .near_tie import LayerEvaluator, NoBound, distance_to_tie
+from .codes import is_code, is_float8, ordinals
+from .near_tie import LayerEvaluator, NoBound
 from .onnx_tools import producers
 
 #: ops a quantizer's input passes through unchanged in kind: the layer is the op before them
@@ -34,7 +35,7 @@ def judge_codes(evaluator: Optional[LayerEvaluator], q_node, mine, theirs) -> tu
 
     ``evaluator`` holds the integer inputs both engines ran from; None (or a layer it cannot
     bound) makes every differing code a failure, ``note`` saying why."""
-    a, b = np.asarray(mine).astype(np.int64), np.asarray(theirs).astype(np.int64)
+    a, b = ordinals(mine), ordinals(theirs)  # LSBs; float8 codes: grid steps (codes.py)
     if a.shape != b.shape:
         return 0, int(b.size), f"shapes differ: {a.shape} vs {b.shape}"
     d = np.abs(a - b)
@@ -55,12 +56,15 @@ def judge_codes(evaluator: Optional[LayerEvaluator], q_node, mine, theirs) -> tu
         return 0, beyond + int(ones.sum()), f"not tested for near-ties: {err}"
     v = np.broadcast_to(v, a.shape)[ones]
     bound = np.broadcast_to(bound, a.shape)[ones]
-    boundary = np.minimum(a, b)[ones] + 0.5  # the one boundary between the two codes
+    if is_float8(mine):  # the boundary between two adjacent float8 codes: their values' midpoint (zp 0)
+        boundary = (np.asarray(mine, np.float64)[ones] + np.asarray(theirs, np.float64)[ones]) / 2
+    else:
+        boundary = np.minimum(a, b)[ones] + 0.5  # the one boundary between the two codes
     near = np.abs(v - boundary) <= bound
     note = ""
     if not near.all():
         k = int(np.argmax(~near))
-        note = (f"a 1-LSB difference at {float(v[k]):.6f} codes, {float(distance_to_tie(v[k])):.3g} from the "
+        note = (f"a 1-LSB difference at {float(v[k]):.6f} codes, {float(abs(v[k] - boundary[k])):.3g} from the "
                 f"boundary, beyond its bound {float(bound[k]):.3g}")
     return int(near.sum()), beyond + int((~near).sum()), note
 
@@ -138,7 +142,7 @@ def annotate_forced(rows: list, model: onnx.ModelProto, forced: dict, ort_values
     """Fill each ``layers_forced`` row's near-ties, failures, layer and cosine: the NPU reference
     run from onnxruntime's codes (``forced``) against onnxruntime's own (``ort_values``)."""
     made_by = producers(model)
-    codes = {k: v for k, v in ort_values.items() if np.asarray(v).dtype.kind in "iu"}
+    codes = {k: v for k, v in ort_values.items() if is_code(v)}
     ev = LayerEvaluator(model, codes, feed, requantizer)
     from .onnx_tools import constants
 

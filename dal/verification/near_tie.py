@@ -9,6 +9,10 @@ within the sum of the two engines' error bounds of that boundary::
 
     code difference of 1 is a near-tie  <=>  min_k |v - (k + 0.5)| <= E_float + E_npu
 
+For a float8 output (zero point 0) codes differ by one step of the format's grid (codes.ordinals)
+and the boundary between the two codes is the midpoint of their values, ``(a + b) / 2``, in the
+same units ``x / s_y`` (layer_verdict.judge_codes).
+
 Everything here is computed in float64 from the integer codes both engines were given
 (``(q - zp) * s`` is exact in float64: a <= 17-bit integer times a float32 scale):
 
@@ -18,7 +22,8 @@ Everything here is computed in float64 from the integer codes both engines were 
 ``E_float`` the float32 error bound, propagated op by op as an absolute bound ``e`` per element
            (``u = 2^-24``, ``gamma_n = n u / (1 - n u)``, Higham's standard bounds):
 
-           * DequantizeLinear: ``e = u |v|`` (one float32 product);
+           * DequantizeLinear: ``e = u |v|`` (one float32 product; integer or float8 codes, a float8
+             code's value exact in float64);
            * Conv / Gemm / MatMul with fan-in ``n`` (bias included as one more term):
              ``e = |x| * e_w + e_x * (|w| + e_w) + e_b + gamma_{n+2} * ((|x| + e_x) * (|w| + e_w) + |b| + e_b)``,
              ``*`` the op itself: the float32 summation bound ``|fl(sum) - sum| <= gamma_n sum |x_i w_i|``,
@@ -61,6 +66,8 @@ import onnx
 import torch
 import torch.nn.functional as F
 from onnx import helper
+
+from .codes import is_float8
 
 U = 2.0 ** -24   # float32 unit roundoff
 U64 = 2.0 ** -53  # float64 unit roundoff
@@ -224,14 +231,16 @@ class LayerEvaluator:
             return self.consts[name]
         if name in self.codes:
             return np.asarray(self.codes[name])
+        if name in self.feed:  # codes that are a graph input (a decode graph's past_* KV cache)
+            return np.asarray(self.feed[name])
         raise NoBound(f"no codes for {name!r} (the layer's integer input)")
 
     def _node(self, node, name: str) -> Exact:
         op = node.op_type
         if op == "DequantizeLinear":
             q = self._integer(node.input[0])
-            if q.dtype.kind not in "iu":
-                raise NoBound(f"{node.name}: DequantizeLinear of {q.dtype} (not integer codes)")
+            if q.dtype.kind not in "iu" and not is_float8(q):  # float8 codes: their values, exact in float64
+                raise NoBound(f"{node.name}: DequantizeLinear of {q.dtype} (not integer or float8 codes)")
             rank, axis = q.ndim, attr(node, "axis", 1)
             s = _axis_shape(self.consts[node.input[1]], rank, axis)
             z = _axis_shape(self.consts[node.input[2]], rank, axis) if len(node.input) > 2 and node.input[2] else 0

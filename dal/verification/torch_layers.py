@@ -16,13 +16,14 @@ import numpy as np
 import onnx
 import torch
 from ..nn.modes import eval_mode
+from .codes import is_code, is_float8, ordinals
 from .onnx_tools import constants
 from .report import LayerParity
 
 
 def activation_points(model: onnx.ModelProto) -> dict[str, list[tuple[str, float, int]]]:
     """``{quantizer path: [(QuantizeLinear output, scale, zero point) per call]}`` for the per-tensor
-    integer activation quantizers of the file.
+    integer and float8 activation quantizers of the file (a float8 one's zero point is 0).
 
     A quantizer the model calls k times (a detection head shared by the pyramid levels) has k
     nodes, named ``<path>/QuantizeLinear``, ``<path>/QuantizeLinear_1``, ... in the order the
@@ -38,10 +39,11 @@ def activation_points(model: onnx.ModelProto) -> dict[str, list[tuple[str, float
         scale = consts.get(node.input[1])
         zp = consts.get(node.input[2]) if len(node.input) > 2 else np.zeros((), np.uint8)
         calls = found.setdefault(base, {})
-        if calls is None or scale is None or zp is None or scale.size != 1 or zp.dtype.kind not in "iu":
+        if calls is None or scale is None or zp is None or scale.size != 1 or not is_code(zp) or zp.size != 1 \
+                or is_float8(zp) and float(zp.reshape(-1)[0].astype(np.float32)) != 0:
             found[base] = None
             continue
-        calls[index] = (node.output[0], float(scale.reshape(())), int(zp.reshape(())))
+        calls[index] = (node.output[0], float(scale.reshape(())), int(ordinals(zp).reshape(())))
     return {k: [v[i] for i in range(len(v))] for k, v in found.items()
             if v is not None and sorted(v) == list(range(len(v)))}
 
@@ -82,7 +84,7 @@ def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, i
     from .onnx_tools import producers
 
     made_by = producers(model)
-    evaluator = LayerEvaluator(model, {k: v for k, v in file_values.items() if np.asarray(v).dtype.kind in "iu"},
+    evaluator = LayerEvaluator(model, {k: v for k, v in file_values.items() if is_code(v)},
                                feed or {}, requantizer)
     modules = dict(torch_model.named_modules())
     by_quantizer = activation_points(model)
@@ -101,11 +103,16 @@ def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, i
             if k >= len(points):
                 return None  # torch called it more often than the file: nothing to pair with
             tensor, scale, zp = points[k]
-            theirs = np.asarray(file_values[tensor]).astype(np.int64)
+            raw = np.asarray(file_values[tensor])
             y = out.detach().float().cpu().numpy()
-            if y.shape != theirs.shape:
+            if y.shape != raw.shape:
                 return None
-            mine = np.rint(y.astype(np.float64) / scale).astype(np.int64) + zp
+            if is_float8(raw):  # y is a float8 value times the scale: y / s rounds back to that code exactly
+                mine_codes = (y.astype(np.float64) / scale).astype(raw.dtype)
+                mine, theirs = ordinals(mine_codes), ordinals(raw)
+            else:
+                mine_codes, theirs = np.rint(y.astype(np.float64) / scale).astype(np.int64) + zp, raw.astype(np.int64)
+                mine = mine_codes
             d = np.abs(mine - theirs)
             label = qname if len(points) == 1 else f"{qname}[{k}]"
             node = f"{qname}/QuantizeLinear" + (f"_{k}" if k else "")
@@ -114,11 +121,11 @@ def torch_layers_vs_file(torch_model: torch.nn.Module, model: onnx.ModelProto, i
             q_node = made_by.get(tensor)
             if q_node is not None:
                 row.layer = layer_of(model, q_node, made_by)
-                row.cosine = dequantized_cosine(mine, theirs, zp)
+                row.cosine = dequantized_cosine(mine_codes, raw, zp)  # float8: of the values (zp 0)
                 if row.differ:
-                    row.near_ties, _, row.note = judge_codes(evaluator, q_node, mine, theirs)
+                    row.near_ties, _, row.note = judge_codes(evaluator, q_node, mine_codes, raw)
             rows.append(row)
-            forced = ((theirs - zp).astype(np.float32) * np.float32(scale)).astype(np.float32)
+            forced = ((raw.astype(np.float32) - np.float32(zp)) * np.float32(scale)).astype(np.float32)
             return torch.from_numpy(forced).to(device=out.device, dtype=out.dtype)
         hooks += [m.register_forward_hook(hook) for m in [mod] + sharers.get(prefix + qname, [])]
     try:

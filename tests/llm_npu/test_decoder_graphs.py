@@ -7,10 +7,12 @@ integer engines derived independently: identical bits), onnxruntime with ORT_DIS
 by layer (dal.verify). W4A8 with an INT8 cache (w4a8_int8_llm) and with an FP8 e4m3 cache
 (w4a8_fp8_llm); P = 8, L = 16.
 """
+import json
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import pytest  # noqa: E402
@@ -46,7 +48,11 @@ def _tokens(seed, n=16, batch=2):
 
 def _prepared(recipe, kv_format):
     rec = dal.load_recipe(recipe)
-    if kv_format is not None:
+    if kv_format is None:  # the shipped recipe's own kv_cache rule taken out: a cache without codes
+        d = rec.to_dict()
+        d["rules"] = [r for r in d["rules"] if "kv_cache" not in str(r.get("type"))]
+        rec = dal.load_recipe(d)
+    else:
         rec = rec.with_rules_prepended([{"type": "kv_cache", "input": {"format": kv_format,
                                                                        "granularity": "per_tensor",
                                                                        "symmetric": True}}])
@@ -151,32 +157,57 @@ def test_generate_identical(exported):
     assert report.tokens_integer == report.tokens_npu and all(len(t) == 9 for t in report.tokens_npu)
 
 
+def _random_cache(kind, g):
+    """A full cache of random codes (every slot valid): int8 in [-90, 90); float8 e4m3fn: every
+    bit pattern but NaN (0x7F, 0xFF), so the whole grid, +-448 included."""
+    if kind == "int8":
+        return [torch.randint(-90, 90, (1, KV, L, D), generator=g, dtype=torch.int8) for _ in range(2 * LAYERS)]
+    out = []
+    for _ in range(2 * LAYERS):
+        bits = torch.randint(0, 255, (1, KV, L, D), generator=g, dtype=torch.uint8)
+        out.append(torch.where(bits == 0x7F, torch.zeros_like(bits), bits).view(torch.float8_e4m3fn))
+    return out
+
+
 def test_verify_onnxruntime(exported):
-    """dal.verify on the prefill graph and on the decode graph with a filled cache: integer model ==
-    NPU on every element (logits and cache codes), onnxruntime (optimizations off) within the
-    near-tie rule layer by layer."""
+    """dal.verify_decoder (the prefill, then a decode step fed from the prefill's own cache codes
+    and next token) and dal.verify on the decode graph with a full cache of random codes, for the
+    INT8 and the FP8 e4m3 cache (float8 feeds reach onnxruntime as OrtValues): integer model ==
+    NPU on every element (logits and cache codes), onnxruntime (optimizations off) and torch
+    within the near-tie rule layer by layer, the KV cache quantizers' rows among them."""
     pytest.importorskip("onnxruntime")
     kind, p, pre, dec, _ = exported
-    if kind != "int8":
-        pytest.skip("one recipe is enough for the layer view (time budget; dal.verify takes no float8 tensors)")
+    report = dal.verify_decoder((pre, dec), p, _tokens(5)[0, :6])
+    assert report.verdict(), str(report)
+    assert (report.prompt_len, report.position) == (6, 6)
+    text = str(report)
+    assert text.index("PREFILL") < text.index("DECODE (cache from the prefill)")
+    assert text.count("VERDICT: PASS") == 3  # the decoder's verdict and each section's
+    doc = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert doc["verdict"] is True and doc["decode"]["verdict_line"] == report.decode.verdict_line()
     g = torch.Generator().manual_seed(5)
-    cache = [torch.randint(-90, 90, (1, KV, L, D), generator=g, dtype=torch.int8) for _ in range(2 * LAYERS)]
-    prefill = (_tokens(5)[:1, :P], torch.arange(P)[None], causal_mask(torch.arange(P)[None] < 6, P, False))
-    decode = (torch.tensor([[7]]), torch.tensor([[12]]), causal_mask(torch.arange(L)[None] < 12, 1, True), *cache)
-    for path, inputs in ((pre, prefill), (dec, decode)):
-        report = dal.verify(path, decoder_step(p, path), inputs)
-        assert report.integer.identical, str(report.integer)
-        assert report.verdict(), str(report)
-        assert report.layers_forced and all(r.max_abs <= 1 for r in report.layers_forced)
+    full = (torch.tensor([[7]]), torch.tensor([[L - 1]]), causal_mask(torch.ones(1, L, dtype=torch.bool), 1, True),
+            *_random_cache(kind, g))
+    for r in (report.prefill, report.decode, dal.verify(dec, decoder_step(p, dec), full)):
+        assert r.integer.identical and r.integer.elements > 0, str(r.integer)
+        assert r.verdict(), str(r)
+        assert r.layers_forced and all(row.max_abs <= 1 for row in r.layers_forced)
+        assert all(row.max_abs <= 1 for row in r.torch_layers)
+        # the cache layer by layer: the prefill's present outputs, the decode's cache quantizers (and its
+        # present entries); each cache quantizer's row carries its cosine against the float model
+        cache_rows = [row for row in r.layers_forced if row.tensor.startswith("present_") or ".kv_cache." in row.tensor]
+        assert sum(row.float_cosine is not None and row.float_cosine > 0.9 for row in cache_rows) == 2 * LAYERS
+        assert set(r.outputs) == {"logits"} | {f"present_{k}_{i}" for i in range(LAYERS) for k in ("key", "value")}
 
 
 def test_wrong_cache_scale_caught(exported, tmp_path):
     """A decode file whose past_key_0 DequantizeLinear carries a scale 1% off the trained one
     (what a file exported one QAT step early would hold): integer model vs NPU differ at the
-    first decode step, not at the prefill."""
+    first decode step, not at the prefill; dal.verify_decoder's one verdict fails, at the decode."""
     kind, p, pre, dec, _ = exported
     if kind != "int8":
-        pytest.skip("the int8 cache is enough here (time budget)")
+        pytest.skip("the NPU reads the boundary DequantizeLinear's scale from the file, the integer model "
+                    "the trained one, whatever the codes' element type: the int8 case proves the catch")
     proto = onnx.load(dec)
     node = next(n for n in proto.graph.node if "past_key_0" in n.input)
     init = next(t for t in proto.graph.initializer if t.name == node.input[1])
@@ -185,32 +216,50 @@ def test_wrong_cache_scale_caught(exported, tmp_path):
     onnx.save(proto, bad)
     report = dal.generate_check(p, (pre, bad), [_tokens(4)[0, :P]], steps=2)
     assert report.first is not None and report.first.step == 1 and report.differ > 0, str(report)
+    both = dal.verify_decoder((pre, bad), p, _tokens(4)[0, :6], onnxruntime=False)
+    assert both.prefill.verdict() and not both.decode.integer.identical and not both.verdict(), str(both)
+    line = both.verdict_line()  # torch vs NPU layer by layer: the cache quantizer reading past_key_0 is named
+    assert line.startswith("DECODER VERDICT: FAIL (prefill PASS, decode FAIL); first at fault: decode: "), line
+    assert "model.layers.0.self_attn.npu_attention.kv_cache.key_quant" in line, line
 
 
 def test_bad_inputs(exported):
-    """A prompt longer than P, a cache one slot short or of the wrong element type: named errors
-    from generate_check, dal.npu and the integer model's step."""
+    """A prompt longer than P, a cache one slot short or of the wrong element type (uint8 for
+    int8; float8 e5m2 for e4m3): named errors from generate_check, dal.npu, the integer model's
+    step, dal.verify and dal.verify_decoder."""
     kind, p, pre, dec, _ = exported
-    if kind != "int8":
-        pytest.skip("the int8 files are enough here")
-    with pytest.raises(ValueError, match=r"prompt 1 has 9 tokens.*1 \.\. 8"):
-        dal.generate_check(p, (pre, dec), [_tokens(4)[0, :3], _tokens(4)[0, :9]], steps=1)
-    with pytest.raises(ValueError, match=r"prompt 0 \(8 tokens\) \+ 9 steps exceeds.*16"):
-        dal.generate_check(p, (pre, dec), [_tokens(4)[0, :8]], steps=9)
+    if kind == "int8":  # the prompt checks read the files' metadata only: one recipe proves them
+        with pytest.raises(ValueError, match=r"prompt 1 has 9 tokens.*1 \.\. 8"):
+            dal.generate_check(p, (pre, dec), [_tokens(4)[0, :3], _tokens(4)[0, :9]], steps=1)
+        with pytest.raises(ValueError, match=r"prompt 0 \(8 tokens\) \+ 9 steps exceeds.*16"):
+            dal.generate_check(p, (pre, dec), [_tokens(4)[0, :8]], steps=9)
+        with pytest.raises(dal.verification.VerifyInputError, match=r"prompt has 9 tokens.*1 \.\. 8"):
+            dal.verify_decoder((pre, dec), p, _tokens(4)[0, :9])
+        with pytest.raises(dal.verification.VerifyInputError, match=r"decode\.onnx is a decode graph.*position 0"):
+            dal.verify_decoder((dec, pre), p, _tokens(4)[0, :3])
+        with pytest.raises(dal.verification.VerifyInputError, match=r"dal\.verify_decoder"):
+            dal.verify((pre, dec), p, ())
+    codes, wrong = ((np.int8, torch.int8), (np.uint8, torch.uint8)) if kind == "int8" else \
+        ((ml_dtypes.float8_e4m3fn, torch.float8_e4m3fn), (ml_dtypes.float8_e5m2, torch.float8_e5m2))
     names = [i.name for i in onnx.load(dec).graph.input]
     good = [np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64), np.zeros((1, 1, 1, L + 1), np.float32)] \
-        + [np.zeros((1, KV, L, D), np.int8)] * (2 * LAYERS)
+        + [np.zeros((1, KV, L, D), codes[0])] * (2 * LAYERS)
+    want = np.dtype(codes[0]).name
     sess = dal.npu.load(dec)
-    for bad, match in ((np.zeros((1, KV, L - 1, D), np.int8), r"past_key_0.*shape \[1, 2, 16, 16\]"),
-                       (np.zeros((1, KV, L, D), np.uint8), r"past_key_0.*int8, got uint8")):
+    for bad, match in ((np.zeros((1, KV, L - 1, D), codes[0]), r"past_key_0.*shape \[1, 2, 16, 16\]"),
+                       (np.zeros((1, KV, L, D), wrong[0]), rf"past_key_0.*{want}, got {np.dtype(wrong[0]).name}")):
         with pytest.raises(dal.npu.NPUError, match=match):
             sess.run(dict(zip(names, good[:3] + [bad] + good[4:])))
     step = CodesStep(DecoderStep(p, L, True))
-    base = [torch.from_numpy(a) for a in good]
+    base = [torch.from_numpy(a) for a in good[:3]] + [torch.zeros(1, KV, L, D, dtype=codes[1])] * (2 * LAYERS)
     with pytest.raises(ValueError, match=r"past_value_1 must be \[B, kv_heads, 16, head_dim\]"):
-        step(*base[:-1], torch.zeros(1, KV, L + 1, D, dtype=torch.int8))
-    with pytest.raises(ValueError, match=r"past_key_0 must hold int8 codes"):
-        step(*base[:3], torch.zeros(1, KV, L, D), *base[4:])
+        step(*base[:-1], torch.zeros(1, KV, L + 1, D, dtype=codes[1]))
+    fmt = "int8" if kind == "int8" else "fp8_e4m3"
+    with pytest.raises(ValueError, match=rf"past_key_0 must hold {fmt} codes.*got torch\.{np.dtype(wrong[0]).name}"):
+        step(*base[:3], torch.zeros(1, KV, L, D, dtype=wrong[1]), *base[4:])
+    with pytest.raises(dal.verification.VerifyInputError,
+                       match=rf"input 3 \('past_key_0'\) is {np.dtype(wrong[0]).name}, but .*takes {want}"):
+        dal.verify(dec, decoder_step(p, dec), (*base[:3], torch.zeros(1, KV, L, D, dtype=wrong[1]), *base[4:]))
 
 
 def test_export_needs_a_quantized_cache(tmp_path):
@@ -247,7 +296,7 @@ def test_decoder_step_needs_a_decoder_file(exported, tmp_path):
     """decoder_step reads the file's dal.decoder.* metadata: a file without it is named."""
     kind, p, pre, dec, _ = exported
     if kind != "int8":
-        pytest.skip("one recipe is enough")
+        pytest.skip("decoder_step reads the files' metadata only, the same for every cache format: int8 proves it")
     assert decoder_step(p, pre).step.decode is False and decoder_step(p, dec).step.decode is True
     proto = onnx.load(pre)
     del proto.metadata_props[:]
