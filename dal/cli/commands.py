@@ -120,7 +120,8 @@ def _verify_input(path: str):
 
 def cmd_verify(args) -> int:
     """``dal verify FILE``: NPU reference vs onnxruntime (and torch with --model); with --strict the exit status
-    is 1 when ``ParityReport.verdict()`` fails (the verdict the printed report states first), else 0."""
+    is 1 when ``ParityReport.verdict()`` fails (the verdict the printed report states first), else 0. With
+    --json the report is printed as ``json.dumps(ParityReport.to_dict())`` (one JSON document on stdout)."""
     import torch
 
     import dal
@@ -134,7 +135,12 @@ def cmd_verify(args) -> int:
         x = torch.randn(args.random_input, generator=torch.Generator().manual_seed(args.seed))
     model = load_model(args.model, args.checkpoint, (x,)) if args.model else None
     report = dal.verify(args.onnx, model, (x,))
-    print(report)
+    if args.json:  # strict JSON: non-finite floats are strings (ParityReport.to_dict)
+        import json
+
+        print(json.dumps(report.to_dict(), indent=2, allow_nan=False))
+    else:
+        print(report)
     if args.strict and not report.verdict():  # the one verdict: integer model == NPU, near-ties only layer by layer
         return 1
     return 0

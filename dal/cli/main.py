@@ -66,6 +66,9 @@ def _add_verify(sub) -> None:
                      help="exit 1 unless the verdict passes: the integer model (dal.convert of --model) equals "
                           "the NPU reference on every element, and every layer-by-layer difference is a near-tie "
                           "(1 LSB, within the float32 error bound of a rounding boundary)")
+    ver.add_argument("--json", action="store_true",
+                     help="print the report as JSON (ParityReport.to_dict(): verdict, per-output pairs, every "
+                          "layer row with its LSB counts and cosines, the integer-model row) instead of text")
 
 
 def _add_report(sub) -> None:
