@@ -136,15 +136,18 @@ def _quantizers_step(m, x, t):
     return y.detach()
 
 
-def test_inductor_quantizer_step():
+@pytest.mark.parametrize("weight", ["int8_per_channel", "int4_per_group"])
+def test_inductor_quantizer_step(weight):
     """Both quantizers observing (QAT), three steps: outputs, input and weight gradients, observer
-    ranges, scales and zero points of inductor's compiled step equal the eager step's."""
-    from dal.formats import per_channel
+    ranges, scales and zero points of inductor's compiled step equal the eager step's; the weight
+    per channel, or in int4 groups of 8 along its last axis (an LLM weight's groups: the C++ step
+    of dal::observe_fake_quantize_ compiled, the torch path eagerly)."""
+    from dal.formats import per_channel, per_group
     from dal.quantizer import FakeQuantizer
     torch._dynamo.reset()
     torch.manual_seed(1)
     act = FakeQuantizer("uint8", symmetric=False, observer="moving_average")
-    wq = FakeQuantizer("int8", per_channel(0))
+    wq = FakeQuantizer("int8", per_channel(0)) if weight == "int8_per_channel" else FakeQuantizer("int4", per_group(1, 8))
     mod = _QuantizersOnly(act, wq, torch.randn(8, 16))
     mod(torch.randn(8, 16) * 3)
     for q in (act, wq):
