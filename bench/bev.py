@@ -16,6 +16,14 @@ Protocol (the float row is the fair baseline: same total steps as every QAT row)
     python bench/bev.py --model splat --write     # Lift-Splat variant: bench/results/bev_splat.md
     python bench/bev.py --model deform --write    # + MSDA, and an FP16-deformable row: bev_deform.md
     python bench/bev.py --quick                   # smoke run, numbers not meaningful
+    python bench/bev.py --model deform --speed-only --write   # the speed section alone (a shorter
+                                                  # float pre-training, no accuracy rows): rewrites
+                                                  # the speed part of bev_deform.md, keeps its tables
+
+``--model deform`` also times the deformable block alone (examples/bev/bev_deform.py's
+``MSDeformAttn`` on the inputs the model gives it): the QAT block's forward (calibrated, quantizers
+frozen, and quantizing while observing as in a QAT step) against the float block's, interleaved,
+CPU time (target <= 1.5x); forward + backward beside it.
 
 ``--model splat`` trains ``bev_splat.LiftSplatBEV`` (flat-ground lift, scatter-add BEV pooling) with
 each recipe plus a rule quantizing ``scatter_add`` like its other activations (no bundled recipe
@@ -166,6 +174,63 @@ def _median_ms(xs):
     return statistics.median(xs)
 
 
+def _block_inputs(model, images):
+    """The arguments ``model.attn`` (the MSDA block) gets in ``model(images)`` (strides kept, detached)."""
+    seen = {}
+    hook = model.attn.register_forward_pre_hook(lambda m, args: seen.setdefault("args", args))
+    with torch.no_grad():
+        model.eval()(images)
+    hook.remove()
+    return [a.detach() for a in seen["args"]]
+
+
+def block_section(fair, qat, images, reps):
+    """The deformable block alone: float ``fair.attn`` vs the QAT ``qat.attn`` (calibrated), its
+    quantizers frozen and quantizing while observing (the QAT step's state), train mode, autograd
+    on as in training; forward, and forward + backward; interleaved CPU time."""
+    args = _block_inputs(copy.deepcopy(fair), images)
+    query, ref, value, shapes = args
+    blocks = {"float": copy.deepcopy(fair.attn)}
+    for label, state in (("QAT frozen", "frozen"), ("QAT observing", "quantize")):
+        blocks[label] = dal.set_quantizer_state(copy.deepcopy(qat.attn), state)
+    for b in blocks.values():
+        b.train()
+
+    def fwd(b, backward):
+        def run():
+            q, v = query.clone(memory_format=torch.preserve_format).requires_grad_(), value.clone().requires_grad_()
+            out = b(q, ref, v, shapes)
+            if backward:
+                out.sum().backward()
+        return run
+    runs = {f"{k} {w}": fwd(b, w == "fwd+bwd") for k, b in blocks.items() for w in ("fwd", "fwd+bwd")}
+    t = interleaved_times(runs, reps, clock=time.process_time, warmup=True)
+    med = {k: _median_ms(v) for k, v in t.items()}
+    lines = [f"The deformable block alone (`MSDeformAttn`, {CELLS * CELLS} queries x batch {BATCH}, {CAMERAS} levels "
+             f"{IMAGE // 2}x{IMAGE // 2}, 2 heads x 2 points, d_model 32; its inputs from the model), train mode, "
+             f"autograd on, CPU time, medians of {reps} interleaved rounds:", "",
+             "| block | forward (ms) | forward / float | forward + backward (ms) | / float |", "|---|---|---|---|---|"]
+    for k in blocks:
+        lines.append(f"| {k} | {med[k + ' fwd']:.2f} | {med[k + ' fwd'] / med['float fwd']:.2f}x | "
+                     f"{med[k + ' fwd+bwd']:.2f} | {med[k + ' fwd+bwd'] / med['float fwd+bwd']:.2f}x |")
+    worst = max(med[k + " fwd"] / med["float fwd"] for k in blocks if k != "float")
+    lines += ["", f"QAT block forward / float, the slower state: {worst:.2f}x "
+              f"({'ok' if worst <= 1.5 else 'MISSED'}, target <= 1.5x).", ""]
+    return lines
+
+
+def npu_profile_line(sess, feed, top=4):
+    """dal.npu's ``Session.profile``: the ops with the largest share of its time (summed per op type)."""
+    rows = sess.profile(feed, repeat=3)
+    by_op = {}
+    for r in rows:
+        op = r["op"] + (" (fused group)" if r["kind"] == "fused" else "")
+        by_op[op] = by_op.get(op, 0.0) + r["share"]
+    best = sorted(by_op.items(), key=lambda kv: -kv[1])[:top]
+    return ("dal.npu's time by op (Session.profile, medians of 3 runs, share of the steps' sum): "
+            + ", ".join(f"{op} {100 * v:.0f}%" for op, v in best) + ".")
+
+
 def speed_section(fair, train, test, path, reps, model="grid"):
     """Train step float vs QAT INT8 (fresh prepare + calibrate of the fair model), interleaved; then
     the exported QAT INT8 file on dal.npu vs onnxruntime (optimizations on and off), one thread."""
@@ -189,6 +254,8 @@ def speed_section(fair, train, test, path, reps, model="grid"):
     q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
     lines += ["", f"QAT INT8 / float on CPU time: {r:.2f}x (per-round ratio quartiles {q1:.2f}-{q3:.2f}x; "
               f"{'ok' if r <= 1.25 else 'MISSED'}, target <= 1.25x).", ""]
+    if model == "deform":
+        lines += block_section(fair, qat, images, max(reps, 3 * reps))
     x = test.images[:BATCH].numpy()
     sess = dal.npu.load(path, threads=1)
     name = sess.input_names[0]
@@ -207,7 +274,38 @@ def speed_section(fair, train, test, path, reps, model="grid"):
               "| engine | CPU (ms) | dal.npu / engine |", "|---|---|---|"]
     for k, v in inf.items():
         lines.append(f"| {k} | {_median_ms(v):.1f} | {npu / _median_ms(v):.2f}x |")
+    lines += ["", npu_profile_line(sess, {name: x})]
     return lines
+
+
+def speed_only(args) -> int:
+    """``--speed-only``: float pre-training (``--float-steps``, 300 unless given), the QAT INT8
+    model prepared + calibrated from it and exported, then :func:`speed_section`."""
+    torch.set_num_threads(1)
+    fs = 10 if args.quick else (args.float_steps if args.float_steps != 1200 else 300)
+    t0 = time.time()
+    train, test = bev_scenes("train", 128 if args.quick else 2000), bev_scenes("test", 32 if args.quick else 512)
+    torch.manual_seed(0)
+    fair = MODELS[args.model]()
+    train_steps(fair, train, fs, lr=LR, batch_size=BATCH)
+    qm, _ = quantized(fair, recipe_for("int8_balanced", args.model), train, test, 0)
+    path = export(qm, test.images[:2], tempfile.mkdtemp(prefix="dal-bev-"), "QAT INT8")
+    cmd = f"python bench/bev.py --model {args.model} --speed-only" + (" --write" if args.write else "")
+    out = [f"Speed section by `{cmd}` (float model after {fs} steps, the QAT INT8 model its calibration, no QAT "
+           f"steps); CPU: {cpu_flags()}; torch threads: {torch.get_num_threads()}; load average at start "
+           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}.", ""]
+    out += speed_section(fair, train, test, path, 3 if args.quick else args.reps, args.model)
+    out += ["", f"Load average at the end {' '.join(f'{v:.2f}' for v in os.getloadavg())}; the speed run took "
+            f"{time.time() - t0:.0f} s wall."]
+    text = "\n".join(out)
+    print(text)
+    if args.write:
+        name = "bev.md" if args.model == "grid" else f"bev_{args.model}.md"
+        with open(os.path.join(ROOT, "bench", "results", name)) as f:
+            old = f.read()
+        keep = old.split("\nTrain step (")[0].split("\nSpeed section by `")[0].rstrip("\n")
+        write_result(name, keep + "\n\n" + text + "\n")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -218,7 +316,12 @@ def main(argv=None) -> int:
     ap.add_argument("--float-steps", type=int, default=1200, help="F (module doc)")
     ap.add_argument("--qat-steps", type=int, default=300, help="Q (module doc)")
     ap.add_argument("--reps", type=int, default=15, help="interleaved rounds of the speed section")
+    ap.add_argument("--speed-only", action="store_true",
+                    help="the speed section alone: F float steps (default 300 here), no accuracy rows; with --write "
+                         "it replaces the speed part of the results file and keeps its tables")
     args = ap.parse_args(argv)
+    if args.speed_only:
+        return speed_only(args)
     torch.set_num_threads(1)
     n_train, n_test = (128, 32) if args.quick else (2000, 512)
     fs, qs = (10, 5) if args.quick else (args.float_steps, args.qat_steps)
