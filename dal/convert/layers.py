@@ -40,7 +40,7 @@ from .blocked_linear import ACC_LIMIT, BlockedWeights, blocked_why_not
 from .accumulate import chunk_bounds, conv_exact, limit, linear_exact, refuse_int32_overflow
 from .errors import ConvertError
 from .fp16_region import half_dtype, half_forward
-from .matmul_f64 import matmul_f64
+from .matmul_f64 import matmul_f64, weight_kn
 from .probe import GroupPlan
 from .requant import FixedPoint
 from .wrapped import WrapsModule
@@ -192,7 +192,7 @@ class IntegerLayer(WrapsModule):
             if self.b_dq is not None:
                 y = y + self.b_dq.reshape(1, -1, 1, 1)
         else:
-            y = matmul_f64(xd, self.w_dq.t()).float()  # dal.npu's summation order (matmul_f64.py)
+            y = matmul_f64(xd, weight_kn(self, self.w_dq)).float()  # dal.npu's summation order (matmul_f64.py)
             if self.b_dq is not None:
                 y = y + self.b_dq
         y = apply_activation(y, self.qat.activation)

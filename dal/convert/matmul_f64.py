@@ -16,9 +16,22 @@ import numpy as np
 import torch
 
 
-def matmul_f64(x: torch.Tensor, w_kn: torch.Tensor) -> torch.Tensor:
+def matmul_f64(x: torch.Tensor, w_kn) -> torch.Tensor:
     """``x [..., K] @ w_kn [K, N]`` in float64 as dal.npu's MatMul computes it (numpy's float64
-    matmul of C-contiguous operands), unrounded (float64), on ``x``'s device."""
+    matmul of C-contiguous operands), unrounded (float64), on ``x``'s device. ``w_kn``: a tensor,
+    or the numpy float64 C-contiguous array :func:`weight_kn` keeps (the same operand)."""
     a = np.ascontiguousarray(x.detach().to("cpu", torch.float64).numpy())
-    b = np.ascontiguousarray(w_kn.detach().to("cpu", torch.float64).numpy())
+    b = w_kn if isinstance(w_kn, np.ndarray) else np.ascontiguousarray(w_kn.detach().to("cpu", torch.float64).numpy())
     return torch.from_numpy(np.matmul(a, b)).to(x.device)
+
+
+def weight_kn(owner: torch.nn.Module, w_nk: torch.Tensor) -> np.ndarray:
+    """``w_nk.t()`` as :func:`matmul_f64` hands it to numpy (float64 ``[K, N]``, C-contiguous),
+    converted once and kept on ``owner`` until ``w_nk`` changes (its storage or ``_version``):
+    a layer's constant weight is not converted on every call."""
+    key = (w_nk.data_ptr(), w_nk._version, tuple(w_nk.shape))
+    kept = owner.__dict__.get("_weight_kn")
+    if kept is None or kept[0] != key:
+        kept = (key, np.ascontiguousarray(w_nk.detach().t().to("cpu", torch.float64).numpy()))
+        owner.__dict__["_weight_kn"] = kept
+    return kept[1]
