@@ -18,7 +18,9 @@ channels when B does not divide K, as the blocked DequantizeLinear defines it):
 the per-channel group's ``float32(float64(acc) * (float64(s_x) * float64(s_w)))``: both are the
 float64 rounding of the same exact real number, then float32.
 
-The block sums are exact in float32 arithmetic when every partial sum is an integer below 2^24
+When every partial sum of ``x_i w_i s_w`` is exact in float64 whatever the order (the usual
+case: _exact_scaled_weight), ``t`` is one float64 matmul of the codes with the pre-scaled weight.
+Otherwise the blocks: their sums are exact in float32 arithmetic when every partial sum is an integer below 2^24
 (``B * max|x_q - zp_x| * max|w_q - zp_w| < 2^24``, e.g. 8-bit inputs and 4-bit weights, at most
 255 x 15, for B up to 4386): one batched float32 matmul of the codes (numpy, any summation order), else float64
 (exact below 2^53). Not matched, and left to the float path (a float island): Gemm, a bias
@@ -35,6 +37,8 @@ from . import quant
 from .group_chain import is_dq, plan_output_chain
 
 _X = {np.dtype(np.int8), np.dtype(np.uint8)} | quant.INT4
+#: from this many input rows on, ``value`` takes the one-matmul path when it is exact
+EXACT_GEMM_ROWS = 8
 _W = _X
 
 
@@ -91,7 +95,7 @@ def match(g, node):
     plan = {"op": "MatMul", "blocked": True, "x_name": dqx.input[0], "x_dtype": x_dtype,
             "x_scale": np.float32(xs.reshape(())), "x_zp": zx, "k": k, "channels": n,
             "block_size": bsz, "w_int": wd, "w_scale": ws.astype(np.float64),
-            "exact_f32": bound < 2**24,
+            "exact_f32": bound < 2**24, "x_bound": x_max,
             # group_chain.bias_add takes no bias for a blocked weight: the sentinel stops it
             "bias_q": None, "bias_f": "blocked"}
     if not plan_output_chain(g, node, plan) or plan["bias_add"] or plan["post"] is not None:
@@ -102,6 +106,32 @@ def match(g, node):
     return [dict(plan, q_out=q.output[0], q_node=q, y_scale=np.float32(g.const(q.input[1]).reshape(())),
                  y_zp=int(g.const_opt(q, 2).reshape(-1)[0]), y_dtype=g.const_opt(q, 2).dtype, q_readers=[q])
             for q in plan["q_readers"]]
+
+
+def _exact_scaled_weight(wd, ws, block, x_max):
+    """``w_int[k, n] * s_w[b(k), n]`` as float64 [K, N] when a float64 matmul of the input codes
+    with it computes ``t`` of the module doc exactly, whatever its summation order; else None.
+
+    Write each scale as ``m * 2^q`` (m an integer below 2^24). Every product ``x_i * w_i * s_w``
+    is exact (at most 8 + 8 + 24 bits) and a multiple of ``2^Q``, Q the smallest q of its column;
+    so is every partial sum, in any order. When the column's bound ``sum_b B x_max max|w_i| s_b``
+    is below 2^52 units of 2^Q, every partial sum is exact: the matmul returns the exact real sum,
+    which is also what the ascending float64 sum of the module doc returns (its partial sums
+    are exact too). Trained INT4 scales of one column lie within a few binades (about 2^45
+    units on the tiny Llama), so this holds there; adversarial scales fall back to the blocks."""
+    k, n = wd.shape
+    if wd.size == 0:
+        return None
+    nb = ws.shape[0]
+    _, e = np.frexp(ws)  # ws = f * 2^e, f in [0.5, 1): q = e - 24
+    q_min = (e - 24).min(axis=0)
+    pad = nb * block - k
+    wmax = np.abs(np.pad(wd, ((0, pad), (0, 0)))).reshape(nb, block, n).max(axis=1)
+    bound = (float(block) * x_max * wmax * ws).sum(axis=0) * np.exp2(-q_min.astype(np.float64))
+    if not np.all(bound < 2.0 ** 52):
+        return None
+    blk = np.arange(k) // block
+    return np.ascontiguousarray(wd.astype(np.float64) * ws[blk])  # exact: 8 + 24 bits
 
 
 class BlockedStep:
@@ -130,6 +160,7 @@ class BlockedStep:
         self.w = np.ascontiguousarray(w.reshape(nb, b, n).astype(dt))  # [nb, B, N], exact
         self.s_w = p["w_scale"][:, None, :]  # [nb, 1, N] float64
         self.nb, self.b, self.n = nb, b, n
+        self.w_exact = _exact_scaled_weight(p["w_int"], p["w_scale"], b, p["x_bound"])
         self.readers = []
         for q in plans:
             ys, yz = np.float32(q["y_scale"]), int(q["y_zp"])
@@ -148,25 +179,37 @@ class BlockedStep:
         if xq.ndim < 1 or xq.shape[-1] != self.k:
             raise NPUError(f"node {self.node_name!r}: input shape {xq.shape} does not match "
                            f"reduction length {self.k}")
+        rows = xq.size // self.k if self.k else 0
+        # one float64 matmul, exact in any order (_exact_scaled_weight); for a few rows (a decode
+        # step) the float32 blocks read half the weight bytes and are faster: the same numbers
+        if self.w_exact is not None and rows >= EXACT_GEMM_ROWS:
+            t = np.matmul(xq.reshape(-1, self.k).astype(np.float64) - np.float64(self.x_zp), self.w_exact)
+            t *= self.s_x
+            return t.astype(np.float32).reshape(xq.shape[:-1] + (self.n,))
         x2 = xq.reshape(-1, self.k).astype(self.dt) - self.dt(self.x_zp)  # exact
         if self.pad:
             x2 = np.pad(x2, ((0, 0), (0, self.pad)))
         m = x2.shape[0]
         xb = x2.reshape(m, self.nb, self.b).transpose(1, 0, 2)  # [nb, M, B]
         acc = np.matmul(xb, self.w)  # [nb, M, N]: exact integers (module doc)
-        p = acc.astype(np.float64) * self.s_w  # exact products
-        t = p[0].copy()
-        for j in range(1, self.nb):  # float64, blocks in ascending order
-            t += p[j]
-        v = (t * self.s_x).astype(np.float32)
+        # float64, blocks in ascending order, one block at a time (each product exact)
+        t = np.multiply(acc[0], self.s_w[0], dtype=np.float64)
+        p = np.empty_like(t)
+        for j in range(1, self.nb):
+            np.multiply(acc[j], self.s_w[j], out=p, dtype=np.float64)
+            t += p
+        t *= self.s_x
+        v = t.astype(np.float32)
         return v.reshape(xq.shape[:-1] + (self.n,))
 
     def run(self, ins, threads, want_extra=False):
         v = self.value(ins[0])
         out = {}
         for name, ys, yz, lo, hi, dt in self.readers:
-            r = np.rint(v / ys).astype(np.float64) + yz  # float32 division, half to even
-            out[name] = np.clip(r, lo, hi).astype(np.int64).astype(dt)
+            r = np.rint(v / ys)  # float32 division, half to even
+            np.clip(r, np.float32(lo - yz), np.float32(hi - yz), out=r)  # then exact small integers
+            r += np.float32(yz)
+            out[name] = r.astype(dt) if dt not in quant.INT4 else r.astype(np.int32).astype(dt)
         if want_extra:
             out[self.op_out] = v
             if self.act_out:

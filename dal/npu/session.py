@@ -175,6 +175,8 @@ class Session:
         self._live = self._liveness()
         self.steps, self._folded = fold(steps, self._live, g.consts,
                                         lambda st, ins: self._exec(st, ins, False))
+        from .const_matmul import cache_weights  # a constant weight's float64 copy, made once
+        self.steps = cache_weights(self.steps, {**g.consts, **self._folded})
         self._live = self._liveness()
         # tensors kept pixel-major between integer steps (layout.py); every one handed out is NCHW
         self._nhwc = (layout.plan(self.steps, self._live, g.outputs, rank4_names(g))

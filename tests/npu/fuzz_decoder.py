@@ -38,6 +38,33 @@ def blocked_model(seed=6):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
 
+def blocked_group_model(seed=9):
+    """export/SPEC.md §5a's blocked integer group with its options: uint8 input codes with a zero
+    point, DQ(int4 w [32, 8], axis 0, block_size 12: three blocks, the last of 8 channels, zero
+    point [3, 8]) -> MatMul -> Relu -> two QuantizeLinear readers (uint8, int8) -> DQ each."""
+    rng = np.random.default_rng(seed)
+    arr = [(np.float32(0.05), "s_x"), (np.uint8(120), "z_x"),
+           (rng.integers(-8, 8, (32, 8)).astype(ml_dtypes.int4), "w_codes"),
+           ((rng.random((3, 8)) * 0.05 + 0.01).astype(np.float32), "w_scale"),
+           (rng.integers(-3, 4, (3, 8)).astype(ml_dtypes.int4), "w_zp"),
+           (np.float32(0.3), "s_y"), (np.uint8(5), "z_y"), (np.float32(0.7), "s_y2"), (np.int8(-3), "z_y2")]
+    inits = [numpy_helper.from_array(a, n) for a, n in arr]
+    mk = helper.make_node
+    nodes = [mk("QuantizeLinear", ["x", "s_x", "z_x"], ["x_q"], name="x_q"),
+             mk("DequantizeLinear", ["x_q", "s_x", "z_x"], ["x_f"], name="x_dq"),
+             mk("DequantizeLinear", ["w_codes", "w_scale", "w_zp"], ["w"], name="w_dq", axis=0, block_size=12),
+             mk("MatMul", ["x_f", "w"], ["y"], name="matmul"),
+             mk("Relu", ["y"], ["y_r"], name="relu"),
+             mk("QuantizeLinear", ["y_r", "s_y", "z_y"], ["y_q"], name="y_q"),
+             mk("DequantizeLinear", ["y_q", "s_y", "z_y"], ["out"], name="y_dq"),
+             mk("QuantizeLinear", ["y_r", "s_y2", "z_y2"], ["y_q2"], name="y_q2"),
+             mk("DequantizeLinear", ["y_q2", "s_y2", "z_y2"], ["out2"], name="y_dq2")]
+    graph = helper.make_graph(nodes, "blocked_group", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("out", "out2")],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
 def cache_model(seed=7, past=5):
     """A decoder's quantized key cache: int8 codes past_k [1, 2, past, 8] -> DQ -> Concat(axis 2) with
     the new entry (graph input k_new [1, 2, 1, 8] -> Q -> DQ) -> Transpose -> MatMul(q, k^T) -> Q -> DQ,

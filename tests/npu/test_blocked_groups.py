@@ -90,17 +90,24 @@ CASES = [  # x dtype, x zero point, weight dtype, K, N, block
 ]
 
 
+@pytest.mark.parametrize("rows,spread", [(4, False), (12, False), (12, True)])
 @pytest.mark.parametrize("x_dt,zx,w_dt,k,n,block", CASES)
-def test_codes_equal_the_spec_formula(x_dt, zx, w_dt, k, n, block, npu_lib):
+def test_codes_equal_the_spec_formula(x_dt, zx, w_dt, k, n, block, rows, spread, npu_lib):
+    """Both ways dal.npu computes ``t``: float32 blocks (4 rows; or 12 rows with one block's scales
+    2^-30 of the others, where one float64 matmul would not be exact in every order) and one
+    float64 matmul with the pre-scaled weight (12 rows, trained-like scales)."""
     rng = np.random.default_rng(k * 7 + n)
     wq, ws, wz = _weights(rng, k, n, block, w_dt)
-    xq = _inputs(rng, 4, k, x_dt)
+    if spread:
+        ws[1] *= np.float32(2.0 ** -30)
+    xq = _inputs(rng, rows, k, x_dt)
     sx = np.float32(0.037)
     v = blocked_oracle.block_values(xq, zx, wq, wz, ws, block, sx)
     sy = np.float32(np.abs(v).max() / 100)  # codes spread over about [-100, 100]
     readers = [(sy, -5, np.int8)]
     s, kinds = _steps(_model(x_dt, zx, sx, wq, ws, wz, block, readers))
-    assert "BlockedStep" in kinds
+    step = s.steps[kinds.index("BlockedStep")]
+    assert (step.w_exact is None) == spread
     got = s.run({"xq": xq})[0]
     want = blocked_oracle.codes(v, sy, -5, -128, 127)
     np.testing.assert_array_equal(got.astype(np.int64), want)
@@ -188,3 +195,17 @@ def test_other_forms_stay_float_islands(what, npu_lib):
     s, kinds = _steps(m)
     assert "BlockedStep" not in kinds
     np.testing.assert_array_equal(s.run({"xq": xq})[0], run_ort(m, {"xq": xq})[0])
+
+
+def test_fuzz_base_model_is_a_blocked_group(npu_lib):
+    """The fuzzer's base model for this group (tests/npu/fuzz_decoder.py: uint8 codes with a zero
+    point, a short last block, Relu, two readers) runs as one blocked step, within one LSB of
+    onnxruntime on both outputs."""
+    import dal.npu as npu
+    import fuzz_decoder
+    m = fuzz_decoder.blocked_group_model()
+    s = npu.load(m, threads=1)
+    assert [type(st).__name__ for st in s.steps].count("BlockedStep") == 1
+    x = np.random.default_rng(4).standard_normal((4, 32)).astype(np.float32) * 3
+    for got, want, lsb in zip(s.run({"x": x}), run_ort(m, {"x": x}), (0.3, 0.7)):
+        assert np.abs(got - want).max() <= lsb * 1.0001
