@@ -330,6 +330,9 @@ def main(reps: int = 15, layers: int | None = None, write: bool = True) -> str:
                       f" (peer: {peer_note[ph].split(' -')[1]} off)" for ph in ("decode", "prefill")))
         profile_lines(say, e, ratios)
     text = "\n".join(lines) + "\n" + NOTES
+    import llm_int_profile  # its section of the results file (bench/llm_int_profile.py) is kept
+    kept = llm_int_profile.kept_section(os.path.join(HERE, "results", "llm_npu.md"))
+    text += ("\n" + kept) if kept else ""
     if write:
         write_result("llm_npu.md", text)
     return text
