@@ -309,7 +309,7 @@ def _deployed(model, held, seed: int) -> dict:
 
 def measure(rows: dict, seeds, held, save=None) -> dict:
     """name -> {"ppl": [per seed], "seconds": [per seed]} or {"na": reason}; ``save(row_dict)`` is
-    called after each row (so an interrupted run keeps the rows it finished)."""
+    called after each seed (so an interrupted run keeps the seeds it finished)."""
     out = {}
     for name, (kind, fn) in rows.items():
         ppl, secs, dep = [], [], []
@@ -323,12 +323,14 @@ def measure(rows: dict, seeds, held, save=None) -> dict:
                 if kind not in ("float", "baseline") and seed in DEPLOYED["seeds"]:
                     dep.append(_deployed(model, held, seed))
                     print(f"  {name} seed {seed}: deployed {dep[-1]}", flush=True)
+                out[name] = {"kind": kind, "ppl": list(ppl), "seconds": list(secs), "seeds": list(seeds)[:len(ppl)],
+                             "qat_steps": QAT["steps"] if kind in ("qat", "baseline") else 0}
+                if dep:
+                    out[name]["deployed"] = list(dep)
+                if save is not None and len(ppl) < len(seeds):  # an interrupted run keeps the seeds it finished
+                    save({name: out[name]})
                 if kind == "float":  # one pre-trained model: every seed would score the same
                     break
-            out[name] = {"kind": kind, "ppl": ppl, "seconds": secs, "seeds": list(seeds)[:len(ppl)],
-                         "qat_steps": QAT["steps"] if kind in ("qat", "baseline") else 0}
-            if dep:
-                out[name]["deployed"] = dep
         except NotAvailable as exc:
             out[name] = {"kind": kind, "na": str(exc)}
             print(f"  {name}: not available ({exc})", flush=True)
