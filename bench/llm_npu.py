@@ -62,25 +62,23 @@ KV_RULE = {"type": "kv_cache", "input": {"format": "int8", "granularity": "per_t
 #: what the profile shows, in words (true of the graphs as dal.export_decoder writes them at this commit;
 #: the figures are in the rows above it)
 NOTES = """
-## Why dal.npu misses its targets here (read off the profile above)
+## What the profile shows (export/SPEC.md §5a as dal.npu runs these graphs)
 
-- No linear layer of these graphs is an integer group: every step is kind "node" (plus one "codes"
-  step). The a2000 INT4 weights are block-quantized (DequantizeLinear with block_size 32, a scale per
-  32 input channels); dal/npu/integer_groups.py fuses only per-tensor / per-channel weight scales, so
-  each linear runs as its weight's DequantizeLinear, then a float MatMul (numpy float64,
-  dal/npu/ops_nn.py float_matmul; the bench sets OPENBLAS_NUM_THREADS=1), then the activation's Q/DQ.
-- decode (one token): the weight DequantizeLinear steps dominate (about half). Their inputs are all
-  initializers, yet they are recomputed on every run; folding them once at load (or a blocked-INT4
-  integer group) would remove that share. The rest is ~500 small node steps (Cast, Q/DQ, shape ops).
-- prefill (128 tokens): float64 MatMuls, the same weight DequantizeLinear steps, then Softmax.
-- OpenBLAS: numpy's float64 matmul runs on OpenBLAS, whose own thread pool (2 threads on this
-  machine) ignores dal.npu's ``threads=1``. With it unpinned, on this loaded 2-core machine (load
-  4-7), dal.npu's prefill took 868 ms and 199 ms in two runs minutes apart (its attention MatMuls
-  ~60 ms each); pinned to 1 thread (OPENBLAS_NUM_THREADS=1, as the bench now sets) 80 and 50 ms in
-  two runs (the integer model's prefill fell from 505 to 49-77 ms too). A user
-  of dal.npu.load(threads=1) on a busy machine meets the unpinned figure.
-- The integer model (dal.convert) runs at about dal.npu's speed, far below transformers' float32
-  eager decode; its profile is not taken here.
+- Integer groups: the MLP's `up_proj` of every layer (its output goes straight to its quantizer) is
+  §5a's blocked integer group ("fused" steps: dal/npu/blocked_groups.py): exact per-block
+  accumulators of the int8 x int4 codes, combined in float64 in ascending block order. The other
+  linears are float islands by the SPEC, not by a gap in dal.npu: `q/k/v_proj` feed Reshape,
+  `gate_proj` the FP16 SiLU island, `o_proj` / `down_proj` the float residual Add, and `lm_head` is
+  a graph output. Their weight's DequantizeLinear runs once at load (constant_steps.py) and its
+  float64 copy is made once too (const_matmul.py), so each is one float64 numpy matmul per run.
+- decode (one token): ~480 small node steps (QuantizeLinear, DequantizeLinear, Cast, shape ops)
+  take most of the time, each a few microseconds of Python and numpy call overhead on [1, 1, 256]
+  tensors; the MatMuls (attention over the cache included) are about a quarter.
+- prefill (128 tokens): the float64 MatMuls dominate; the blocked groups cost about what a float
+  island does (one exact float64 matmul against the pre-scaled weight, §5a).
+- OpenBLAS: numpy's float64 matmul runs on OpenBLAS, whose own thread pool ignores dal.npu's
+  ``threads=1``; the bench pins it (OPENBLAS_NUM_THREADS=1). A user of dal.npu.load(threads=1) on a
+  busy machine without the pin meets a slower, more variable figure.
 - onnxruntime 1.32 refuses these files at its default level (see ORT_OFF in the bench): a graph
   optimizer bug, not a dal export error (the files load at ORT_ENABLE_BASIC and pass
   onnx.checker full_check); the bench's peer is onnxruntime with one of the two interacting
@@ -264,8 +262,8 @@ def profile_lines(say, e: "Engines", ratios: dict) -> None:
             f"sum of its profiled steps: {sum(r['ms'] for r in rows):.3f} ms (the rest: per-run and per-step "
             "overhead outside the steps, or caches the interleaved peers evicted)")
         say()
-        say(f"steps by kind: {dict(kinds)} (\"fused\" = an integer group; the linears here run as \"node\" "
-            f"steps: the weight's DequantizeLinear, then a float MatMul); DequantizeLinear nodes of constant "
+        say(f"steps by kind: {dict(kinds)} (\"fused\" = an integer group: here the blocked up_proj linears; the "
+            f"other linears are float-island MatMul steps on weights dequantized at load); DequantizeLinear nodes of constant "
             f"weights: {len(const)} in the file, {sum(r['node'] in const for r in rows)} still run per step "
             f"(dal.npu computes constant steps once at load: dal/npu/constant_steps.py), {wdq:.3f} ms = "
             f"{wdq / total:.0%} of the profiled {total:.3f} ms")
