@@ -230,3 +230,22 @@ def test_observing_step_is_one_op_per_quantizer():
     ops = [c for c in called if c.startswith("dal.")]
     assert ops.count("dal.observe_fake_quantize_.default") == 2, ops
     assert not [c for c in ops if "minmax_qparams" in c or "fake_quantize.default" in c], ops
+
+
+def test_inductor_fp16_island_keeps_the_rounding():
+    """An FP16 quantizer (an island's cast) under inductor, with a multiply after it: the output is
+    torch's eager ``x.to(float16).to(float32) * 1.5`` bit for bit, for the forward and the identity
+    gradient. The round trip stays the opaque ``dal::fp_round_trip`` under torch.compile: inductor
+    (``emulate_precision_casts`` off, its default) drops a plain-torch ``x.to(float16).to(float32)``
+    inside a fused kernel (bench/results/llm_qat.md, "tried and not kept")."""
+    from dal.quantizer import FakeQuantizer
+    torch._dynamo.reset()
+    q = FakeQuantizer("fp16")
+    q.set_state("quantize")
+    x = (torch.randn(64, 256, generator=torch.Generator().manual_seed(3)) * 3).requires_grad_()
+    want = x.detach().to(torch.float16).to(torch.float32) * 1.5
+    assert not torch.equal(want, x.detach() * 1.5)  # the rounding is visible
+    y = torch.compile(lambda t: q(t) * 1.5, backend="inductor")(x)
+    assert torch.equal(y.detach(), want)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 1.5))
