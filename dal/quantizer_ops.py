@@ -29,6 +29,11 @@ so the faster compiled step decides; the measurements are in bench/results/qat_s
   quantizer, and the compiled step is faster (bench/results/qat_step.md, "one op per quantizer
   step"). Calibration (``observe``) keeps the inlined plain-torch update
   (``dal.kernels.observer_update.generic``), no slower than the op;
+* the FP16 / BF16 round trip: the opaque ``dal::fp_round_trip``, never plain torch: inductor
+  (``emulate_precision_casts`` off, its default) drops a plain-torch ``x.to(float16).to(float32)``
+  inside a fused kernel, so the island's rounding would vanish (tests/kernels/test_compile.py,
+  bench/results/llm_qat.md "tried and not kept"). On the tiny Llama's W4A8 step the inlined
+  fake quantization with the inlined observer is also slower than the ops (same file);
 * the scale (``dal::minmax_qparams``, inside the fused op or alone) and QConvBn2d's fold factor
   (``dal::fold_factor``) stay ops for their bits: inductor recompiles the float64 scale arithmetic with its own flags, and would
   recompute a plain-torch fold factor from the running variance BatchNorm already updated
