@@ -29,7 +29,7 @@ def blocked_why_not(kind: str, has_bias: bool, in_bits: int, rq) -> str:
     """Why a Linear with a per-group weight quantizer has no blocked integer group ("" if it has
     one as far as these conditions go; the block-sum bound is checked on the codes)."""
     if kind != "linear":
-        return "a per-group weight outside a Linear has no integer group"
+        return "weight is not 8/4-bit integer codes per tensor or per channel (per group: a Linear's only)"
     if has_bias:
         return "per-group weight with a bias (the blocked group takes none)"
     if in_bits > 8:
