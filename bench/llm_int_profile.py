@@ -173,12 +173,15 @@ def undo(models_, before: bool, keep_weights: bool | None = None, quantizers: bo
 
 
 def bits_equal(a, b) -> bool:
+    """Whether the tensors of ``a`` and ``b`` pair up with equal dtypes, shapes and bits (float32 as int32)."""
     return all(x.dtype == y.dtype and x.shape == y.shape and torch.equal(
         x.view(torch.int32) if x.dtype == torch.float32 else x, y.view(torch.int32) if y.dtype == torch.float32 else y)
         for x, y in zip(a, b))
 
 
 def main(reps: int = 15, layers=None) -> str:
+    """Run the profile and the before / after (module doc), print them, rewrite this bench's section
+    of bench/results/llm_npu.md; returns the section."""
     torch.set_num_threads(1)
     int_pre, int_dec, pre_in, dec_in, float_prefill, float_decode, source = models(layers)
     dec, pre = Step(int_dec, dec_in), Step(int_pre, pre_in)
