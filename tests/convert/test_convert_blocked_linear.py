@@ -98,3 +98,40 @@ def test_integer_model_equals_npu(two_linears):
     batches = [torch.randn(4, 96, generator=torch.Generator().manual_seed(s)) * (1 + s) for s in range(3)]
     assert_bit_exact(im, proto, sess, batches, "blocked linear")
     assert sum(type(s).__name__ == "BlockedStep" for s in sess.steps) == 1
+
+
+class _ReluBlocked(nn.Module):
+    """A per-group INT4 Linear (blocks of 16) with a fused ReLU and its own affine int8 output
+    quantizer (a nonzero input zero point), then an int8 head."""
+
+    def __init__(self):
+        super().__init__()
+        from dal.nn import QLinear
+        from export_common import spec
+        self.fc = QLinear.from_float(nn.Linear(64, 32, bias=False),
+                                     spec("int4", "int8", wg="per_group", gs=16, symmetric=False), "fc",
+                                     activation="relu")
+        self.head = QLinear.from_float(nn.Linear(32, 10), spec("int8", "int8"), "head")
+
+    def forward(self, x):
+        return self.head(self.fc(x))
+
+
+def test_relu_and_affine_input_equal_npu():
+    torch.manual_seed(3)
+    m = _ReluBlocked()
+    with torch.no_grad():
+        for _ in range(2):
+            m(torch.randn(6, 64) + 0.5)
+    for q in m.modules():
+        if isinstance(q, dal.FakeQuantizer):
+            q.end_observation("frozen")
+    m.eval()
+    assert m.fc.input_quant.effective_qparams()[1].item() != 0
+    proto = dal.export_onnx(m, (torch.randn(2, 64),), dynamic_batch=True)
+    sess = dal.npu.load(proto, threads=1)
+    im = dal.convert(m)
+    batches = [torch.randn(5, 64, generator=torch.Generator().manual_seed(s)) * 2 for s in range(3)]
+    assert_bit_exact(im, proto, sess, batches, "blocked linear with relu")
+    assert im.layer_forms()["fc"] == "integer"
+    assert sum(type(s).__name__ == "BlockedStep" for s in sess.steps) == 1
