@@ -216,7 +216,45 @@ def block_section(fair, qat, images, reps):
     worst = max(med[k + " fwd"] / med["float fwd"] for k in blocks if k != "float")
     lines += ["", f"QAT block forward / float, the slower state: {worst:.2f}x "
               f"({'ok' if worst <= 1.5 else 'MISSED'}, target <= 1.5x).", ""]
-    return lines
+    return lines + quantizer_floor(blocks["QAT observing"], (query, ref, value, shapes), med["float fwd"], reps)
+
+
+def quantizer_floor(block, args, float_fwd, reps, top=6):
+    """Where the observing block's extra time goes: each quantizer call of one forward, timed alone
+    on the tensor it got (train mode, autograd on), against its floor ``x * c`` (one pass over the
+    same tensor), interleaved CPU time."""
+    from dal.nn.grid_sample import SharedRequant
+    from dal.quantizer import FakeQuantizer
+
+    mods, got = dict(block.named_modules()), {}
+
+    def keep(name):
+        def hook(module, args):  # returns None: the call's arguments unchanged
+            got.setdefault(name, args[0].detach())
+        return hook
+    hooks = [m.register_forward_pre_hook(keep(n)) for n, m in mods.items()
+             if isinstance(m, (FakeQuantizer, SharedRequant))]
+    block(*args)
+    for h in hooks:
+        h.remove()
+    runs = {}
+    for n, x in got.items():
+        x = x.clone(memory_format=torch.preserve_format).requires_grad_()
+        m = mods[n]
+        owner = mods[n.rsplit(".", 1)[0]] if isinstance(m, SharedRequant) else None
+        runs[n] = (lambda m=m, x=x, o=owner: m(x, o.input_quant)) if owner is not None else (lambda m=m, x=x: m(x))
+        runs[n + " floor"] = lambda x=x: x * 1.5
+    t = interleaved_times(runs, reps, clock=time.process_time, warmup=True)
+    med = {k: _median_ms(v) for k, v in t.items()}
+    total, floor = sum(med[n] for n in got), sum(med[n + " floor"] for n in got)
+    lines = [f"Its {len(got)} quantizer calls per forward (observing), each alone on its tensor: {total:.1f} ms "
+             "together "
+             f"({total / float_fwd:.2f}x the float block's forward), their `x * c` floor {floor:.1f} ms "
+             f"({floor / float_fwd:.2f}x); the largest:", "",
+             "| quantizer | elements | ms | / its floor |", "|---|---|---|---|"]
+    for n in sorted(got, key=lambda n: -med[n])[:top]:
+        lines.append(f"| {n} | {got[n].numel()} | {med[n]:.2f} | {med[n] / med[n + ' floor']:.1f}x |")
+    return lines + [""]
 
 
 def npu_profile_line(sess, feed, top=4):
@@ -304,7 +342,8 @@ def speed_only(args) -> int:
         with open(os.path.join(ROOT, "bench", "results", name)) as f:
             old = f.read()
         keep = old.split("\nTrain step (")[0].split("\nSpeed section by `")[0].rstrip("\n")
-        write_result(name, keep + "\n\n" + text + "\n")
+        at = old.find("\nNotes (added by hand")  # the full run's hand-written notes stay
+        write_result(name, keep + "\n\n" + text + "\n" + (old[at:] if at >= 0 else ""))
     return 0
 
 
