@@ -1,6 +1,7 @@
 """dal.verify: run an exported ONNX file on the NPU reference, torch and onnxruntime; compare."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 from .. import nest
 from ..nn.modes import eval_mode
 from ..quantizer import quantizer_states
-from .codes import is_code, ordinals
+from .codes import is_code, is_float8, ordinals
 from .inputs import VerifyInputError, check_feed, load_onnx
 from .integer_model import integer_vs_npu
 from .metrics import agreement
@@ -128,10 +129,10 @@ def verify_with_outputs(onnx_path, torch_model=None, inputs=(), onnxruntime: boo
         lsb = output_lsb(model, out.name)
         pairs = {}
         if torch_outs is not None:
-            pairs["npu_vs_torch"] = agreement(npu_outs[i], torch_outs[i].reshape(np.shape(npu_outs[i])), lsb)
-            pairs["npu_vs_float"] = agreement(npu_outs[i], float_outs[i].reshape(np.shape(npu_outs[i])), lsb)
+            pairs["npu_vs_torch"] = _output_pair(npu_outs[i], torch_outs[i].reshape(np.shape(npu_outs[i])), lsb)
+            pairs["npu_vs_float"] = _output_pair(npu_outs[i], float_outs[i].reshape(np.shape(npu_outs[i])), lsb)
         if ort_outs is not None:
-            pairs["npu_vs_ort"] = agreement(npu_outs[i], ort_outs[i], lsb)
+            pairs["npu_vs_ort"] = _output_pair(npu_outs[i], ort_outs[i], lsb)
         report.outputs[out.name] = pairs
     made_by = producers(model)
     report.layers, report.first_divergence = _compare_integer_tensors(npu_values, ort_values, made_by)
@@ -148,6 +149,20 @@ def verify_with_outputs(onnx_path, torch_model=None, inputs=(), onnxruntime: boo
         # the two integer engines, derived independently (torch model / file): must be identical
         report.integer = integer_vs_npu(torch_model, model, inputs, npu_outs, npu_values, sess.steps)
     return report, npu_outs
+
+
+def _output_pair(npu, other, lsb):
+    """``agreement`` of one output. An output that is codes (a decoder's ``present_*`` KV cache:
+    integer or float8) is compared in its own units, LSB = 1 code (float8: one grid step,
+    codes.ordinals), ``other`` taken to the same codes (float8: ``astype``, exact on the grid;
+    integer: ``rint``); cosine, MSE and PSNR are of the code values."""
+    if not is_code(npu):
+        return agreement(npu, other, lsb)
+    npu = np.asarray(npu)
+    theirs = np.asarray(other).astype(npu.dtype) if is_float8(npu) else np.rint(np.asarray(other, np.float64))
+    steps = agreement(ordinals(npu), ordinals(theirs), 1.0)
+    return dataclasses.replace(agreement(npu, theirs), identical=steps.identical, off_by_one=steps.off_by_one,
+                               off_by_more=steps.off_by_more, max_lsb=steps.max_lsb, lsb=1.0)
 
 
 def _compare_integer_tensors(mine_values: dict, ort_values: dict, made_by: dict):

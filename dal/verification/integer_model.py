@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from ..nest import tensors
-from .codes import as_numpy, is_code, ordinals
+from .codes import as_numpy, is_code, is_float8, ordinals
 
 #: a weight's codes in the file: ``<quantizer>.codes``, ``<quantizer>.codes_<k>`` for call k
 _CODES = re.compile(r"^(.*)\.codes(?:_\d+)?$")
@@ -29,7 +29,8 @@ _CODES = re.compile(r"^(.*)\.codes(?:_\d+)?$")
 
 @dataclass
 class IntegerParity:
-    """Integer model vs NPU reference: outputs and quantized tensors (``codes``) compared,
+    """Integer model vs NPU reference: outputs and quantized tensors (``codes``: integer and float8,
+    compared by grid position, codes.ordinals) compared,
     how many elements differ, the first differing quantized tensor in graph order (its
     producing QuantizeLinear node); ``error`` when the integer model could not be built."""
 
@@ -69,7 +70,7 @@ def integer_vs_npu(torch_model, model: onnx.ModelProto, inputs: tuple, npu_outs:
         # the file's own opset: LayerNorm / GELU are spelled differently across opsets (convert's doc)
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
         int_model = convert(torch_model, opset=opset)
-        out, codes = int_model.run_with_codes(*inputs)
+        out, codes = int_model.run_with_codes(*inputs, fp8_bits=True)  # float8 tensors as their bit patterns
     except (ConvertError, ValueError, RuntimeError) as e:
         return IntegerParity(error=f"{type(e).__name__}: {str(e).splitlines()[0]}")
     outs = tensors(out)  # any nest of tensors, in the order the exporter wrote the file's outputs
@@ -89,7 +90,10 @@ def integer_vs_npu(torch_model, model: onnx.ModelProto, inputs: tuple, npu_outs:
         name = node.output[0] if node.op_type == "QuantizeLinear" else None
         if name is None or name not in npu_values or name not in mine_codes:
             continue
-        ref, mine = ordinals(npu_values[name]), ordinals(mine_codes[name])
+        ref, mine = np.asarray(npu_values[name]), mine_codes[name]
+        if is_float8(ref) and mine.dtype == np.uint8:  # the integer model's float8 bits, as the same type
+            mine = np.ascontiguousarray(mine).view(ref.dtype)
+        ref, mine = ordinals(ref), ordinals(mine)
         d = int((mine != ref).sum()) if mine.shape == ref.shape else int(ref.size)
         row.tensors += 1
         row.codes += int(ref.size)

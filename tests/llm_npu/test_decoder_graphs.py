@@ -190,6 +190,8 @@ def test_verify_onnxruntime(exported):
             *_random_cache(kind, g))
     for r in (report.prefill, report.decode, dal.verify(dec, decoder_step(p, dec), full)):
         assert r.integer.identical and r.integer.elements > 0, str(r.integer)
+        # every quantizer's codes (int8 and float8) compared with the integer model's, not only the outputs
+        assert r.integer.tensors == sum(not row.tensor.startswith("present_") for row in r.layers_forced) > 20
         assert r.verdict(), str(r)
         assert r.layers_forced and all(row.max_abs <= 1 for row in r.layers_forced)
         assert all(row.max_abs <= 1 for row in r.torch_layers)
@@ -198,6 +200,9 @@ def test_verify_onnxruntime(exported):
         cache_rows = [row for row in r.layers_forced if row.tensor.startswith("present_") or ".kv_cache." in row.tensor]
         assert sum(row.float_cosine is not None and row.float_cosine > 0.9 for row in cache_rows) == 2 * LAYERS
         assert set(r.outputs) == {"logits"} | {f"present_{k}_{i}" for i in range(LAYERS) for k in ("key", "value")}
+        # cache outputs are codes: compared in codes (int8 LSBs, float8 grid steps), not in an activation's scale
+        assert all(r.outputs[n]["npu_vs_ort"].lsb == 1.0 and r.outputs[n]["npu_vs_torch"].lsb == 1.0
+                   for n in r.outputs if n != "logits")
 
 
 def test_wrong_cache_scale_caught(exported, tmp_path):
