@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .fp16_region import round_once
+from .quant_calls import dispatch_off
 from .wrapped import WrapsModule
 
 #: the exported mask term's constant (dal.replace.softmax_lut.MASKED_BELOW, float32 in the file)
@@ -69,7 +70,7 @@ class MatMulForm(WrapsModule):
         self.half = half_operands(list(qat.input_quants))
 
     def forward(self, a, b):
-        with torch._C.DisableTorchFunction():  # no op here is one NPUFloatOps replaces (float_ops.py)
+        with dispatch_off():  # no op here is one NPUFloatOps replaces (float_ops.py, quant_calls.py)
             return self._forward(a, b)
 
     def _forward(self, a, b):
@@ -92,7 +93,7 @@ class SoftmaxForm(WrapsModule):
 
     def forward(self, x, *addends):
         # softmax_f32's float64 sum is torch's (NPUFloatOps replaces float32 / float16 sums only)
-        with torch._C.DisableTorchFunction():
+        with dispatch_off():
             return self._forward(x, *addends)
 
     def _forward(self, x, *addends):

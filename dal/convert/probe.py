@@ -145,18 +145,31 @@ class _Recorder(TorchFunctionMode):
             self.events.append(Event(kind, mod, mod.__dict__.pop("_dal_probe_in", []), outs))
 
 
+#: how many :func:`record` forwards are running (see :func:`recording`)
+_RECORDING = 0
+
+
+def recording() -> bool:
+    """Whether a :func:`record` forward is running: the integer model's forms then keep torch-function
+    handling on (quant_calls.py ``dispatch_off``), so the recorder sees the functions they call."""
+    return _RECORDING > 0
+
+
 def record(model: nn.Module, args: tuple, kwargs: dict, layers: list) -> tuple[list, set]:
     """(events, output keys) of one forward of ``model``; ``layers`` are opaque like quantizers."""
+    global _RECORDING
     rec = _Recorder(set(map(id, layers)))
     hooks = []
     for m in model.modules():
         if isinstance(m, FakeQuantizer) or id(m) in rec.layers:
             hooks.append(m.register_forward_pre_hook(rec.pre))
             hooks.append(m.register_forward_hook(rec.post))
+    _RECORDING += 1
     try:
         with torch.no_grad(), rec:
             out = model(*args, **kwargs)
     finally:
+        _RECORDING -= 1
         for h in hooks:
             h.remove()
     return rec.events, set(rec.read(tensors(out)))  # any nest (dataclasses too: dal.nest)

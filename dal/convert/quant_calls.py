@@ -10,13 +10,26 @@ A weight's quantizer (its input an ``nn.Parameter``: an embedding table, a norm'
 computes the same output on every call: it is kept and returned while the parameter, the output
 and the quantizer's own buffers (scale, zero point, state) are unchanged (their ``_version``
 counters and storage).
+
+The forms of float islands (attention.py ``MatMulForm`` / ``SoftmaxForm``, rmsnorm.py) turn the
+handling off the same way (:func:`dispatch_off`), except while the probe records a forward.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
 
 from ..quantizer import FakeQuantizer
+from .probe import recording
+
+
+def dispatch_off():
+    """A context in which torch-function handling (NPUFloatOps' per-call dispatch) is off, for a
+    form none of whose ops NPUFloatOps replaces; a no-op context while the probe records a forward
+    (probe.py ``recording``), whose mode must see the functions a form calls at the top level."""
+    return contextlib.nullcontext() if recording() else torch._C.DisableTorchFunction()
 
 
 class IntegerQuantizer(FakeQuantizer):

@@ -28,6 +28,7 @@ from torch import nn
 
 from .float_ops import mean_f64
 from .fp16_region import float32_value
+from .quant_calls import dispatch_off
 from .wrapped import WrapsModule
 
 
@@ -55,7 +56,7 @@ class RMSNormForm(WrapsModule):
 
     def forward(self, x):
         # none of these ops is one NPUFloatOps replaces (float_ops.py): run without its per-call cost
-        with torch._C.DisableTorchFunction():
+        with dispatch_off():
             q = self.qat
             x = q.input_quant(x)
             y = rms_norm_onnx(x.float(), q.rms_eps).to(x.dtype)

@@ -14,7 +14,8 @@ from torch import nn
 
 from dal.convert.float_ops import NPUFloatOps
 from dal.formats import per_channel
-from dal.convert.quant_calls import IntegerQuantizer, use_integer_quantizers
+from dal.convert.probe import record
+from dal.convert.quant_calls import IntegerQuantizer, dispatch_off, use_integer_quantizers
 from dal.quantizer import FakeQuantizer
 
 
@@ -87,3 +88,24 @@ def test_fp16_quantizer_is_the_float16_cast_round_trip():
     with torch.no_grad(), NPUFloatOps({}, 17):
         y = q(x)
     assert torch.equal(y, x.to(torch.float16).float())
+
+
+class _AddInside(nn.Module):
+    def forward(self, x):
+        with dispatch_off():
+            return torch.sigmoid(x + 1.0)
+
+
+def test_dispatch_off_is_off_under_the_probe_and_on_in_the_integer_model():
+    """The probe's recorder must see a form's top-level functions (its plans read them); in the
+    integer model's run the same form skips NPUFloatOps (torch's own sigmoid, not sigmoid_f64)."""
+    x = torch.randn(4096)
+    events, _ = record(_AddInside(), (x,), {}, [])
+    assert {e.obj for e in events if e.kind == "func"} >= {torch.Tensor.add, torch.sigmoid}
+    torch_own = torch.sigmoid(x + 1.0)  # no mode: torch's float32 kernel
+    f64 = torch.reciprocal(1.0 + torch.exp(-(x + 1.0).double())).float()
+    assert not torch.equal(torch_own, f64)  # the two differ on these inputs: the check below can fail
+    with torch.no_grad(), NPUFloatOps({}, 17):
+        off = _AddInside()(x)
+        routed = torch.sigmoid(x + 1.0)  # under the mode: sigmoid_f64
+    assert torch.equal(off, torch_own) and torch.equal(routed, f64)
