@@ -268,7 +268,10 @@ Where it goes, and why the targets are missed:
   call left).
 - rest: transformers' layer code (reshapes, rotary, residual adds, cache concatenation), the decode
   graph's boundary (8 cache DequantizeLinear, 8 QuantizeLinear), and NPUFloatOps' torch-function
-  dispatch on each of the remaining ~1,400 torch calls of a decode step (about 1 us each).
+  dispatch on each of the remaining ~1,340 torch calls of a decode step: the decode step run without
+  the mode (other numbers, same work) took 10.4-11.0 CPU ms against 13.2-13.4 with it (one
+  measurement, load ~10). Turning the dispatch off inside the float-island linears as well
+  (IntegerLayer._float) bought nothing measurable and is not kept.
 - what paid (the before / after columns): the float-island weight converted to float64 once per
   layer instead of per call (matmul_f64.py weight_kn) and the quantizers outside the
   torch-function dispatch (quant_calls.py). Tried and not kept: building NPUFloatOps' function table
