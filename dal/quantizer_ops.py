@@ -33,7 +33,8 @@ so the faster compiled step decides; the measurements are in bench/results/qat_s
   (``emulate_precision_casts`` off, its default) drops a plain-torch ``x.to(float16).to(float32)``
   inside a fused kernel, so the island's rounding would vanish (tests/kernels/test_compile.py,
   bench/results/llm_qat.md "tried and not kept"). On the tiny Llama's W4A8 step the inlined
-  fake quantization with the inlined observer is also slower than the ops (same file);
+  fake quantization with the inlined observer is also slower than the ops, and a plain-torch
+  straight-through backward of the observing op gains under the 5% a new form must buy (same file);
 * the scale (``dal::minmax_qparams``, inside the fused op or alone) and QConvBn2d's fold factor
   (``dal::fold_factor``) stay ops for their bits: inductor recompiles the float64 scale arithmetic with its own flags, and would
   recompute a plain-torch fold factor from the running variance BatchNorm already updated
