@@ -22,7 +22,7 @@ asserted): dal.npu / onnxruntime >= 1.0x, integer / float >= 0.5x. When dal.npu 
 target, the table of where its time goes per op type (Session.profile) follows. Writes
 bench/results/llm_npu.md.
 
-    .venv/bin/python bench/llm_npu.py [--reps 15] [--layers 4]
+    .venv/bin/python bench/llm_npu.py [--reps 15] [--layers 4] [--example-inputs]
 """
 from __future__ import annotations
 
@@ -104,14 +104,17 @@ def float_model(layers: int | None = None):
     return llm_common.build(0).eval(), "random weights (no cached pre-trained model; speed does not depend on them)"
 
 
-def prepared(model, prompt_len: int, calib: list):
-    """A copy of ``model`` prepared with :data:`RECIPE` plus :data:`KV_RULE`, calibrated on ``calib`` ([1, P] id tensors), eval mode."""
+def prepared(model, prompt_len: int, calib: list, example_inputs: bool = False):
+    """A copy of ``model`` prepared with :data:`RECIPE` plus :data:`KV_RULE`, calibrated on ``calib`` ([1, P] id tensors), eval mode.
+    ``example_inputs``: prepared with ``example_inputs=(calib[0],)``, so that prepare finds the decoder layer's
+    functional calls (its residual adds) by call site and quantizes them."""
     import copy
 
     import dal
 
     rec = dal.load_recipe(RECIPE).with_rules_prepended([KV_RULE])
-    p = dal.prepare_qat(copy.deepcopy(model), recipe=rec, hardware=HARDWARE)
+    p = dal.prepare_qat(copy.deepcopy(model), recipe=rec, hardware=HARDWARE,
+                        example_inputs=(calib[0],) if example_inputs else None)
     dal.calibrate(p, calib)
     return p.eval()
 
@@ -272,14 +275,14 @@ def profile_lines(say, e: "Engines", ratios: dict) -> None:
                                               f"{r['share']:.0%}" for r in rows[:6]))
 
 
-def main(reps: int = 15, layers: int | None = None, write: bool = True) -> str:
+def main(reps: int = 15, layers: int | None = None, write: bool = True, example_inputs: bool = False) -> str:
     torch.set_num_threads(1)
     fp, source = float_model(layers)
     import llm_common
 
     held = llm_common.data()[1]
     calib = [held[i * PROMPT: (i + 1) * PROMPT][None] for i in range(4)]
-    q = prepared(fp, PROMPT, calib)
+    q = prepared(fp, PROMPT, calib, example_inputs)
     lines = []
 
     def say(s=""):
@@ -293,7 +296,8 @@ def main(reps: int = 15, layers: int | None = None, write: bool = True) -> str:
         load = max(load, os.getloadavg()[0])
         say("# Tiny Llama decode / prefill speed, one thread (bench/llm_npu.py)")
         say()
-        say(f"command: `.venv/bin/python bench/llm_npu.py --reps {reps}" + (f" --layers {layers}`" if layers else "`"))
+        say(f"command: `.venv/bin/python bench/llm_npu.py --reps {reps}" + (f" --layers {layers}" if layers else "")
+            + (" --example-inputs`" if example_inputs else "`"))
         say(f"CPU: {cpu_flags()}")
         say(f"load average (1 min, highest of before / after): {load:.1f} on {os.cpu_count()} CPUs "
             "(a shared machine: wall times swing; CPU time distorts least)")
@@ -340,5 +344,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--layers", type=int, default=None, help="random weights with this many layers (smoke runs)")
+    ap.add_argument("--example-inputs", action="store_true",
+                    help="prepare with example_inputs (residual adds quantized); prints, does not write the results file")
     a = ap.parse_args()
-    main(a.reps, a.layers)
+    main(a.reps, a.layers, write=not a.example_inputs, example_inputs=a.example_inputs)
