@@ -8,9 +8,10 @@ requantizer near a tie flips one code now and then (~3e-6 of codes per layer), a
 weights (none ship with this machine) every later layer carries and multiplies that flip; after
 12 attention blocks with quantized Q@K^T and P@V the outputs drift by up to ~12 LSB (measured at
 full size, 224x224: ORT vs torch 34% within 1 LSB for ViT-B/16; the narrow Swin here still
-drifts by up to ~4 LSB). So for these two the criterion is asserted *layer by layer*, every quantized tensor judged from the same quantized inputs (teacher forced: torch against
-onnxruntime via tests/export_common.teacher_forced_stats, dal.npu against onnxruntime via
-dal.verify's layer-by-layer view), and the end-to-end figures are printed.
+drifts by up to ~4 LSB). So for these two the criterion is asserted *layer by layer*, every
+quantized tensor judged from the same quantized inputs (teacher forced: torch against onnxruntime
+via tests/export_common.teacher_forced_stats, dal.npu against onnxruntime via dal.verify's
+layer-by-layer view), and the end-to-end figures are printed.
 """
 import numpy as np
 import onnx
