@@ -18,6 +18,8 @@ from dal.formats import native, per_channel, per_group
 from dal.nn import QConvBn2d, SimpleLayerSpec, SimpleTensorSpec
 from dal.quantizer import FakeQuantizer
 
+from autograd_graph import graph_has
+
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no fused kernel: {native.status()}")
 
 BUFFERS = ("scale", "zero_point", "state_code", "observer.min_val", "observer.max_val", "observer.batches_seen",
@@ -59,19 +61,6 @@ def step_both(fast: nn.Module, slow: nn.Module, x: torch.Tensor, gen: torch.Gene
     yb.backward(g)
     _same(xa.grad, xb.grad, f"{tag} grad")
     _same_state(fast, slow, tag)
-
-
-def _graph_has(t: torch.Tensor, name: str) -> bool:
-    seen, todo = set(), [t.grad_fn]
-    while todo:
-        fn = todo.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        if type(fn).__name__.startswith(name):
-            return True
-        todo += [nxt for nxt, _ in fn.next_functions]
-    return False
 
 
 def _batches(gen):
@@ -184,7 +173,7 @@ def test_conv_bn_fold_kernel_matches_the_op_by_op_step(taken):
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         ya, yb = fast(xa), slow(xb)
         # the C++ fold against the ops
-        assert _graph_has(ya, "FoldedFakeQuantize") and not _graph_has(yb, "FoldedFakeQuantize")
+        assert graph_has(ya, "FoldedFakeQuantize") and not graph_has(yb, "FoldedFakeQuantize")
         _same(ya.detach(), yb.detach(), f"step {step} output")
         g = torch.randn_like(ya)
         ya.backward(g)
@@ -205,10 +194,10 @@ def test_the_switch_takes_the_torch_path(taken):
     q.end_observation("quantize")
     slow = _slow(q)
     y = slow(torch.randn(4, 8).requires_grad_())
-    assert taken["track"] == 0 and not _graph_has(y, "KernelOutput")
+    assert taken["track"] == 0 and not graph_has(y, "KernelOutput")
     w = torch.randn(8, 3, 3, 3)
     assert slow.fold_quantize(w, torch.rand(8) + 0.5, False) is None
     y = q(torch.randn(4, 8).requires_grad_())  # the original keeps its fast path
-    assert taken["track"] == 1 and _graph_has(y, "KernelOutput")
+    assert taken["track"] == 1 and graph_has(y, "KernelOutput")
     slow.use_kernel(True)
-    assert _graph_has(slow(torch.randn(4, 8).requires_grad_()), "KernelOutput")
+    assert graph_has(slow(torch.randn(4, 8).requires_grad_()), "KernelOutput")

@@ -11,6 +11,8 @@ from dal.formats import native, per_channel
 from dal.formats.memory_order import dense_order, inverse
 from dal.quantizer import FakeQuantizer
 
+from autograd_graph import graph_has
+
 pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no fused kernel: {native.status()}")
 
 
@@ -62,7 +64,7 @@ def test_kernel_on_dense_views_matches_the_torch_path(fmt, symmetric, observer):
             xa, xb = (x.detach().clone(memory_format=torch.preserve_format).requires_grad_() for _ in range(2))
             assert xa.stride() == x.stride()
             ya, yb = fast(xa), slow(xb)
-            assert _graph_has(ya, "KernelOutput") and not _graph_has(yb, "KernelOutput"), f"{state} {name}"
+            assert graph_has(ya, "KernelOutput") and not graph_has(yb, "KernelOutput"), f"{state} {name}"
             _same(ya.detach(), yb.detach(), f"{state} {name} output")
             g = torch.randn(ya.shape, generator=gen)
             ya.backward(g)
@@ -71,20 +73,6 @@ def test_kernel_on_dense_views_matches_the_torch_path(fmt, symmetric, observer):
             sa, sb = fast.state_dict(), slow.state_dict()
             for k in sa:
                 assert torch.equal(sa[k], sb[k]), f"{state} {name} {k}"
-
-
-def _graph_has(t, name):
-    """Whether an autograd node named ``name...`` is in ``t``'s graph (the kernel's node)."""
-    seen, todo = set(), [t.grad_fn]
-    while todo:
-        fn = todo.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        if type(fn).__name__.startswith(name):
-            return True
-        todo += [nxt for nxt, _ in fn.next_functions]
-    return False
 
 
 def test_per_channel_keeps_the_torch_path_on_a_non_contiguous_input():
