@@ -439,7 +439,8 @@ def table(results: dict, what: str) -> str:
         lines += ["", "RTN (prepare + calibrate, seed 0) under the shipped recipes, the settings the issue names "
                   "to make the gap larger, and coarser ones (every one with the recipe's KV-cache rule):", "",
                   "| RTN setting | perplexity | loss vs float |", "|---|---|---|"]
-        lines += [f"| {k} | {v['ppl']:.4f} | {100 * (v['ppl'] / f - 1):.2f}% |" for k, v in settings.items()]
+        lines += [f"| {k} | {v['ppl']:.4f} | {100 * (v['ppl'] / f - 1):.2f}% |"
+                  for k, v in sorted(settings.items(), key=lambda kv: kv[1]["ppl"])]
     return "\n".join(lines) + "\n"
 
 
