@@ -368,6 +368,35 @@ def merge(results: dict, path: str) -> dict:
     return stored
 
 
+def deployed_only(rows: dict, held, path: str | None) -> None:
+    """For each quantized row of ``rows``: rebuild its models of :data:`DEPLOYED` seeds, measure
+    their deployed perplexity and store it as the row's ``deployed`` in ``path`` (JSON; the row's
+    stored perplexities stay; with ``path`` None only printed)."""
+    import fcntl
+    import tempfile
+
+    for name, (kind, fn) in rows.items():
+        if kind in ("float", "baseline"):
+            continue
+        dep = []
+        for seed in DEPLOYED["seeds"]:
+            model, _ = fn(seed)
+            _release(model)
+            dep.append(_deployed(model, held, seed))
+            print(f"  {name} seed {seed}: deployed {dep[-1]}", flush=True)
+        if path is None:
+            continue
+        with open(os.path.join(tempfile.gettempdir(), "dal_llm_accuracy.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with open(path) as fh:
+                stored = json.load(fh)
+            if name in stored and "ppl" in stored[name]:
+                stored[name]["deployed"] = dep
+            with open(path, "w") as fh:
+                json.dump(stored, fh, indent=1, sort_keys=True)
+                fh.write("\n")
+
+
 def table(results: dict, what: str) -> str:
     """The markdown table (and its header lines) of :func:`measure`'s results: one line per row of
     :data:`IDS` (``not available`` for rows without numbers, the reason listed below the table)."""
@@ -453,8 +482,9 @@ def _deployed_cell(v: dict) -> str:
     if any("error" in d for d in dep):
         return "FAILED (below)"
     ppl, fq = [d["ppl"] for d in dep], [d["qat_model_ppl"] for d in dep]
-    return (f"{statistics.mean(ppl):.4f} (fake-quant model {statistics.mean(fq):.4f}; seed{'s' if len(ppl) > 1 else ''} "
-            f"{', '.join(str(d['seed']) for d in dep)})")
+    where = "all windows" if all(d["windows"] == d["of"] for d in dep) else f"first {dep[0]['windows']} windows"
+    return (f"{statistics.mean(ppl):.4f} (fake-quant model {statistics.mean(fq):.4f}; {where}; "
+            f"seed{'s' if len(ppl) > 1 else ''} {', '.join(str(d['seed']) for d in dep)})")
 
 
 def _deployed_lines(results: dict) -> list:
@@ -506,6 +536,8 @@ def main() -> None:
                     help="the rows to run (default all; none: only re-write the table from the stored rows)")
     ap.add_argument("--settings", action="store_true", help="also RTN under harder settings (group 128, int8, ...)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--deployed-only", action="store_true",
+                    help="only the deployed perplexity of --rows (their models rebuilt), stored into their rows")
     ap.add_argument("--deployed-seeds", type=int, nargs="*", default=DEPLOYED["seeds"],
                     help="seeds whose quantized rows also get the deployed (integer model) perplexity")
     ap.add_argument("--deployed-windows", type=int, default=DEPLOYED["windows"],
@@ -527,6 +559,9 @@ def main() -> None:
     print(f"CPU: {cpu_flags()}; {torch.get_num_threads()} torch threads; recipe: {what}", flush=True)
     _, held = L.data()
     store = os.path.join(RESULTS, "llm_accuracy.json")
+    if args.deployed_only:
+        deployed_only(rows, held, store if args.write else None)
+        rows = {}
     results = measure(rows, args.seeds, held, save=(lambda r: merge(r, store)) if args.write else None)
     if args.settings:
         results["_rtn_settings"] = measure_settings(recipe, held)
