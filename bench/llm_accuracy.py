@@ -370,8 +370,8 @@ def merge(results: dict, path: str) -> dict:
 
 def deployed_only(rows: dict, held, path: str | None) -> None:
     """For each quantized row of ``rows``: rebuild its models of :data:`DEPLOYED` seeds, measure
-    their deployed perplexity and store it as the row's ``deployed`` in ``path`` (JSON; the row's
-    stored perplexities stay; with ``path`` None only printed)."""
+    their deployed perplexity and store it in the row's ``deployed`` list in ``path`` (JSON; entries
+    of other seeds and the row's stored perplexities stay; with ``path`` None only printed)."""
     import fcntl
     import tempfile
 
@@ -390,8 +390,9 @@ def deployed_only(rows: dict, held, path: str | None) -> None:
             fcntl.flock(lock, fcntl.LOCK_EX)
             with open(path) as fh:
                 stored = json.load(fh)
-            if name in stored and "ppl" in stored[name]:
-                stored[name]["deployed"] = dep
+            if name in stored and "ppl" in stored[name]:  # the seeds measured now replace their stored entries
+                kept = [d for d in stored[name].get("deployed") or [] if d.get("seed") not in DEPLOYED["seeds"]]
+                stored[name]["deployed"] = sorted(kept + dep, key=lambda d: d["seed"])
             with open(path, "w") as fh:
                 json.dump(stored, fh, indent=1, sort_keys=True)
                 fh.write("\n")
