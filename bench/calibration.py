@@ -36,9 +36,9 @@ def resnet18_mnist() -> nn.Module:
 
 def main(argv=None) -> int:
     import dal
-    from dal.datasets import mnist_loaders
-    from dal.training import accuracy, train_epoch
-    from dal.zoo import MnistCNN
+    from dal_examples.datasets import mnist_loaders
+    from dal_examples.training import accuracy, train_epoch
+    from dal_examples.zoo import MnistCNN
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer images and steps (a smoke run)")

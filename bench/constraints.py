@@ -11,8 +11,8 @@ ceil, nearest: round) and for LSQ on log2 s. Every row is exported and run by da
     python bench/constraints.py --data cluttered   # one data set; the other's section is kept
     python bench/constraints.py --quick            # smoke run
 
-Data sets: MNIST (dal.datasets.mnist_loaders) and the low-bit issue's harder task, cluttered
-MNIST (dal.datasets.cluttered_mnist_loaders: distorted digits with clutter, test split).
+Data sets: MNIST (dal_examples.datasets.mnist_loaders) and the low-bit issue's harder task, cluttered
+MNIST (dal_examples.datasets.cluttered_mnist_loaders: distorted digits with clutter, test split).
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ import torch
 
 import dal
 from dal.prepare import set_quantizer_state
-from dal.training import accuracy, train_epoch
-from dal.zoo import MnistCNN
+from dal_examples.training import accuracy, train_epoch
+from dal_examples.zoo import MnistCNN
 from cpu import cpu_flags  # bench/cpu.py
 
 
@@ -105,7 +105,7 @@ DATA = {  # name -> (title, train images, float epochs, QAT steps)
 
 
 def _loaders(name: str, quick: bool):
-    from dal.datasets import cluttered_mnist_loaders, mnist_loaders
+    from dal_examples.datasets import cluttered_mnist_loaders, mnist_loaders
     torch.manual_seed(0)
     loaders = cluttered_mnist_loaders if name == "cluttered" else mnist_loaders
     return loaders(batch_size=128, train_limit=3000 if quick else DATA[name][1], test_limit=1000 if quick else None)
@@ -119,7 +119,7 @@ def section(name: str, quick: bool) -> str:
     epochs, steps = (1, 20) if quick else DATA[name][2:]
     t0 = time.time()
     run(train, test, epochs, steps, 0.05, rows)
-    lines = [f"## {title}", "", f"dal.zoo.MnistCNN, {epochs} float epochs (SGD lr 0.05) on {len(train.dataset)} "
+    lines = [f"## {title}", "", f"dal_examples.zoo.MnistCNN, {epochs} float epochs (SGD lr 0.05) on {len(train.dataset)} "
              f"images, {steps} QAT steps at lr 0.01, {len(test.dataset)} test images; "
              f"{time.time() - t0:.0f}s in all.", "",
              "| model | torch accuracy | NPU reference accuracy | note |", "|---|---|---|---|"]

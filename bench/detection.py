@@ -1,7 +1,7 @@
 """Detector speed: one training step, dal INT8 QAT against float (target <= 1.25x), and the
 exported QDQ detector run by dal.npu against onnxruntime (the ratio), all in one run.
 
-- Train step: dal.zoo_detection.DigitDetector (CenterNet-style FPN detector), batch 32 of
+- Train step: dal_examples.zoo_detection.DigitDetector (CenterNet-style FPN detector), batch 32 of
   96x96 MNIST scenes, its own loss (focal + L1 + GIoU, the target encoding included), Adam.
   Float and QAT steps are interleaved, medians of the repetitions. Then torchvision's FCOS
   (fcos_resnet50_fpn, the only FCOS torchvision builds) and SSDlite320 with
@@ -30,9 +30,9 @@ import time
 import torch
 
 import dal
-from dal.datasets.mnist_scenes import mnist_scenes
+from dal_examples.datasets.mnist_scenes import mnist_scenes
 from dal.prepare import set_quantizer_state
-from dal.zoo_detection import DigitDetector, detection_loss, image_batches
+from dal_examples.zoo_detection import DigitDetector, detection_loss, image_batches
 from cpu import cpu_flags as _cpu_flags  # bench/cpu.py
 
 TARGET = 1.25

@@ -26,9 +26,9 @@ import time
 import torch
 
 import dal
-from dal.datasets.mnist_scenes import mnist_scenes
+from dal_examples.datasets.mnist_scenes import mnist_scenes
 from dal.prepare import set_quantizer_state
-from dal.zoo_detection import DigitDetector, DigitSegmenter, evaluate, image_batches, torch_runner, train_steps
+from dal_examples.zoo_detection import DigitDetector, DigitSegmenter, evaluate, image_batches, torch_runner, train_steps
 from cpu import cpu_flags as _cpu_flags  # bench/cpu.py
 
 ROWS = [("PTQ INT8", "int8_balanced", False), ("QAT INT8", "int8_balanced", True),
@@ -215,10 +215,10 @@ def main(argv=None) -> int:
     tag = f"{n_train}-{n_test}-{fs}-{qs}"
     rows_d, net, fair, models = run_task("detect", train, test, fs, qs, 2e-3, workdir,
                                          Cache(args.cache, f"detect-{tag}"))
-    out += ["Detector (dal.zoo_detection.DigitDetector, CenterNet-style, COCO mAP by pycocotools):", ""]
+    out += ["Detector (dal_examples.zoo_detection.DigitDetector, CenterNet-style, COCO mAP by pycocotools):", ""]
     out += table("detect", rows_d) + [""] + [f"- {c}" for c in checks("detect", rows_d)] + [""]
     rows_s, *_ = run_task("segment", train, test, fs, qs, 2e-3, workdir, Cache(args.cache, f"segment-{tag}"))
-    out += ["Segmenter (dal.zoo_detection.DigitSegmenter, mIoU over background + 10 digits by torchmetrics):", ""]
+    out += ["Segmenter (dal_examples.zoo_detection.DigitSegmenter, mIoU over background + 10 digits by torchmetrics):", ""]
     out += table("segment", rows_s) + [""] + [f"- {c}" for c in checks("segment", rows_s)] + [""]
     out += sensitivity_section(fair, models["PTQ INT8"], train, test, workdir)
     text = "\n".join(out)

@@ -30,10 +30,10 @@ def main() -> None:
     args = ap.parse_args()
 
     import dal
-    from dal.datasets import mnist_loaders
+    from dal_examples.datasets import mnist_loaders
     from dal.distill import KDLoss
-    from dal.training import accuracy, train_epoch
-    from dal.zoo import MnistCNN
+    from dal_examples.training import accuracy, train_epoch
+    from dal_examples.zoo import MnistCNN
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     t0 = time.time()

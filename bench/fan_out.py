@@ -70,9 +70,9 @@ def digit_detector():
     """(QDQ ONNX of dal's DigitDetector, int8_balanced / a2000, calibrated on MNIST scenes, with a
     free batch dimension; 64 of those 64x64 scenes as float32 numpy) -- also bench/npu.py's detector."""
     import dal
-    from dal.datasets.mnist_scenes import mnist_scenes
+    from dal_examples.datasets.mnist_scenes import mnist_scenes
     from dal.prepare import set_quantizer_state
-    from dal.zoo_detection import DigitDetector, image_batches
+    from dal_examples.zoo_detection import DigitDetector, image_batches
     scenes = mnist_scenes("test", 64)
     qat = dal.prepare_qat(DigitDetector(), recipe="int8_balanced", hardware="a2000", example_inputs=(scenes.images[:4],))
     dal.calibrate(qat, image_batches(scenes, 32), num_batches=2, progress=False)

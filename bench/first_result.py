@@ -49,7 +49,7 @@ def child(workdir: str) -> None:
     t, c = time.perf_counter(), _cpu()
     import torch
     import dal
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
     phase("import", t, c)
 
     t, c = time.perf_counter(), _cpu()

@@ -174,7 +174,7 @@ def _ptq_step(name: str):
 
 
 def _calib(seed: int):
-    from dal.datasets import text
+    from dal_examples.datasets import text
 
     train_ids, _ = L.data()
     return list(text.random_batches(train_ids, 8, L.SEQ, CALIB_BATCHES, seed=10_000 + seed))

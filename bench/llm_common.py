@@ -1,5 +1,5 @@
 """The tiny Llama of the LLM benchmarks: built from a transformers config, pre-trained in float on
-the pydoc_data.topics corpus (dal.datasets.text, byte-level tokens) for a few CPU minutes, cached
+the pydoc_data.topics corpus (dal_examples.datasets.text, byte-level tokens) for a few CPU minutes, cached
 outside the repository, and its held-out perplexity.
 
     python bench/llm_common.py            # pre-train (or load the cached weights) and print the perplexity
@@ -46,8 +46,8 @@ def build(seed: int = 0):
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
-    """(train_ids, held_out_ids): 1-D int64 byte tokens of dal.datasets.text.split()."""
-    from dal.datasets import text
+    """(train_ids, held_out_ids): 1-D int64 byte tokens of dal_examples.datasets.text.split()."""
+    from dal_examples.datasets import text
 
     train, held = text.split()
     return text.token_tensor(train), text.token_tensor(held)
@@ -65,9 +65,9 @@ def cosine_lr(step: int, steps: int, lr: float, warmup: int) -> float:
 def train(model, ids: torch.Tensor, steps: int, batch: int, length: int, lr: float, warmup: int = 0,
           weight_decay: float = 0.0, seed: int = 0, after_step=None) -> float:
     """Train ``model`` (next-token cross-entropy) for ``steps`` AdamW steps on seeded random windows of
-    ``ids`` (dal.datasets.text.random_batches, ``seed`` fixes the data order), learning rate
+    ``ids`` (dal_examples.datasets.text.random_batches, ``seed`` fixes the data order), learning rate
     :func:`cosine_lr`, gradients clipped to norm 1. Returns the seconds it took."""
-    from dal.datasets import text
+    from dal_examples.datasets import text
 
     model.train()
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -90,9 +90,9 @@ def train(model, ids: torch.Tensor, steps: int, batch: int, length: int, lr: flo
 @torch.no_grad()
 def perplexity(model, ids: torch.Tensor, length: int = SEQ, batch: int = 16) -> float:
     """``exp`` of the mean next-token negative log-likelihood over the consecutive ``length``-token
-    blocks of ``ids`` (dal.datasets.text.blocks; each block scored on its own, its first token
+    blocks of ``ids`` (dal_examples.datasets.text.blocks; each block scored on its own, its first token
     unpredicted), summed in float64. The model is put in eval mode."""
-    from dal.datasets import text
+    from dal_examples.datasets import text
 
     model.eval()
     rows = text.blocks(ids, length)
@@ -108,7 +108,7 @@ def perplexity(model, ids: torch.Tensor, length: int = SEQ, batch: int = 16) -> 
 def _cache_path() -> str:
     import transformers
 
-    from dal.datasets import text
+    from dal_examples.datasets import text
 
     key = json.dumps({"config": CONFIG, "pretrain": PRETRAIN, "torch": torch.__version__.split("+")[0],
                       "transformers": transformers.__version__,

@@ -46,7 +46,7 @@ def deployed_perplexity(model, held: torch.Tensor, windows: int | None = None, n
     import dal
     import dal.npu
     from dal.convert import convert
-    from dal.datasets import text
+    from dal_examples.datasets import text
     from dal.export.decoder_module import CodesStep, DecoderStep
 
     model.eval()

@@ -4,9 +4,9 @@ Brevitas's PTQ, measured in the same run.
 
 Two models (``--model``), each its own section of the results file:
 
-- ``mnist_cnn``: dal.zoo.MnistCNN. Per-channel INT4 weights cost it well under a point, so there
+- ``mnist_cnn``: dal_examples.zoo.MnistCNN. Per-channel INT4 weights cost it well under a point, so there
   is nothing for AdaRound to win back.
-- ``mobilenet_tiny``: dal.zoo.MobileNetTiny(width 8), five depthwise-separable units, BN folded
+- ``mobilenet_tiny``: dal_examples.zoo.MobileNetTiny(width 8), five depthwise-separable units, BN folded
   into the weights by prepare_qat, INT4 weights *per tensor* on every layer (the first conv and
   the classifier included, the YAML override of recipes/README.md): a folded depthwise layer's
   channels span very different ranges, so one min-max scale per tensor costs 10+ points; the
@@ -35,8 +35,8 @@ from torch import nn
 
 import dal
 from dal.ptq import quantize_ptq
-from dal.training import accuracy
-from dal.zoo import MnistCNN, MobileNetTiny
+from dal_examples.training import accuracy
+from dal_examples.zoo import MnistCNN, MobileNetTiny
 from cpu import cpu_flags  # bench/cpu.py
 from lowbit_peers import ao_fake, ao_ptq_int8, brevitas_ptq
 
@@ -60,8 +60,8 @@ MODELS = {"mnist_cnn": lambda: MnistCNN(), "mobilenet_tiny": lambda: MobileNetTi
 
 
 def data(name: str, quick: bool):
-    from dal.datasets import load_cluttered_mnist, load_mnist
-    from dal.datasets.cluttered import MEAN, STD
+    from dal_examples.datasets import load_cluttered_mnist, load_mnist
+    from dal_examples.datasets.cluttered import MEAN, STD
 
     if name == "cluttered MNIST":
         split = {s: load_cluttered_mnist(s) for s in ("train", "valid", "test")}
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
                     help="only this data set (repeatable; default both)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    title = "dal.zoo.MobileNetTiny(8)" if args.model == "mobilenet_tiny" else "dal.zoo.MnistCNN"
+    title = "dal_examples.zoo.MobileNetTiny(8)" if args.model == "mobilenet_tiny" else "dal_examples.zoo.MnistCNN"
     header = [f"## {args.model} ({title})",
               "", f"CPU: {cpu_flags()}; torch {torch.__version__}, 1 thread", ""]
     rows: list = []

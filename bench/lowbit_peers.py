@@ -2,7 +2,7 @@
 eager PTQ / QAT and Brevitas PTQ (min-max + bias correction, GPTQ + bias correction).
 
 torch.ao needs QuantStub / DeQuantStub around the model and a list of Conv+BN+ReLU to fuse:
-``ao_wrap(model)`` gives both for dal.zoo.MnistCNN and dal.zoo.MobileNetTiny (same layers, same
+``ao_wrap(model)`` gives both for dal_examples.zoo.MnistCNN and dal_examples.zoo.MobileNetTiny (same layers, same
 weights). Brevitas 0.13.4 installs here only with ``pip install --no-deps brevitas
 dependencies==2.0.1 unfoldNd`` (its own requirements would downgrade setuptools; torch is left
 alone); its learned-round (AdaRound) PTQ lives in brevitas_examples and needs ``accelerate``,
@@ -18,7 +18,7 @@ import copy
 import torch
 from torch import nn
 
-from dal.zoo import MnistCNN, MobileNetTiny
+from dal_examples.zoo import MnistCNN, MobileNetTiny
 
 
 class AoNet(nn.Module):

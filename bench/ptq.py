@@ -76,7 +76,7 @@ def auto_rows() -> tuple:
     from mnist_helpers import trained_mnist
 
     net, calib, test = trained_mnist()
-    from dal.training import accuracy
+    from dal_examples.training import accuracy
 
     acc = lambda m: accuracy(m, test)  # noqa: E731
     rows: list = []

@@ -2,8 +2,8 @@
 
 1. The estimated latency (dal.estimate, the hardware YAMLs' illustrative cost sections) of every
    bundled recipe on every bundled hardware, for ResNet-18 (1x3x224x224) and the house MNIST CNN
-   (dal.zoo.MnistCNN, a batch of 32).
-2. On MNIST and on cluttered MNIST (the harder 10-class task of dal.datasets.cluttered): uniform INT8 and uniform W4A8 against the searched recipe (Fisher scores) at 1.0x,
+   (dal_examples.zoo.MnistCNN, a batch of 32).
+2. On MNIST and on cluttered MNIST (the harder 10-class task of dal_examples.datasets.cluttered): uniform INT8 and uniform W4A8 against the searched recipe (Fisher scores) at 1.0x,
    0.8x and 0.6x of uniform INT8's latency and at W4A8's own latency; every row is QAT-trained
    the same number of steps, then exported and run on dal.npu (the "NPU" column). The Pareto
    front of the last search is shown at 8 points, each QAT-trained the same way ("measured").
@@ -27,8 +27,8 @@ import torchvision
 
 import dal
 from dal.cost import estimate, search_precision
-from dal.training import accuracy, train_epoch
-from dal.zoo import MnistCNN
+from dal_examples.training import accuracy, train_epoch
+from dal_examples.zoo import MnistCNN
 from cpu import cpu_flags  # bench/cpu.py
 
 RECIPES = dal.recipe.list_recipes()      # every bundled recipe and hardware model, as they stand
@@ -78,7 +78,7 @@ def _qat(fm, recipe, train, steps, example):
 
 
 def mnist_rows(quick: bool, dataset: str = "mnist") -> list[str]:
-    from dal.datasets import cluttered_mnist_loaders, mnist_loaders
+    from dal_examples.datasets import cluttered_mnist_loaders, mnist_loaders
 
     torch.manual_seed(0)
     loaders = mnist_loaders if dataset == "mnist" else cluttered_mnist_loaders
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
             "from the ILLUSTRATIVE cost sections of hardware_models/*.yaml, not measurements.", ""]
     out = head + ["## Estimated latency of the bundled recipes", ""] + recipe_table()
     out += ["", "## Searched mixed precision on MNIST (a2000)", ""] + mnist_rows(args.quick)
-    out += ["", "## Searched mixed precision on cluttered MNIST (dal.datasets.cluttered, a2000)", ""]
+    out += ["", "## Searched mixed precision on cluttered MNIST (dal_examples.datasets.cluttered, a2000)", ""]
     out += mnist_rows(args.quick, "cluttered")
     out += ["", "## Speed", ""] + speed_rows(args.quick)
     text = "\n".join(out) + "\n"

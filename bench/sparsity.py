@@ -149,9 +149,9 @@ def mnist_accuracy_table(train_images: int = 30000, epochs: int = 1, seed: int =
     import copy
 
     import dal
-    from dal.datasets import mnist_loaders
-    from dal.training import accuracy, train_epoch
-    from dal.zoo import MnistCNN
+    from dal_examples.datasets import mnist_loaders
+    from dal_examples.training import accuracy, train_epoch
+    from dal_examples.zoo import MnistCNN
 
     torch.manual_seed(seed)
     train, test = mnist_loaders(batch_size=128, train_limit=train_images, seed=seed)
@@ -206,7 +206,7 @@ def main() -> None:
     print("train step, small CNN, batch 8x16x32x32, SGD momentum, 1 thread, medians:")
     print(f"  dense {tr['dense'] * 1e3:.1f} ms, 2:4 {tr['sparse'] * 1e3:.1f} ms, "
           f"ratio {tr['sparse'] / tr['dense']:.2f}")
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     for label, kw in (("torchvision resnet18, batch 8x3x112x112", {}),
                       ("MnistCNN, batch 128x1x28x28", dict(make_model=MnistCNN, shape=(128, 1, 28, 28),

@@ -76,7 +76,7 @@ def resolve_factory(spec: Union[str, Callable[[], nn.Module]]) -> Callable[[], n
     module, sep, attr = str(spec).partition(":")
     if not sep or not module or not attr:
         raise ValueError(f"model factory {spec!r} must look like 'package.module:function' "
-                         "(for example dal.zoo:MnistCNN or torchvision.models:resnet18)")
+                         "(for example dal_examples.zoo:MnistCNN or torchvision.models:resnet18)")
     try:
         obj = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:

@@ -13,16 +13,16 @@ W4A8 = {"name": "w4a8_test", "rules": [
 
 def trained_mnist():
     """(float model, calibration batches [(x, y)] of 32, test batches [(x, y)] of 256)."""
-    from dal.datasets import mnist_loaders
-    from dal.training import train_epoch
-    from dal.zoo import MnistCNN
+    from dal_examples.datasets import mnist_loaders
+    from dal_examples.training import train_epoch
+    from dal_examples.zoo import MnistCNN
 
     torch.manual_seed(0)
     train, _ = mnist_loaders(batch_size=64, train_limit=5000)
     model = MnistCNN()
     train_epoch(model, train, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     model.eval()
-    from dal.datasets import load_mnist
+    from dal_examples.datasets import load_mnist
 
     x, y = load_mnist()["valid"]
     x = (x - 0.1307) / 0.3081

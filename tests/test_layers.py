@@ -1,5 +1,6 @@
 """The architecture's one-way imports (DESIGN.md): a module may import only layers above it."""
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ LAYERS = {
     "formats": 0, "config": 0, "nest": 0, "kernels": 0.5, "observers": 1, "quantizer": 2, "hardware": 3, "recipe": 3, "nn": 4, "sparsity": 5,
     "replace": 6, "prepare": 7, "calibration": 8, "checkpoint": 8, "preprocess": 8, "export": 9, "convert": 9.5,
     "verification": 10, "analysis": 10, "cost": 10, "ptq": 10,
-    "distill": 10, "lightning": 11, "integrations": 11, "cli": 11, "datasets": 12, "zoo": 12, "zoo_detection": 12, "training": 12, "demo": 12,
+    "distill": 10, "lightning": 11, "integrations": 11, "cli": 11,
 }
 ISOLATED = {"npu"}  # the independent reference: imports nothing else from dal
 
@@ -61,6 +62,26 @@ def test_no_upward_imports():
             elif target in LAYERS and own in LAYERS and LAYERS[target] > LAYERS[own]:
                 offenders.append(f"{path.relative_to(ROOT.parent)}:{line}: {own} imports {target}, a layer below it")
     assert not offenders, "\n".join(offenders)
+
+
+def test_dal_never_imports_its_examples():
+    """dal_examples (examples/, not in the wheel) uses dal; no module of dal/ imports it, in any
+    form (import, from-import, a string that is exactly its module name, as importlib would take)."""
+    offenders = []
+    for path in sorted(ROOT.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):  # importlib.import_module("...")
+                names = [node.value] if re.fullmatch(r"dal_examples(\.\w+)*", node.value) else []
+            offenders += [f"{path.relative_to(ROOT.parent)}:{node.lineno} imports {n}" for n in names
+                          if n.split(".")[0] == "dal_examples"]
+    assert not offenders, "\n".join(offenders)
+    assert not (ROOT / "zoo.py").exists() and not (ROOT / "datasets").exists()  # the examples live in examples/
 
 
 def test_import_dal_is_light():

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 import dal
 import dal.npu
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 DAL_MODULES = r"dal(\.|$)"  # warnings attributed to dal's own modules (not torch's, not numpy's)
 

@@ -11,7 +11,7 @@ def test_readme_starts_with_what_dal_is_and_a_pip_users_first_commands():
     intro = text.split("\n## ", 1)[0]
     assert "PyTorch plugin" in intro  # what dal is, before any section
     first_block = re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1)
-    assert "pip install" in first_block and "python -m dal.demo" in first_block
+    assert "pip install" in first_block and "python -m dal_examples.demo" in first_block
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     assert any("make demo" in b and "make test" in b for b in blocks)  # the checkout's two commands
 

@@ -128,7 +128,7 @@ def cmd_verify(args) -> int:
 
     existing_file("", args.onnx)
     if args.checkpoint and not args.model:
-        raise CliError("--checkpoint needs --model (the model factory, e.g. dal.zoo:MnistCNN)")
+        raise CliError("--checkpoint needs --model (the model factory, e.g. dal_examples.zoo:MnistCNN)")
     if args.input:
         x = _verify_input(args.input)
     else:

@@ -20,13 +20,13 @@ __all__ = ["main", "CliError"]
 EPILOG = """examples:
   dal inspect model.onnx                      formats per layer, sparsity, opset, metadata
   dal verify model.onnx --random-input 1,3,224,224
-  dal export --model dal.zoo:MnistCNN --checkpoint qat.pt --input-shape 1,1,28,28 -o model.onnx
-  dal verify model.onnx --model dal.zoo:MnistCNN --checkpoint qat.pt --random-input 8,1,28,28
-  dal report --model dal.zoo:MnistCNN --checkpoint qat.pt --random-input 8,1,28,28 --out report.html
+  dal export --model dal_examples.zoo:MnistCNN --checkpoint qat.pt --input-shape 1,1,28,28 -o model.onnx
+  dal verify model.onnx --model dal_examples.zoo:MnistCNN --checkpoint qat.pt --random-input 8,1,28,28
+  dal report --model dal_examples.zoo:MnistCNN --checkpoint qat.pt --random-input 8,1,28,28 --out report.html
   dal estimate model.onnx                     estimated latency per layer / engine (hardware cost model)
 """
 
-MODEL_HELP = ("model factory as package.module:function returning the float model, e.g. dal.zoo:MnistCNN "
+MODEL_HELP = ("model factory as package.module:function returning the float model, e.g. dal_examples.zoo:MnistCNN "
               "or torchvision.models:resnet18")
 
 

@@ -20,7 +20,7 @@ then is exactly ``s * (code - z)`` and its quantizer ``frozen``, as after layer-
 
 Blocks (``find_blocks``): the smallest submodules holding 2 to ``max_layers`` of the chosen
 layers, i.e. those none of whose children holds two (torchvision's ResNet: each BasicBlock /
-Bottleneck, its downsample included; dal.zoo.MobileNetTiny: each depthwise + pointwise pair); a
+Bottleneck, its downsample included; dal_examples.zoo.MobileNetTiny: each depthwise + pointwise pair); a
 chosen layer in no block is fitted alone (its own output, activation included). The block's
 ``forward`` must be called by its parent with the block input as first argument and return one
 tensor.

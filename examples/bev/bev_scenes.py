@@ -165,7 +165,7 @@ class BEVScenes:
 def bev_scenes(split: str = "train", n: int = 1000, seed: int = 0) -> BEVScenes:
     """``n`` scenes of ``split`` (module doc), rendered in batches of 256 (about a second per
     thousand scenes)."""
-    from dal.datasets.mnist_scenes import mnist_scenes
+    from dal_examples.datasets.mnist_scenes import mnist_scenes
 
     ground = mnist_scenes(split, n, size=TEXELS, seed=seed, min_side=32, max_side=48, max_digits=3)
     images = torch.cat([render(ground.images[i:i + 256]) for i in range(0, n, 256)])

@@ -17,11 +17,11 @@ import torchvision
 from torch.utils.data import DataLoader, TensorDataset
 
 import dal
-from dal.training import accuracy, train_epoch
+from dal_examples.training import accuracy, train_epoch
 
 
 def mnist_rgb32(train_limit: int, test_limit: int, batch_size: int = 64):
-    from dal.datasets import load_mnist
+    from dal_examples.datasets import load_mnist
 
     data = load_mnist()
 

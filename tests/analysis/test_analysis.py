@@ -89,7 +89,7 @@ def _two_badly_scaled_inputs(k: float = 1000.0) -> torch.nn.Module:
     their per-tensor INT8 input grids are 1000x too coarse for every other channel, so
     quantizing either alone costs far more than any other layer (measured cosine drops: head
     0.58, down.0 0.071, then 0.0007): a ranking no CPU's rounding can reorder."""
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     torch.manual_seed(0)
     net = MnistCNN().eval()
@@ -213,7 +213,7 @@ def test_report_cli_from_a_checkpoint(w4a8, tmp_path):
     ckpt = tmp_path / "q.pt"
     save_checkpoint(q, ckpt)
     out = tmp_path / "cli.html"
-    assert main(["report", "--model", "dal.zoo:MnistCNN", "--checkpoint", str(ckpt), "--random-input", "8,1,28,28",
+    assert main(["report", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", str(ckpt), "--random-input", "8,1,28,28",
                  "--out", str(out), "--num-batches", "1", "--no-sensitivity"]) == 0
     assert "Per-layer output error" in out.read_text()
 

@@ -71,7 +71,7 @@ def test_progress_total_is_what_will_run():
 
 
 def test_the_calibrate_bar_counts_the_batches_there_are(capsys):
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     x = torch.randn(8, 1, 28, 28)
     model = dal.prepare_qat(MnistCNN(), "int8_balanced", hardware="a2000", example_inputs=(x,))

@@ -4,7 +4,7 @@ import torch
 
 import dal
 from dal.prepare.state import quantizers
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 def _model(calibration: dict):

@@ -1,4 +1,4 @@
-"""A small trained-enough QAT checkpoint of dal.zoo.MnistCNN and its export, shared by the CLI tests."""
+"""A small trained-enough QAT checkpoint of dal_examples.zoo.MnistCNN and its export, shared by the CLI tests."""
 import subprocess
 import sys
 
@@ -8,7 +8,7 @@ import torch
 import dal
 from dal.checkpoint import save_checkpoint
 from dal.prepare import set_quantizer_state
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 SHAPE = (4, 1, 28, 28)
 
@@ -31,7 +31,7 @@ def mnist_onnx(mnist_checkpoint, tmp_path_factory):
     from dal.cli import main
 
     path = tmp_path_factory.mktemp("cli-onnx") / "m.onnx"
-    assert main(["export", "--model", "dal.zoo:MnistCNN", "--checkpoint", str(mnist_checkpoint),
+    assert main(["export", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", str(mnist_checkpoint),
                  "--input-shape", ",".join(map(str, SHAPE)), "-o", str(path)]) == 0
     return path
 

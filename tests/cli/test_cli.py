@@ -13,7 +13,7 @@ import dal
 from dal.checkpoint import load_checkpoint, save_checkpoint
 from dal.cli import main
 from dal.prepare import set_quantizer_state
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def checkpoint(tmp_path_factory):
 def test_checkpoint_round_trip_restores_the_model_exactly(checkpoint):
     path, q = checkpoint
     x = torch.randn(3, 1, 28, 28)
-    restored = load_checkpoint(path, "dal.zoo:MnistCNN", example_inputs=(x,))
+    restored = load_checkpoint(path, "dal_examples.zoo:MnistCNN", example_inputs=(x,))
     q.eval()
     with torch.no_grad():
         assert torch.equal(restored(x), q(x))
@@ -40,14 +40,14 @@ def test_checkpoint_round_trip_restores_the_model_exactly(checkpoint):
 def test_export_then_inspect_then_verify(checkpoint, tmp_path, capsys):
     path, _ = checkpoint
     onnx_path = tmp_path / "m.onnx"
-    assert main(["export", "--model", "dal.zoo:MnistCNN", "--checkpoint", str(path), "--input-shape", "2,1,28,28",
+    assert main(["export", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", str(path), "--input-shape", "2,1,28,28",
                  "-o", str(onnx_path), "--dynamic-batch"]) == 0
     assert main(["inspect", str(onnx_path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out.split("\n", 1)[1])
     assert info["metadata"]["dal.recipe"] == "int8_balanced"
     convs = [layer for layer in info["layers"] if layer["op"] == "Conv"]
     assert convs and all(layer["inputs"][1]["format"] == "int8" for layer in convs)
-    assert main(["verify", str(onnx_path), "--random-input", "5,1,28,28", "--model", "dal.zoo:MnistCNN",
+    assert main(["verify", str(onnx_path), "--random-input", "5,1,28,28", "--model", "dal_examples.zoo:MnistCNN",
                  "--checkpoint", str(path)]) == 0
     out = capsys.readouterr().out
     assert "npu_vs_torch" in out and "npu_vs_ort" in out
@@ -65,14 +65,14 @@ def exported(checkpoint, tmp_path_factory):
     path, _ = checkpoint
     onnx_path = tmp_path_factory.mktemp("strict") / "m.onnx"
     shape = ",".join(map(str, STRICT_SHAPE))
-    assert main(["export", "--model", "dal.zoo:MnistCNN", "--checkpoint", str(path), "--input-shape", shape,
+    assert main(["export", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", str(path), "--input-shape", shape,
                  "-o", str(onnx_path)]) == 0
     return onnx_path
 
 
 def _verify_strict(onnx_path, checkpoint_path):
     return main(["verify", str(onnx_path), "--random-input", ",".join(map(str, STRICT_SHAPE)), "--seed", "0",
-                 "--model", "dal.zoo:MnistCNN", "--checkpoint", str(checkpoint_path), "--strict"])
+                 "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", str(checkpoint_path), "--strict"])
 
 
 def _strict_input():

@@ -9,7 +9,7 @@ import torch
 import dal
 from dal.checkpoint import save_checkpoint
 from dal.cli import main
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 def assert_one_line_error(err: str, command: str, *needles: str) -> None:
@@ -33,14 +33,14 @@ def bad_files(tmp_path_factory, mnist_onnx):
     torch.manual_seed(0)
     narrow = dal.prepare_qat(MnistCNN(width=8), recipe="int8_balanced", hardware="a2000",
                              example_inputs=(torch.randn(2, 1, 28, 28),))
-    files["narrow"] = root / "narrow.pt"  # a checkpoint of another model than dal.zoo:MnistCNN()
+    files["narrow"] = root / "narrow.pt"  # a checkpoint of another model than dal_examples.zoo:MnistCNN()
     save_checkpoint(narrow, files["narrow"])
     files["bad_recipe"] = root / "bad_recipe.pt"
     torch.save({"state_dict": {}, "recipe": {"rules": [{"match": "*", "weight": "int3"}]}}, files["bad_recipe"])
     return files
 
 
-EXPORT = ["export", "--model", "dal.zoo:MnistCNN", "--input-shape", "4,1,28,28"]
+EXPORT = ["export", "--model", "dal_examples.zoo:MnistCNN", "--input-shape", "4,1,28,28"]
 
 CASES = [  # (id, argv with {name} placeholders for bad_files / the good files, words the message must hold)
     ("export-onnx-as-checkpoint", EXPORT + ["--checkpoint", "{onnx}", "-o", "{out}"], ["--checkpoint", "not a dal checkpoint"]),
@@ -50,14 +50,14 @@ CASES = [  # (id, argv with {name} placeholders for bad_files / the good files, 
     ("export-missing-checkpoint", EXPORT + ["--checkpoint", "{folder}/nope.pt", "-o", "{out}"], ["--checkpoint", "no such file"]),
     ("export-folder-as-checkpoint", EXPORT + ["--checkpoint", "{folder}", "-o", "{out}"], ["is a directory"]),
     ("export-other-model", EXPORT + ["--checkpoint", "{narrow}", "-o", "{out}"],
-     ["with --model dal.zoo:MnistCNN", "written by a prepared MnistCNN", "has other parameters"]),
+     ["with --model dal_examples.zoo:MnistCNN", "written by a prepared MnistCNN", "has other parameters"]),
     ("export-bad-recipe", EXPORT + ["--checkpoint", "{bad_recipe}", "-o", "{out}"], ["int3"]),
     ("export-no-folder", EXPORT + ["--checkpoint", "{good}", "-o", "{folder}/no/such/m.onnx"], ["-o", "does not exist"]),
     ("export-bad-factory", ["export", "--model", "nomodule", "--checkpoint", "{good}", "--input-shape", "1,1,28,28",
                             "-o", "{out}"], ["--model", "package.module:function"]),
-    ("export-missing-factory", ["export", "--model", "dal.zoo:NoSuchNet", "--checkpoint", "{good}", "--input-shape",
+    ("export-missing-factory", ["export", "--model", "dal_examples.zoo:NoSuchNet", "--checkpoint", "{good}", "--input-shape",
                                 "1,1,28,28", "-o", "{out}"], ["--model", "NoSuchNet"]),
-    ("export-wrong-shape", ["export", "--model", "dal.zoo:MnistCNN", "--checkpoint", "{good}", "--input-shape",
+    ("export-wrong-shape", ["export", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", "{good}", "--input-shape",
                             "1,3,28,28", "-o", "{out}"], ["does not run on an input of shape (1, 3, 28, 28)"]),
     ("verify-missing-file", ["verify", "{folder}/nope.onnx", "--random-input", "4,1,28,28"], ["nope.onnx: no such file"]),
     ("verify-truncated", ["verify", "{truncated}", "--random-input", "4,1,28,28"], ["truncated.onnx", "not a readable ONNX"]),
@@ -70,14 +70,14 @@ CASES = [  # (id, argv with {name} placeholders for bad_files / the good files, 
     ("verify-checkpoint-without-model", ["verify", "{onnx}", "--random-input", "4,1,28,28", "--checkpoint", "{good}"],
      ["--checkpoint needs --model"]),
     ("verify-model-without-checkpoint", ["verify", "{onnx}", "--random-input", "4,1,28,28", "--model",
-                                         "dal.zoo:MnistCNN"], ["--model needs --checkpoint"]),
+                                         "dal_examples.zoo:MnistCNN"], ["--model needs --checkpoint"]),
     ("inspect-truncated", ["inspect", "{truncated}"], ["truncated.onnx", "not a readable ONNX"]),
     ("inspect-missing", ["inspect", "{folder}/nope.onnx"], ["no such file"]),
-    ("report-missing-onnx", ["report", "--model", "dal.zoo:MnistCNN", "--checkpoint", "{good}", "--random-input",
+    ("report-missing-onnx", ["report", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", "{good}", "--random-input",
                              "4,1,28,28", "--onnx", "{folder}/nope.onnx", "--out", "{out}.html"], ["--onnx", "no such file"]),
-    ("report-text-as-checkpoint", ["report", "--model", "dal.zoo:MnistCNN", "--checkpoint", "{text}",
+    ("report-text-as-checkpoint", ["report", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", "{text}",
                                    "--random-input", "4,1,28,28", "--out", "{out}.html"], ["not a dal checkpoint"]),
-    ("report-zero-batches", ["report", "--model", "dal.zoo:MnistCNN", "--checkpoint", "{good}", "--random-input",
+    ("report-zero-batches", ["report", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", "{good}", "--random-input",
                              "4,1,28,28", "--num-batches", "0", "--out", "{out}.html"], ["--num-batches"]),
 ]
 
@@ -96,7 +96,7 @@ def test_bad_input_is_one_line_and_status_2(argv, needles, bad_files, mnist_chec
 def test_report_without_matplotlib_names_the_extra(mnist_checkpoint, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
     out = tmp_path / "r.html"
-    assert main(["report", "--model", "dal.zoo:MnistCNN", "--checkpoint", str(mnist_checkpoint),
+    assert main(["report", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", str(mnist_checkpoint),
                  "--random-input", "4,1,28,28", "--out", str(out)]) == 2
     assert_one_line_error(capsys.readouterr().err, "report", "pip install 'dal[report]'")
     assert not out.exists()
@@ -110,7 +110,7 @@ def test_bad_shape_is_one_line_from_the_real_command(shape, mnist_onnx, run_dal)
 
 
 def test_export_of_a_non_checkpoint_from_the_real_command(mnist_onnx, tmp_path, run_dal):
-    out = run_dal("export", "--model", "dal.zoo:MnistCNN", "--checkpoint", mnist_onnx, "--input-shape", "4,1,28,28",
+    out = run_dal("export", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", mnist_onnx, "--input-shape", "4,1,28,28",
                   "-o", tmp_path / "m.onnx")
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr

@@ -15,7 +15,7 @@ def test_report_help_is_the_report_s_own(run_dal):
 
 def test_report_runs_on_a_checkpoint_with_random_input(mnist_checkpoint, mnist_onnx, tmp_path, run_dal):
     out_file = tmp_path / "report.html"
-    out = run_dal("report", "--model", "dal.zoo:MnistCNN", "--checkpoint", mnist_checkpoint, "--random-input",
+    out = run_dal("report", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", mnist_checkpoint, "--random-input",
                   "4,1,28,28", "--num-batches", "2", "--onnx", mnist_onnx, "--out", out_file)
     assert out.returncode == 0, out.stderr
     assert f"wrote {out_file}" in out.stdout
@@ -38,6 +38,6 @@ def test_report_data_factory(mnist_checkpoint, tmp_path, capsys):
 
     out_file = tmp_path / "r.html"
     # a --data factory named package.module:function (this test module is importable under its name)
-    assert main(["report", "--model", "dal.zoo:MnistCNN", "--checkpoint", str(mnist_checkpoint), "--data",
+    assert main(["report", "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", str(mnist_checkpoint), "--data",
                  f"{__name__}:labelled_batches", "--num-batches", "2", "--no-sensitivity", "--out", str(out_file)]) == 0
     assert "Per-layer output error" in out_file.read_text()

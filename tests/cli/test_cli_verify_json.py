@@ -13,12 +13,12 @@ SHAPE = (4, 1, 28, 28)
 
 def test_verify_json_is_the_report(mnist_checkpoint, mnist_onnx, capsys):
     argv = ["verify", str(mnist_onnx), "--random-input", ",".join(map(str, SHAPE)), "--seed", "3",
-            "--model", "dal.zoo:MnistCNN", "--checkpoint", str(mnist_checkpoint), "--json"]
+            "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", str(mnist_checkpoint), "--json"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     doc = json.loads(out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))  # NaN / Infinity refused
     x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(3))
-    model = load_checkpoint(mnist_checkpoint, "dal.zoo:MnistCNN", example_inputs=(x,))
+    model = load_checkpoint(mnist_checkpoint, "dal_examples.zoo:MnistCNN", example_inputs=(x,))
     report = dal.verify(str(mnist_onnx), model, (x,))
     want = report.to_dict()
     assert doc["verdict"] is report.verdict() is True

@@ -28,7 +28,7 @@ def _train(model, batches, steps, lr=0.01):
 def test_pow2_qat_is_within_one_point_of_the_fair_float_baseline():
     torch.manual_seed(0)
     float_model, calib, test = trained_mnist()
-    from dal.datasets import load_mnist
+    from dal_examples.datasets import load_mnist
     x, y = load_mnist()["train"]
     x = (x - 0.1307) / 0.3081
     batches = [(x[i:i + 64], y[i:i + 64]) for i in range(10000, 10000 + 64 * STEPS, 64)]

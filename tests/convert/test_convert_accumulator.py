@@ -12,7 +12,7 @@ import yaml
 import dal
 from convert_common import assert_bit_exact, build, compare, random_batches
 from dal.convert.accumulate import limit
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 torch.set_num_threads(1)
 SHAPE = (1, 28, 28)

@@ -15,7 +15,7 @@ import dal.convert.requant as requant
 import dal.npu
 from convert_common import build, compare, random_batches
 from dal.convert import ConvertError
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 from export_common import spec
 from dal.nn import QConv2d, QConvBnReLU2d, QLinear
 

@@ -8,7 +8,7 @@ import torch
 
 import dal
 from convert_common import assert_bit_exact, build, npu_fused_groups, random_batches
-from dal.zoo_detection import DigitDetector
+from dal_examples.zoo_detection import DigitDetector
 
 torch.set_num_threads(1)
 

@@ -19,7 +19,7 @@ import dal
 from convert_common import assert_bit_exact, build, random_batches
 from dal.nn import QConv2d, QLinear, SimpleLayerSpec
 from dal.prepare import set_quantizer_state
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 torch.set_num_threads(1)
 F16 = np.float16
@@ -187,7 +187,7 @@ def test_convert_float_island_ops_round_once_from_float64():
 
 # ---- whole models with FP16 fallback layers: integer model == dal.npu on every element -------
 def _digit_detector():
-    from dal.zoo_detection import DigitDetector
+    from dal_examples.zoo_detection import DigitDetector
     return DigitDetector(width=8)
 
 

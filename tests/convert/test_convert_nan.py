@@ -7,7 +7,7 @@ import torch
 import dal
 from convert_common import build
 from dal.convert import ConvertError
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 torch.set_num_threads(1)
 

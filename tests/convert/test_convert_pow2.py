@@ -11,7 +11,7 @@ import dal
 from convert_common import assert_bit_exact, build, npu_fused_groups, random_batches
 from dal.convert import ConvertError
 from dal.convert.requant import FixedPoint, power_of_two_shift
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import torch
 
 import dal
 from convert_common import assert_bit_exact, build, npu_fused_groups, random_batches
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 torch.set_num_threads(1)
 

@@ -4,7 +4,7 @@ import torch
 import dal
 from dal.analysis.report import build_report
 from dal.cost import estimate, search_precision
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 def test_report_has_latency_section(tmp_path):

@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import dal
 from dal.cost import estimate
 from dal.hardware.cost import MissingCostError
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 W4A8 = {"name": "w4a8_all", "rules": [  # int4 weights on every conv / linear
     {"type": ["conv", "linear"], "weight": {"format": "int4", "granularity": "per_channel", "symmetric": True},

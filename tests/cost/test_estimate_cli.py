@@ -7,7 +7,7 @@ import yaml
 
 import dal
 from dal.cli import main
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 def test_estimate_onnx_file_and_json(tmp_path, capsys):
@@ -26,7 +26,7 @@ def test_estimate_onnx_file_and_json(tmp_path, capsys):
 
 
 def test_estimate_model_factory(capsys):
-    assert main(["estimate", "--model", "dal.zoo:MnistCNN", "--recipe", "w4a8_fp8_performance", "--hardware",
+    assert main(["estimate", "--model", "dal_examples.zoo:MnistCNN", "--recipe", "w4a8_fp8_performance", "--hardware",
                  "a2000", "--input-shape", "1,1,28,28"]) == 0
     assert "wint4/aint8" in capsys.readouterr().out
 
@@ -37,7 +37,7 @@ def test_errors_are_one_line(tmp_path, capsys):
     d["name"] = "nocost"
     hw = tmp_path / "nocost.yaml"
     hw.write_text(yaml.safe_dump(d))
-    assert main(["estimate", "--model", "dal.zoo:MnistCNN", "--recipe", "int8_balanced", "--hardware", str(hw),
+    assert main(["estimate", "--model", "dal_examples.zoo:MnistCNN", "--recipe", "int8_balanced", "--hardware", str(hw),
                  "--input-shape", "1,1,28,28"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("dal estimate: error:") and "no 'cost' section" in err and "clock_mhz" in err

@@ -88,7 +88,7 @@ def test_user_groups_share_one_candidate(mnist):
 def test_searched_recipe_trains_exports_and_runs_on_npu(mnist, tmp_path):
     """QAT a few steps, export, dal.verify: layer by layer within 1 LSB of dal.npu (at batch 4 the
     layer overhead weighs more: 0.6x of INT8 is below the smallest achievable 0.635x, so 0.7x)."""
-    from dal.training import train_epoch
+    from dal_examples.training import train_epoch
 
     model, calib, test = mnist
     x = calib[0][0][:4]
@@ -180,7 +180,7 @@ class _Branches(torch.nn.Module):
 
 
 def _branches(calib):
-    from dal.training import train_epoch
+    from dal_examples.training import train_epoch
 
     torch.manual_seed(0)
     net = _Branches()

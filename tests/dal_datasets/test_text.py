@@ -1,9 +1,9 @@
-"""dal.datasets.text: the pydoc_data.topics corpus, its fixed split, the byte tokenizer, token blocks."""
+"""dal_examples.datasets.text: the pydoc_data.topics corpus, its fixed split, the byte tokenizer, token blocks."""
 import pytest
 import torch
 from pydoc_data.topics import topics
 
-from dal.datasets import text
+from dal_examples.datasets import text
 
 
 def test_corpus_is_every_topic_once_in_sorted_order():

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from dal.datasets.mnist_scenes import mnist_scenes
-from dal.zoo_detection import STRIDE, coco_map, decode_detections, detection_targets, mean_iou
+from dal_examples.datasets.mnist_scenes import mnist_scenes
+from dal_examples.zoo_detection import STRIDE, coco_map, decode_detections, detection_targets, mean_iou
 
 GT_BOXES = [torch.tensor([[10.0, 10.0, 50.0, 50.0]]), torch.tensor([[0.0, 0.0, 20.0, 40.0], [40.0, 40.0, 80.0, 60.0]])]
 GT_LABELS = [torch.tensor([3]), torch.tensor([1, 7])]

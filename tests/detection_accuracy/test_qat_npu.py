@@ -20,9 +20,9 @@ import torch
 
 import dal
 from oracles import lsb_stats, output_scale
-from dal.datasets.mnist_scenes import mnist_scenes
+from dal_examples.datasets.mnist_scenes import mnist_scenes
 from dal.prepare import set_quantizer_state
-from dal.zoo_detection import DigitDetector, DigitSegmenter, evaluate, image_batches, torch_runner, train_steps
+from dal_examples.zoo_detection import DigitDetector, DigitSegmenter, evaluate, image_batches, torch_runner, train_steps
 
 pytestmark = pytest.mark.slow
 

@@ -1,11 +1,11 @@
 """recipes/int8_detection.yaml: the first conv and the last conv of each head in FP16, the rest
-int8 as int8_balanced; the names cover dal.zoo_detection's and torchvision's models."""
+int8 as int8_balanced; the names cover dal_examples.zoo_detection's and torchvision's models."""
 import pytest
 import torch
 
 import dal
 from dal.recipe import check_against_hardware, load_recipe
-from dal.zoo_detection import DigitDetector, DigitSegmenter
+from dal_examples.zoo_detection import DigitDetector, DigitSegmenter
 
 FP16 = ["fpn.stem.0", "heat_head.1", "box_head.1", "head", "backbone.body.conv1",
         "head.classification_head.cls_logits", "head.regression_head.bbox_reg", "head.regression_head.bbox_ctrness",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dal.datasets.mnist_scenes import STROKE, mnist_scenes
+from dal_examples.datasets.mnist_scenes import STROKE, mnist_scenes
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def test_same_arguments_same_scenes(scenes):
 
 
 def test_train_and_test_scenes_use_disjoint_digit_images():
-    from dal.datasets import load_mnist
+    from dal_examples.datasets import load_mnist
 
     train = mnist_scenes("train", 5, seed=3)
     test = mnist_scenes("test", 5, seed=3)

@@ -71,9 +71,9 @@ def test_qat_student_with_float_teacher_in_a_plain_loop():
     """The README route: loss_fn = KDLoss(teacher, T=4, alpha=0.5); loss = loss_fn(out, y, x)."""
     import copy
 
-    from dal.datasets import mnist_loaders
-    from dal.training import accuracy, train_epoch
-    from dal.zoo import MnistCNN
+    from dal_examples.datasets import mnist_loaders
+    from dal_examples.training import accuracy, train_epoch
+    from dal_examples.zoo import MnistCNN
 
     torch.manual_seed(0)
     train, test = mnist_loaders(batch_size=64, train_limit=1024, test_limit=256)
@@ -98,7 +98,7 @@ def test_callback_distills_and_logs_both_losses(tmp_path):
     from lit_common import LitMnist, mnist_subset, pretrained_state, trainer
 
     from dal.lightning import QATCallback
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     teacher = MnistCNN(width=8)
     teacher.load_state_dict(pretrained_state(8))

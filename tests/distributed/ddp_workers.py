@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 
 def mnist_shard(rank: int, world: int, n: int = 1024):
-    from dal.datasets import load_mnist
+    from dal_examples.datasets import load_mnist
 
     x, y = load_mnist()["train"]
     x, y = (x[:n] - 0.1307) / 0.3081, y[:n]
@@ -59,7 +59,7 @@ def _scenario(rank: int, world: int, out: str, wrap_before_calibration: bool, re
 
     import dal
     from dal.prepare.state import set_quantizer_state
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     torch.manual_seed(0)  # same initial weights everywhere (DDP also broadcasts them)
     x, y = mnist_shard(rank, world)

@@ -47,7 +47,7 @@ def _scenario(rank: int, world: int, out: str, mode: str) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     import dal
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     torch.manual_seed(0)  # same initial weights on every rank
     x, y = mnist_shard(rank, world, n=256)
@@ -118,7 +118,7 @@ def _record_lsq_refusal(out: str, x: torch.Tensor) -> None:
     from torch.distributed.fsdp import fully_shard
 
     import dal
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     torch.manual_seed(0)
     model = dal.prepare_qat(MnistCNN(width=8), _lsq_recipe(), "a2000", example_inputs=(x[:2],))

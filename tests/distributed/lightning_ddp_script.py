@@ -16,9 +16,9 @@ def main(out: str) -> None:
     from pytorch_lightning.loggers import CSVLogger
     from torch.utils.data import DataLoader, TensorDataset
 
-    from dal.datasets import load_mnist
+    from dal_examples.datasets import load_mnist
     from dal.lightning import QATCallback
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     torch.set_num_threads(1)
 

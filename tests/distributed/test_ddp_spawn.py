@@ -62,7 +62,7 @@ def test_learnable_scales_train_identically_on_every_rank(out):
 def test_rank0_checkpoint_loads_anywhere(out):
     """A state_dict saved on rank 0 rebuilds the same model in another process: prepare_qat, then load."""
     import dal
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     sd = _load(out, ORDERS[0], "frozen_rank0.pt")
     x = torch.randn(2, 1, 28, 28)

@@ -102,7 +102,7 @@ def test_fsdp2_trains_exactly_as_ddp(out, mode):
 
 def test_full_state_dict_loads_into_a_fresh_model_and_exports(out, tmp_path):
     import dal
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     sd = _load(out, "fsdp2-per-layer", "full_rank0.pt")
     x = torch.randn(2, 1, 28, 28)
@@ -136,7 +136,7 @@ def test_learnable_scales_stay_whole_and_train_exactly_as_ddp(out):
 
 def _lsq_model(calibrated: bool):
     import dal
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
     from ddp_workers import _lsq_recipe
 
     x = torch.randn(16, 1, 28, 28)
@@ -160,7 +160,7 @@ def test_replicate_quantizer_parameters_in_one_process():
 
     import dal
     from dal.observers.distributed import replicate_quantizer_parameters
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     model = _lsq_model(calibrated=True)
     twin = copy.deepcopy(model)

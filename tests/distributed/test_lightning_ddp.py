@@ -49,7 +49,7 @@ def test_rank0_checkpoint_restores_the_trained_model(out):
     from dal.lightning import restore_qat_checkpoint
 
     import pytorch_lightning as pl
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     class Lit(pl.LightningModule):
         def __init__(self):

@@ -5,7 +5,7 @@ import torch
 import dal
 from dal.export import ExportError
 from dal.prepare.state import quantizers, set_quantizer_state
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 def _frozen():

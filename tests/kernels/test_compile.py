@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import dal
 from dal.quantizer import quantizers
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 DAL_DIR = os.path.dirname(dal.__file__)
 

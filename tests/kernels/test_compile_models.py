@@ -101,7 +101,7 @@ def test_max_autotune_mnist_cnn():
     that inductor's generated C++ orders differently from eager torch (measured here: about 1e-8
     absolute); the float ResNet-18's gradients under inductor differ from eager in the same way
     (bench/results/fake_quant.md, "torch.compile")."""
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
     torch.manual_seed(0)
     x = torch.randn(4, 1, 28, 28)
     model = dal.prepare_qat(MnistCNN(width=4), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_lightning as pl
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 _PRETRAINED: dict = {}
@@ -14,7 +14,7 @@ _PRETRAINED: dict = {}
 def pretrained_state(width: int = 8) -> dict:
     """A float MnistCNN trained one epoch on 2048 images (~94%): QAT fine-tunes a trained model."""
     if width not in _PRETRAINED:
-        from dal.training import train_epoch
+        from dal_examples.training import train_epoch
 
         torch.manual_seed(0)
         model = MnistCNN(width=width)
@@ -53,7 +53,7 @@ def mnist_subset(n_train: int = 512, n_test: int = 256, batch_size: int = 64):
     """Deterministic loaders (no shuffle: a resumed run sees the same batches as the original)."""
     from torch.utils.data import DataLoader, TensorDataset
 
-    from dal.datasets import load_mnist
+    from dal_examples.datasets import load_mnist
 
     d = load_mnist()
     (xtr, ytr), (xte, yte) = d["train"], d["test"]

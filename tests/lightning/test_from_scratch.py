@@ -13,7 +13,7 @@ from lit_common import LitMnist, mnist_subset, trainer  # noqa: E402
 
 import dal  # noqa: E402
 from dal.recipe import RecipeError  # noqa: E402
-from dal.zoo import MnistCNN  # noqa: E402
+from dal_examples.zoo import MnistCNN  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

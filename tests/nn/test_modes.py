@@ -4,7 +4,7 @@ from torch import nn
 
 import dal
 from dal.nn.modes import eval_mode
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 def _flags(model):

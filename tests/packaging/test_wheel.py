@@ -1,4 +1,5 @@
 """The wheel carries its data: built, installed into a fresh venv, used from another folder.
+The examples the README uses (dal_examples, examples/) are a second wheel installed beside it.
 
 The sdist is built from a copy of the project's files, the wheel from that sdist (so
 MANIFEST.in and setup.py's build hook are both exercised), without build isolation or the
@@ -94,13 +95,25 @@ def wheel(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def venv_python(wheel, tmp_path_factory) -> Path:
+def examples_wheel(tmp_path_factory) -> Path:
+    """The separate dal_examples package (examples/pyproject.toml), built from a copy of examples/."""
+    tmp = tmp_path_factory.mktemp("examples-wheel")
+    shutil.copytree(ROOT / "examples", tmp / "examples",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.py[cod]", "*.egg-info", "build"))
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--no-cache-dir",
+         "-w", tmp / "dist", tmp / "examples"], cwd=tmp, env=clean_env())
+    (whl,) = (tmp / "dist").glob("dal_examples-*.whl")
+    return whl
+
+
+@pytest.fixture(scope="module")
+def venv_python(wheel, examples_wheel, tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("venv") / "v"
     run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / "bin" / "python"
     # Install before the main venv is visible, so pip sees (and would touch) nothing else.
     run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
-         "--no-cache-dir", "--ignore-installed", "--no-warn-script-location", wheel], env=clean_env())
+         "--no-cache-dir", "--ignore-installed", "--no-warn-script-location", wheel, examples_wheel], env=clean_env())
     site = run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).strip()
     (Path(site) / "_main_venv_packages.pth").write_text(sysconfig.get_path("purelib") + "\n")
     return python
@@ -120,6 +133,9 @@ def test_wheel_holds_the_bundled_files_and_declares_its_dependencies(wheel):
     assert z_read(wheel, license_file) == (ROOT / "LICENSE").read_bytes()
     assert b"Apache License" in z_read(wheel, license_file) and b"Version 2.0, January 2004" in z_read(wheel, license_file)
     assert not any(n.startswith(("tests/", "recipes/", "hardware_models/")) for n in names)
+    # the examples are their own package (examples/dal_examples), not dal's
+    moved = [f"dal/{m}" for m in ("datasets/", "zoo_detection/", "zoo.py", "demo.py", "training.py")]
+    assert not any(n.startswith(("dal_examples/", "examples/", *moved)) for n in names)
     assert re.search(r"^License-Expression: Apache-2\.0$", meta, flags=re.M)
     assert re.search(r"^Requires-Dist: ninja\b", meta, flags=re.M)
     extras = set(re.findall(r"^Provides-Extra: (\S+)", meta, flags=re.M))
@@ -183,6 +199,15 @@ def test_every_readme_block_runs_from_another_folder_on_the_installed_wheel(venv
     assert commands, "README shows no dal command"
     for cmd in commands:
         run([venv_python.parent / "dal", *shlex.split(cmd)[1:]], cwd=tmp_path, env=clean_env())
+
+
+def test_examples_wheel_holds_only_dal_examples_and_its_demo_runs_from_it(examples_wheel, venv_python, tmp_path):
+    with zipfile.ZipFile(examples_wheel) as z:
+        names = [n for n in z.namelist() if ".dist-info/" not in n]
+    assert "dal_examples/demo.py" in names and "dal_examples/zoo_detection/train.py" in names
+    assert all(n.startswith("dal_examples/") for n in names), names
+    usage = run([venv_python, "-m", "dal_examples.demo", "--help"], cwd=tmp_path, env=clean_env())
+    assert usage.startswith("usage: python -m dal_examples.demo")
 
 
 def test_console_script_is_installed(venv_python, tmp_path):

@@ -6,7 +6,7 @@ import torch
 
 import dal
 from dal.prepare.state import set_quantizer_state
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 def test_an_edited_bundled_hardware_model_comes_back_as_edited(tmp_path):
@@ -29,7 +29,7 @@ def test_an_edited_bundled_hardware_model_comes_back_as_edited(tmp_path):
 
 
 def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path):
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a pickle at all")

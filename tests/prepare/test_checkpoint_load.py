@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import dal
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 def recipe() -> dict:
@@ -66,7 +66,7 @@ def test_loading_into_another_model_names_the_class_that_wrote_it(tmp_path):
         dal.load_checkpoint(tmp_path / "m.pt", other)
     msg = str(info.value)
     assert "written by a prepared MnistCNN (fingerprint " in msg
-    assert "the model built, a dal.zoo.MnistCNN (fingerprint " in msg and "model_factory" in msg
+    assert "the model built, a dal_examples.zoo.MnistCNN (fingerprint " in msg and "model_factory" in msg
     assert "head.weight: checkpoint (10, 576), model (7, 576)" in msg
 
 

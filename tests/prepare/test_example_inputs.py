@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import dal
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 def test_wrong_example_input_is_named_and_the_model_left_alone():

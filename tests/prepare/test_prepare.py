@@ -8,7 +8,7 @@ from torch import nn
 
 import dal
 from dal.prepare import set_quantizer_state
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 RECIPES = ["int8_balanced", "w4a8_fp8_performance", "int8_sparse24", "fp16_precision"]
 CLASSIFIERS = {

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import dal
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 class Probe(nn.Module):

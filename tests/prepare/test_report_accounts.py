@@ -34,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 
 import dal
 from dal.prepare.report import STATUSES
-from dal.zoo import MnistCNN, MobileNetTiny
+from dal_examples.zoo import MnistCNN, MobileNetTiny
 
 torchvision = pytest.importorskip("torchvision")
 

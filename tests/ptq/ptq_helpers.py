@@ -42,7 +42,7 @@ class DepthwiseNet(nn.Module):
 
 
 def mnist_batches(n_train=5000, calib=128, test=1024):
-    from dal.datasets import load_mnist
+    from dal_examples.datasets import load_mnist
 
     data = load_mnist()
     norm = lambda x: (x - 0.1307) / 0.3081  # noqa: E731
@@ -68,7 +68,7 @@ def _trained_depthwise(unequal: bool = True):
     multiplied by a factor in [1/30, 30] and the next layer divided by it: the same function,
     with the unequal channel ranges that per-tensor weight quantization suffers from."""
     from dal.ptq import fold_batchnorm
-    from dal.training import train_epoch
+    from dal_examples.training import train_epoch
 
     torch.manual_seed(0)
     train, cal, tst = mnist_batches()
@@ -141,9 +141,9 @@ W4A8_PER_TENSOR_ALL = {"name": "w4a8_per_tensor_all", "rules": [
 
 @functools.lru_cache(maxsize=None)
 def _trained_mobilenet():
-    """(float dal.zoo.MobileNetTiny(8), eval, one Adam epoch over 5k MNIST images, calib, test)."""
-    from dal.training import train_epoch
-    from dal.zoo import MobileNetTiny
+    """(float dal_examples.zoo.MobileNetTiny(8), eval, one Adam epoch over 5k MNIST images, calib, test)."""
+    from dal_examples.training import train_epoch
+    from dal_examples.zoo import MobileNetTiny
 
     torch.manual_seed(0)
     train, cal, tst = mnist_batches()

@@ -100,7 +100,7 @@ def _constructed_mobilenet(train):
     ``train``'s images in float64 (cumulative average) before the cast back to float32, so the
     net is the same on every CPU. Trained nets are not: float32 training on an AMD host gave a
     net that lost only 3.9 points under min-max W4A8, not the hard case this claim needs."""
-    from dal.zoo import MobileNetTiny
+    from dal_examples.zoo import MobileNetTiny
 
     torch.manual_seed(0)
     net = MobileNetTiny(8).double()

@@ -1,8 +1,8 @@
-"""Cluttered MNIST (dal.datasets.cluttered): deterministic, fixed split, harder than MNIST."""
+"""Cluttered MNIST (dal_examples.datasets.cluttered): deterministic, fixed split, harder than MNIST."""
 import torch
 
-from dal.datasets import load_cluttered_mnist, load_mnist
-from dal.datasets import cluttered as C
+from dal_examples.datasets import load_cluttered_mnist, load_mnist
+from dal_examples.datasets import cluttered as C
 
 
 def test_deterministic_and_fixed_split():

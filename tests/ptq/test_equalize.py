@@ -122,7 +122,7 @@ def test_relu6_modes_and_bad_mode():
 
 def test_residual_and_shared_outputs_are_left_alone():
     # down.0's output feeds both the residual add and the next conv: scaling it would change the add.
-    from dal.zoo import MnistCNN
+    from dal_examples.zoo import MnistCNN
 
     net = MnistCNN().eval()
     fold_batchnorm(net)

@@ -5,7 +5,7 @@ import torch
 
 import dal
 from dal.recipe.errors import RecipeError
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 X = torch.zeros(2, 1, 28, 28)
 

@@ -100,8 +100,8 @@ def npu_sparse_kernel_weights(sess) -> "tuple[set, set]":
 
 
 def mnist_batches(n: int, batch: int, split: str = "train", offset: int = 0) -> list:
-    """``n`` images of MNIST (normalized as dal.datasets.mnist_loaders does) in batches."""
-    from dal.datasets import load_mnist
+    """``n`` images of MNIST (normalized as dal_examples.datasets.mnist_loaders does) in batches."""
+    from dal_examples.datasets import load_mnist
 
     x, y = load_mnist()[split]
     x, y = (x[offset:offset + n] - 0.1307) / 0.3081, y[offset:offset + n]

@@ -13,7 +13,7 @@ import torch
 
 import dal
 import dal.sparsity as sp
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 from oracles import lsb_diff, output_scale, run_ort
 from sparsity_qat_helpers import (calibrated_frozen, initializers, max_nonzeros_per_group, mnist_batches,
                                   npu_sparse_kernel_weights, teacher_forced_max_lsb, weight_codes)

@@ -7,7 +7,7 @@ from torch import nn
 import dal
 import dal.sparsity as sp
 from dal.hardware import load_hardware
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 from sparsity_qat_helpers import engine_weight, max_nonzeros_per_group
 
 X = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 import dal
 import dal.sparsity as sp
 from dal.hardware import load_hardware
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 from sparsity_qat_helpers import engine_weight, max_nonzeros_per_group, mnist_batches
 
 STEPS = 30

@@ -3,7 +3,7 @@
 Oracle: the NPU reference's codes at each activation QuantizeLinear, dequantized with the file's own
 scale and zero point (read here with onnx.numpy_helper), against the value the torch model with
 every quantizer off computes at the same quantizer (a forward hook written here), cosine in float64
-as ``np.dot(a, b) / (norm(a) * norm(b))``. Checked on dal.zoo.MnistCNN and on a tiny HF Llama
+as ``np.dot(a, b) / (norm(a) * norm(b))``. Checked on dal_examples.zoo.MnistCNN and on a tiny HF Llama
 (w4a8_int8_llm, dal.export_onnx, an additive causal mask input: no int64 mask arithmetic). A point
 where quantization is the identity (inputs on the input quantizer's grid) has cosine 1; a corrupted
 conv weight scale in the file lowers the cosine of the layer it feeds; the figure is rendered beside
@@ -23,7 +23,7 @@ from onnx import numpy_helper  # noqa: E402
 import dal  # noqa: E402
 import dal.npu  # noqa: E402
 from dal.prepare import set_quantizer_state  # noqa: E402
-from dal.zoo import MnistCNN  # noqa: E402
+from dal_examples.zoo import MnistCNN  # noqa: E402
 
 SHAPE = (2, 1, 28, 28)
 

@@ -1,6 +1,6 @@
 """One parity verdict, stable across inputs, attributed to the layer at fault, stated alike everywhere.
 
-The same correct export of dal.zoo.MnistCNN passes on 20 random inputs; the same export with one
+The same correct export of dal_examples.zoo.MnistCNN passes on 20 random inputs; the same export with one
 conv's weight scale multiplied by 1.5 in the ONNX file fails on every input and names that conv
 (not the quantizer after it); ``verdict()``, ``meets_criterion()``, ``dal verify --strict``'s exit
 status, the printed report and the HTML report's verdict box agree on both files.
@@ -18,7 +18,7 @@ import dal.npu
 from dal.checkpoint import save_checkpoint
 from dal.cli import main
 from dal.prepare import set_quantizer_state
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 SHAPE = (8, 1, 28, 28)
 
@@ -107,7 +107,7 @@ def test_verdict_strict_exit_printed_text_and_html_agree(files, which, capsys, t
     assert rep.verdict() == (which == "good")
     capsys.readouterr()
     status = main(["verify", str(path), "--random-input", ",".join(map(str, SHAPE)), "--seed", "0",
-                   "--model", "dal.zoo:MnistCNN", "--checkpoint", str(ckpt), "--strict"])
+                   "--model", "dal_examples.zoo:MnistCNN", "--checkpoint", str(ckpt), "--strict"])
     printed = capsys.readouterr().out
     word = "PASS" if rep.verdict() else "FAIL"
     assert status == (0 if rep.verdict() else 1)

@@ -12,7 +12,7 @@ from oracles import lsb_stats, output_scale, run_ort
 import dal
 import dal.npu
 from dal.prepare import set_quantizer_state
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 ROOT = Path(__file__).resolve().parents[2]
 

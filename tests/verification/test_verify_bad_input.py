@@ -7,7 +7,7 @@ import torch
 import dal
 from dal.prepare import set_quantizer_state
 from dal.verification import VerifyInputError
-from dal.zoo import MnistCNN
+from dal_examples.zoo import MnistCNN
 
 
 @pytest.fixture(scope="module")

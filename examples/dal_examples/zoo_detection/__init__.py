@@ -1,8 +1,8 @@
 """Detection and segmentation on MNIST scenes: fx-traceable models, host post-processing,
 COCO mAP / mIoU evaluation and a plain training loop (used by bench/detection*.py and tests).
 
-    from dal.datasets.mnist_scenes import mnist_scenes
-    from dal.zoo_detection import DigitDetector, train_steps, evaluate, torch_runner
+    from dal_examples.datasets.mnist_scenes import mnist_scenes
+    from dal_examples.zoo_detection import DigitDetector, train_steps, evaluate, torch_runner
     train, test = mnist_scenes("train", 2000), mnist_scenes("test", 300)
     det = DigitDetector(); train_steps(det, train, "detect", 600)
     evaluate(torch_runner(det), test, "detect")      # {"map": ..., "map50": ...}

@@ -5,7 +5,7 @@ Conv+BN+ReLU blocks (BN folded by ``prepare_qat``), nearest 2x upsampling (exact
 ``+`` (the FPN's top-down sum). No list of features is iterated and no data-dependent
 control flow is used, so no functional op hides from the capture. The exported file is
 tensor in, raw head tensors out; decoding, NMS and argmax run on the host in float
-(dal.zoo_detection.heads), identically for torch and the NPU reference.
+(dal_examples.zoo_detection.heads), identically for torch and the NPU reference.
 
 Backbone strides: stem /2, c2 /4, c3 /8, c4 /16. The FPN sums 1x1 laterals top-down.
 """

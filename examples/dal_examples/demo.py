@@ -5,8 +5,8 @@ a2000) -> calibrate (PTQ accuracy) -> qat (accuracy table) -> export (QDQ ONNX) 
 (onnxruntime and the NPU reference against torch, held to ParityReport.meets_criterion). The
 first step that fails stops the demo: its error and name are printed and the exit status is 1.
 
-    python -m dal.demo            # the demo (about a minute on 2 cores)
-    python -m dal.demo --quick    # the same steps on a small slice of MNIST (used by the tests)
+    python -m dal_examples.demo            # the demo (about a minute on 2 cores)
+    python -m dal_examples.demo --quick    # the same steps on a small slice of MNIST (used by the tests)
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Step:
     run: Callable[[SimpleNamespace], None]
 
 
-def run_steps(steps: Sequence[Step], state: Optional[SimpleNamespace] = None, *, prog: str = "dal.demo") -> int:
+def run_steps(steps: Sequence[Step], state: Optional[SimpleNamespace] = None, *, prog: str = "dal_examples.demo") -> int:
     """Run ``steps`` in order on one ``state``; 0 when all pass.
 
     The first step that raises stops the run: its traceback, then one last line
@@ -57,9 +57,9 @@ def run_steps(steps: Sequence[Step], state: Optional[SimpleNamespace] = None, *,
 
 
 def _train(s):
-    from dal.datasets import mnist_loaders
-    from dal.training import accuracy, train_epoch
-    from dal.zoo import MnistCNN
+    from dal_examples.datasets import mnist_loaders
+    from dal_examples.training import accuracy, train_epoch
+    from dal_examples.zoo import MnistCNN
 
     torch.manual_seed(0)
     s.train, s.test = mnist_loaders(batch_size=128, train_limit=s.train_limit, test_limit=s.test_limit)
@@ -81,7 +81,7 @@ def _prepare(s):
 
 def _calibrate(s):
     import dal
-    from dal.training import accuracy
+    from dal_examples.training import accuracy
 
     dal.calibrate(s.qat, s.train, num_batches=s.calib_batches)
     s.ptq_acc = accuracy(s.qat, s.test)
@@ -89,7 +89,7 @@ def _calibrate(s):
 
 
 def _qat(s):
-    from dal.training import accuracy, train_epoch
+    from dal_examples.training import accuracy, train_epoch
 
     opt = torch.optim.SGD(s.qat.parameters(), lr=0.01, momentum=0.9)
     train_epoch(s.qat, s.train, opt, max_batches=s.qat_steps)
@@ -130,15 +130,15 @@ STEPS = (Step("train", _train), Step("prepare", _prepare), Step("calibrate", _ca
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m dal.demo [--quick]``: run :data:`STEPS`; the exit status is :func:`run_steps`'s."""
-    p = argparse.ArgumentParser(prog="python -m dal.demo", description=__doc__.split("\n\n")[0])
+    """``python -m dal_examples.demo [--quick]``: run :data:`STEPS`; the exit status is :func:`run_steps`'s."""
+    p = argparse.ArgumentParser(prog="python -m dal_examples.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a small slice of MNIST and few steps (for tests)")
     args = p.parse_args(argv)
     if args.quick:
         state = SimpleNamespace(train_limit=1024, test_limit=256, calib_batches=2, qat_steps=4)
     else:
         state = SimpleNamespace(train_limit=30000, test_limit=None, calib_batches=16, qat_steps=100)
-    return run_steps(STEPS, state, prog="dal.demo")
+    return run_steps(STEPS, state, prog="dal_examples.demo")
 
 
 if __name__ == "__main__":
