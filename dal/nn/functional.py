@@ -32,14 +32,11 @@ class _QFunctional(QATModule):
     def _q(self, i: int, t: torch.Tensor) -> torch.Tensor:
         if i >= len(self.input_quants):
             return t
-        q = self.input_quants[i]
-        if not t.is_contiguous() and q.state.quantizes and not torch.jit.is_tracing():
-            # A detection head's per-level outputs reach a cat as permuted views: the quantizer's
-            # fused kernel takes contiguous tensors only, its eager path (same bits, about thirty
-            # small ops) the rest. Quantization is elementwise and its range a min / max, so the
-            # contiguous copy changes no number.
-            t = t.contiguous()
-        return q(t)
+        # A permuted view (a detection head's per-level outputs, a channels-last residual) goes to
+        # the quantizer as it is: its fused kernel takes dense views (dal.formats.memory_order), and
+        # the tensor stays the one the layer before produced, which dal.convert's fan-out groups
+        # read by identity (a copy here would hide the reader from the group).
+        return self.input_quants[i](t)
 
     def _out(self, y):
         return self.output_quant(y) if self.output_quant is not None else y
