@@ -20,6 +20,8 @@ import onnx
 import torch
 from torch import nn
 
+from .codes import as_numpy, as_torch
+
 
 @dataclass
 class StepDifference:
@@ -77,20 +79,6 @@ def _differ(a: np.ndarray, b: np.ndarray) -> int:
         return int(max(a.size, b.size))
     view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
     return int((a.view(view) != b.view(view)).sum())
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        import ml_dtypes
-        kind = ml_dtypes.float8_e4m3fn if t.dtype == torch.float8_e4m3fn else ml_dtypes.float8_e5m2
-        return t.contiguous().view(torch.uint8).cpu().numpy().view(kind)
-    return t.detach().cpu().numpy()
-
-
-def _torch(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    if like.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).view(like.dtype)
-    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 def generate_check(model: nn.Module, onnx_paths: Sequence, prompts: Sequence, steps: int) -> GenerateReport:
@@ -164,14 +152,14 @@ class _Engines:
 
     @staticmethod
     def _npu(sess, names, inputs) -> list:
-        return sess.run(dict(zip(names, [_numpy(t) for t in inputs])))
+        return sess.run(dict(zip(names, [as_numpy(t) for t in inputs])))
 
     def _compare(self, i, step, mine, theirs, last, report) -> tuple:
         """``(difference or None, token of the integer model, token of dal.npu)``; counts
         compared and differing elements into ``report``."""
         diff = None
         for name, a, b in zip(self.out_names, mine, theirs):
-            d = _differ(_numpy(a), np.asarray(b))
+            d = _differ(as_numpy(a), np.asarray(b))
             report.elements += int(np.size(b))
             report.differ += d
             if d and diff is None:
@@ -208,6 +196,6 @@ class _Engines:
             slots = slice(0, P) if step == 0 else slice(pos, pos + 1)
             for k in range(1, len(mine)):
                 caches[0][k - 1][:, :, slots] = mine[k]
-                caches[1][k - 1][:, :, slots] = _torch(theirs[k], mine[k])
+                caches[1][k - 1][:, :, slots] = as_torch(theirs[k])
         report.tokens_integer.append(toks[0])
         report.tokens_npu.append(toks[1])
