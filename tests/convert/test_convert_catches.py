@@ -4,7 +4,6 @@ with the culprit's name, or runs in float and is listed."""
 import copy
 
 import numpy as np
-import onnx
 import pytest
 import torch
 from onnx import numpy_helper

@@ -18,7 +18,6 @@ import os
 import pytest
 import torch
 
-import dal
 from oracles import lsb_stats, output_scale
 from dal_examples.datasets.mnist_scenes import mnist_scenes
 from dal.prepare import set_quantizer_state

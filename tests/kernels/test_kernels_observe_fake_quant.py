@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dal.formats import FORMATS, PER_TENSOR, native, per_channel
+from dal.formats import FORMATS, native
 from dal.formats.qparams import code_range
 from dal.kernels import fake_quant as FQ
 from dal.kernels import observe_fake_quant as OFQ

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from dal.ptq import ChannelClip, equalization_pairs, equalize, fold_batchnorm
-from ptq_helpers import (INT8_PER_TENSOR, DepthwiseNet, accuracy, max_rel_diff, ptq, trained_depthwise,
+from ptq_helpers import (INT8_PER_TENSOR, DepthwiseNet, max_rel_diff, ptq, trained_depthwise,
                          unequal_channels)
 
 
