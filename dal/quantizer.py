@@ -37,7 +37,7 @@ from .formats.fold import FoldedFakeQuantizeFunction, fold_eligible, fold_granul
 from .formats.track import fixed_kernel_params, fold_track_forward, kernel_fake_quantize, track_qparams
 from .formats.qparams import MIN_SCALE, check_pow2_rounding, power_of_two_scale
 from .observers import MinMaxObserver, make_observer
-from .kernels.lsq import lsq_grad_scale
+from .kernels.lsq import fake_quantize_lsq, lsq_grad_scale
 from .quantizer_ops import ops_forward
 
 
@@ -382,8 +382,8 @@ class FakeQuantizer(nn.Module):
             scale = pow2_scale_ste(self.log2_scale, self.power_of_two)
             with torch.no_grad():
                 self.scale.copy_(scale)  # what export and the integer model read: exactly 2^k
-        return fake_quantize(x, self.fmt, scale, self.zero_point, self.granularity, self.narrow_range,
-                             learnable=True, grad_scale=grad_scale, check=False)
+        # dal::fake_quantize_lsq (on the CPU its C++ kernels), as under torch.compile (quantizer_ops.ops_learnable)
+        return fake_quantize_lsq(x, scale, self.zero_point, self.fmt, self.granularity, self.narrow_range, grad_scale)
 
     # ---- persistence -------------------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,

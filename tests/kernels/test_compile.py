@@ -171,7 +171,7 @@ def test_lsq_model_compiles_and_is_the_eager_step():
     """w4a8_lsq (every conv / linear scale learnable, LSQ / LSQ+ by dal::fake_quantize_lsq under
     compile): no graph break inside dal; two aot_eager training steps with an SGD update of every
     parameter (scales and zero points included) in between equal the eager steps (the eager LSQ
-    path, dal.formats.autograd.FakeQuantizeFunction, quantizers projecting their Parameters in
+    path, dal::fake_quantize_lsq called eagerly, quantizers projecting their Parameters in
     place) bit for bit: outputs, loss, every gradient (scales' and zero points' included), buffers."""
     torch._dynamo.reset()
     torch.manual_seed(0)
