@@ -20,6 +20,7 @@ from ..nn.conv_bn import QConvBn2d
 from ..nn.norm import QBatchNorm2d
 from ..quantizer import FakeQuantizer
 from .accumulate import OVERFLOWS
+from .blocked_linear import BLOCKED_FLOAT
 from .errors import ConvertError
 from .float_ops import NPUFloatOps
 from .forms import swap_forms
@@ -212,7 +213,9 @@ class IntegerModel(nn.Module):
         """{layer path: "integer" | "float: <why>"} (after the first forward)."""
         forms = {}
         for path, lay in self._layers.items():
-            if lay.why_not:
+            if BLOCKED_FLOAT in lay.ran and "integer" not in lay.ran:  # export/SPEC.md §5a, layers.py
+                forms[path] = BLOCKED_FLOAT
+            elif lay.why_not:
                 forms[path] = f"float: {lay.why_not}"
             elif not lay.plans or not all(p.fused for p in lay.plans):
                 why = next((p.why for p in lay.plans if not p.fused), "never called")

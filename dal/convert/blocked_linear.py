@@ -12,10 +12,17 @@ per-group quantizers need ``B`` to divide ``K``):
                   s_b a float32)
     v[m, n]     = float32(float64(s_x) * t)
 
+Where every partial sum of ``x_i w_i s_w`` is exact in float64 whatever the order (trained scales:
+``exact_scaled_weight``), ``t`` is one float64 matmul of ``x_i`` with the pre-scaled weight: the
+same number, faster.
+
 The output quantizer then rounds ``v`` (ONNX's float32 division; probe.py finds it) exactly as
 the NPU's requantizer ``clamp(round_half_even(v / s_y) + zp_y, lo, hi)`` does (Q is monotone, so
-a Relu / Clip applied to ``v`` first changes nothing). dal.npu computes the same numbers from the
-file in numpy (dal/npu/blocked_groups.py); this is written separately from the trained layer.
+a Relu / Clip applied to ``v`` first changes nothing). When the Linear's output is read by
+anything else (a float op, a graph output, its float bias Add on rank > 2 inputs), ``v`` itself
+is the MatMul's output: export/SPEC.md §5a's blocked linear with a float output (layers.py
+``_blocked_float``). dal.npu computes the same numbers from the file in numpy
+(dal/npu/blocked_groups.py); this is written separately from the trained layer.
 """
 from __future__ import annotations
 
@@ -23,6 +30,9 @@ import torch
 
 #: a block sum at or above this bound would make ``acc_b * s_b`` inexact in float64
 ACC_LIMIT = 2 ** 29
+#: the form (``IntegerModel.layer_forms``) of a blocked Linear whose output is read by anything but
+#: one or several quantizers: export/SPEC.md §5a's blocked linear with a float output
+BLOCKED_FLOAT = "blocked linear, float output (export/SPEC.md §5a)"
 
 
 def blocked_why_not(kind: str, has_bias: bool, in_bits: int, rq) -> str:
@@ -41,6 +51,27 @@ def blocked_why_not(kind: str, has_bias: bool, in_bits: int, rq) -> str:
     return ""
 
 
+def exact_scaled_weight(w: torch.Tensor, s_w: torch.Tensor, x_max: int):
+    """``w[b, :, n] * s_w[b, n]`` as float64 ``[nb * B, N]`` when one float64 matmul of the input
+    integers with it returns ``t`` of the module doc exactly, in any summation order; else None.
+
+    ``w`` [nb, B, N] the integer weight per block, ``s_w`` [nb, N] its float32 scales (as float64).
+    Each scale is ``m 2^q`` with an integer ``m < 2^24``, so each product ``x w s`` (at most
+    8 + 8 + 24 bits) is exact and a multiple of ``2^Q``, ``Q`` the column's smallest ``q``; when
+    ``sum_b B x_max max|w_b| s_b < 2^52 2^Q`` every partial sum in any order is an exact multiple
+    of ``2^Q`` too, so the matmul returns the exact real sum, which the ascending block sum also
+    is (its partial sums obey the same bound)."""
+    nb, block, n = w.shape
+    if w.numel() == 0 or not bool(torch.all(s_w > 0)):
+        return None
+    _, e = torch.frexp(s_w)  # s = f 2^e, f in [0.5, 1): m = f 2^24 an integer, q = e - 24
+    q_min = (e - 24).amin(dim=0).double()
+    bound = (float(block) * x_max * w.abs().amax(dim=1) * s_w).sum(dim=0) * torch.exp2(-q_min)
+    if not bool(torch.all(bound < 2.0 ** 52)):
+        return None
+    return (w * s_w[:, None, :]).reshape(nb * block, n).contiguous()  # exact: 8 + 24 bits
+
+
 class BlockedWeights(torch.nn.Module):
     """The integer weight of a per-group quantized Linear, per block (module doc)."""
 
@@ -57,10 +88,15 @@ class BlockedWeights(torch.nn.Module):
         # [nb, B, N]: block b's rows of the [K, N] weight
         self.register_buffer("w", w_int.t().reshape(nb, block, n).contiguous())
         self.register_buffer("s_w", scale.float().double().t().contiguous())  # [nb, N]
+        self.register_buffer("w_exact", exact_scaled_weight(self.w, self.s_w, x_max), persistent=False)
 
     def value(self, xi: torch.Tensor, s_x: float) -> torch.Tensor:
         """``v`` (float32, ``xi.shape[:-1] + (N,)``) for ``xi = x_q - zp_x`` (integers)."""
         lead = xi.shape[:-1]
+        if self.w_exact is not None:  # one float64 matmul, exact in any order (exact_scaled_weight)
+            w = self.w_exact.to(xi.device)
+            t = torch.matmul(xi.double().reshape(-1, w.shape[0]), w)
+            return (t * torch.tensor(s_x, dtype=torch.float64, device=t.device)).float().reshape(*lead, self.n)
         x = xi.double().reshape(-1, self.nb, self.block).transpose(0, 1)  # [nb, M, B]
         acc = torch.bmm(x, self.w.to(x.device))  # [nb, M, N], exact
         s = self.s_w.to(x.device)

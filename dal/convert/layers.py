@@ -36,7 +36,7 @@ from torch import nn
 from ..formats import INT32, PER_TENSOR, per_channel, quantize
 from ..nn.base import apply_activation
 from ..nn.norm import QBatchNorm2d
-from .blocked_linear import ACC_LIMIT, BlockedWeights, blocked_why_not
+from .blocked_linear import ACC_LIMIT, BLOCKED_FLOAT, BlockedWeights, blocked_why_not
 from .accumulate import chunk_bounds, conv_exact, limit, linear_exact, refuse_int32_overflow
 from .errors import ConvertError
 from .fp16_region import half_dtype, half_forward
@@ -150,7 +150,9 @@ class IntegerLayer(WrapsModule):
         return ""
 
     def _blocked_form(self, w, b, q_in, q_w, s_w, zp_w) -> str:
-        why = blocked_why_not(self.kind, b is not None, q_in.fmt.bits, self.rq)
+        # the blocked weights are built with a bias too: the group takes none, but the blocked
+        # linear with a float output (its MatMul, then the float bias Add) is the same MatMul
+        why = blocked_why_not(self.kind, False, q_in.fmt.bits, self.rq)
         if why or w.ndim != 2 or q_w.granularity.normalized_axis(2) != 1:
             return why or "per-group weight not blocked along the input channels"
         codes = quantize(w, q_w.fmt, s_w.float(), zp_w, q_w.granularity, q_w.narrow_range)
@@ -159,7 +161,7 @@ class IntegerLayer(WrapsModule):
         if self.blocked.bound >= ACC_LIMIT:
             self.blocked = None
             return "per-group weight whose block sums could reach 2^29"
-        return ""
+        return blocked_why_not(self.kind, b is not None, q_in.fmt.bits, self.rq)
 
     # ---- run time ---------------------------------------------------------------------------
     def forward(self, x, *rest):
@@ -174,6 +176,11 @@ class IntegerLayer(WrapsModule):
         if plan.fused and not self.why_not and not batched_float_bias:
             self.ran.add("integer")
             return self._integer(x, plan)
+        # export/SPEC.md §5a blocked linear with a float output: a MatMul in the file (no bias, or a
+        # bias on rank > 2 inputs: MatMul + Add; a rank-2 Linear with a bias is a Gemm, a float island)
+        if self.blocked is not None and (self.b_dq is None or x.ndim > 2) and half_dtype(self.qat) is None:
+            self.ran.add(BLOCKED_FLOAT)
+            return self._blocked_float(x)
         self.ran.add("float" if not plan.fused or self.why_not else
                      "float: batched Linear with a float bias (MatMul + float Add)")
         return self._float(x)
@@ -199,7 +206,8 @@ class IntegerLayer(WrapsModule):
         q_out = self.qat.output_quant
         return q_out(y) if q_out is not None else y
 
-    def _integer(self, x, plan: GroupPlan):
+    def _input_codes(self, x):
+        """``x_q - zp_x`` (float32 integers) of the input quantizer, recorded in ``taps``."""
         if self.taps is not None:
             self.taps.setdefault(self.qat.input_quant.name, []).append(
                 quantize(x, self.in_fmt, self.s_x, self.zp_x))
@@ -211,7 +219,21 @@ class IntegerLayer(WrapsModule):
         if bool(torch.isnan(xi).any()):
             raise ConvertError(f"{self.path}: its input holds {int(torch.isnan(xi).sum())} NaN; the NPU's "
                                f"QuantizeLinear ({self.qat.input_quant.name}) has no code for NaN")
-        xi.clamp_(lo, hi)
+        return xi.clamp_(lo, hi)
+
+    def _blocked_float(self, x):
+        """The blocked linear with a float output (export/SPEC.md §5a): the MatMul's value is the
+        blocked group's ``v``; the float bias (one float32 Add), activation and output quantizer
+        after it are the file's float nodes, as in ``_float``."""
+        y = self.blocked.value(self._input_codes(x), self.s_x)
+        if self.b_dq is not None:
+            y = y + self.b_dq
+        y = apply_activation(y, self.qat.activation)
+        q_out = self.qat.output_quant
+        return q_out(y) if q_out is not None else y
+
+    def _integer(self, x, plan: GroupPlan):
+        xi = self._input_codes(x)
         if self.blocked is not None:  # export/SPEC.md §5a blocked integer group (blocked_linear.py)
             y = apply_activation(self.blocked.value(xi, self.s_x), self.qat.activation)
             q_out = self.qat.output_quant

@@ -37,8 +37,11 @@ from . import quant
 from .group_chain import is_dq, plan_output_chain
 
 _X = {np.dtype(np.int8), np.dtype(np.uint8)} | quant.INT4
-#: from this many input rows on, ``value`` takes the one-matmul path when it is exact
-EXACT_GEMM_ROWS = 8
+#: from this many input rows on, ``value`` takes the one-matmul path when it is exact: from one row,
+#: measured (one thread, numpy float64 on OpenBLAS, the tiny Llama's shapes K 256 / 768, N 128-768):
+#: the pre-scaled float64 matmul took 8-30 us at M = 1 and 160-820 us at M = 128, the float32 blocks
+#: with their float64 combination 19-46 us and 230-1350 us
+EXACT_GEMM_ROWS = 1
 _W = _X
 
 
@@ -54,9 +57,9 @@ def _positive(s) -> bool:
     return s is not None and s.size > 0 and bool(np.all(np.isfinite(s)) and np.all(s > 0))
 
 
-def match(g, node):
-    """A list of plans (one per QuantizeLinear reader) for a blocked group rooted at MatMul
-    ``node`` (module doc), else None. Each plan has ``blocked`` set (group_post.group_step)."""
+def _input_side(g, node):
+    """The plan of the input side (module doc's conditions on the codes, scales, requantizer and the
+    2^29 block bound) of a MatMul ``node`` with a blocked weight, else None."""
     if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
         return None
     dqx, dqw = g.producer(node.input[0]), g.producer(node.input[1])
@@ -92,20 +95,32 @@ def match(g, node):
     bound = bsz * x_max * w_max
     if bound >= 2**29:
         return None
-    plan = {"op": "MatMul", "blocked": True, "x_name": dqx.input[0], "x_dtype": x_dtype,
+    return {"op": "MatMul", "blocked": True, "x_name": dqx.input[0], "x_dtype": x_dtype,
             "x_scale": np.float32(xs.reshape(())), "x_zp": zx, "k": k, "channels": n,
             "block_size": bsz, "w_int": wd, "w_scale": ws.astype(np.float64),
             "exact_f32": bound < 2**24, "x_bound": x_max,
             # group_chain.bias_add takes no bias for a blocked weight: the sentinel stops it
             "bias_q": None, "bias_f": "blocked"}
-    if not plan_output_chain(g, node, plan) or plan["bias_add"] or plan["post"] is not None:
+
+
+def match(g, node):
+    """A list of plans for MatMul ``node`` with a blocked weight (module doc), else None: one per
+    QuantizeLinear reader of a blocked group, or, when the input side holds but the MatMul's output
+    is read by anything else (a float op, a bias Add, several readers, a graph output), one plan
+    with ``float_out`` set: the blocked linear with a float output, whose step writes ``v`` as the
+    MatMul's own output and absorbs none of its readers (``op_out`` / ``act_out`` None)."""
+    base = _input_side(g, node)
+    if base is None:
         return None
-    plan["bias_f"] = None
-    if not all(_positive(g.const(q.input[1])) for q in plan["q_readers"]):
-        return None
-    return [dict(plan, q_out=q.output[0], q_node=q, y_scale=np.float32(g.const(q.input[1]).reshape(())),
-                 y_zp=int(g.const_opt(q, 2).reshape(-1)[0]), y_dtype=g.const_opt(q, 2).dtype, q_readers=[q])
-            for q in plan["q_readers"]]
+    plan = dict(base)
+    if (plan_output_chain(g, node, plan) and not plan["bias_add"] and plan["post"] is None
+            and all(_positive(g.const(q.input[1])) for q in plan["q_readers"])):
+        plan["bias_f"] = None
+        return [dict(plan, q_out=q.output[0], q_node=q, y_scale=np.float32(g.const(q.input[1]).reshape(())),
+                     y_zp=int(g.const_opt(q, 2).reshape(-1)[0]), y_dtype=g.const_opt(q, 2).dtype, q_readers=[q])
+                for q in plan["q_readers"]]
+    return [dict(base, bias_f=None, float_out=True, v_out=node.output[0], op_out=None, act_out=None,
+                 act_lo=None, act_hi=None, post=None, q_readers=[])]
 
 
 def _exact_scaled_weight(wd, ws, block, x_max):
@@ -145,9 +160,10 @@ class BlockedStep:
         self.node, self.node_name, self.op = node, node.name, "MatMul"
         self.isa = p.get("isa")
         self.inputs = [p["x_name"]]
-        self.outputs = [q["q_out"] for q in plans]
+        self.float_out = bool(p.get("float_out"))
+        self.outputs = [p["v_out"]] if self.float_out else [q["q_out"] for q in plans]
         self.op_out, self.act_out = p["op_out"], p["act_out"]
-        self.extra_outputs = [self.op_out] + ([self.act_out] if self.act_out else [])
+        self.extra_outputs = [] if self.float_out else [self.op_out] + ([self.act_out] if self.act_out else [])
         self.x_dtype, self.x_zp, self.k = np.dtype(p["x_dtype"]), p["x_zp"], p["k"]
         self.s_x = np.float64(p["x_scale"])
         self.act_lo, self.act_hi = p["act_lo"], p["act_hi"]
@@ -162,7 +178,7 @@ class BlockedStep:
         self.nb, self.b, self.n = nb, b, n
         self.w_exact = _exact_scaled_weight(p["w_int"], p["w_scale"], b, p["x_bound"])
         self.readers = []
-        for q in plans:
+        for q in ([] if self.float_out else plans):
             ys, yz = np.float32(q["y_scale"]), int(q["y_zp"])
             qmin, qmax = quant.int_range(q["y_dtype"])
             one = lambda v: int(quant.quantize(np.float32(v), ys, np.array(yz), q["y_dtype"]))
@@ -180,10 +196,13 @@ class BlockedStep:
             raise NPUError(f"node {self.node_name!r}: input shape {xq.shape} does not match "
                            f"reduction length {self.k}")
         rows = xq.size // self.k if self.k else 0
-        # one float64 matmul, exact in any order (_exact_scaled_weight); for a few rows (a decode
-        # step) the float32 blocks read half the weight bytes and are faster: the same numbers
+        # one float64 matmul, exact in any order (_exact_scaled_weight): the same numbers as the
+        # blocks, faster at every row count measured (EXACT_GEMM_ROWS)
         if self.w_exact is not None and rows >= EXACT_GEMM_ROWS:
-            t = np.matmul(xq.reshape(-1, self.k).astype(np.float64) - np.float64(self.x_zp), self.w_exact)
+            x = xq.reshape(-1, self.k).astype(np.float64)
+            if self.x_zp:
+                x -= np.float64(self.x_zp)  # exact
+            t = np.matmul(x, self.w_exact)
             t *= self.s_x
             return t.astype(np.float32).reshape(xq.shape[:-1] + (self.n,))
         x2 = xq.reshape(-1, self.k).astype(self.dt) - self.dt(self.x_zp)  # exact
@@ -204,6 +223,8 @@ class BlockedStep:
 
     def run(self, ins, threads, want_extra=False):
         v = self.value(ins[0])
+        if self.float_out:
+            return {self.outputs[0]: v}
         out = {}
         for name, ys, yz, lo, hi, dt in self.readers:
             r = np.rint(v / ys)  # float32 division, half to even
@@ -217,3 +238,17 @@ class BlockedStep:
                 hi = np.inf if self.act_hi is None else self.act_hi
                 out[self.act_out] = np.minimum(np.maximum(v, np.float32(lo)), np.float32(hi)).astype(np.float32)
         return out
+
+
+class BlockedFloatStep(BlockedStep):
+    """The blocked linear with a float output (export/SPEC.md §5a): the blocked group's ``v``
+    (float32, the same arithmetic: ``BlockedStep.value``) written as the MatMul's output tensor,
+    which every reader (float nodes, a bias Add, several readers, a graph output) then reads. No
+    quantizer is part of the step; its readers run as their own steps."""
+
+    kind = "blocked_float"
+
+
+def blocked_step(g, node, plans: list):
+    """The session's step for ``match``'s plans: BlockedFloatStep for a float output, else BlockedStep."""
+    return (BlockedFloatStep if plans[0].get("float_out") else BlockedStep)(g, node, plans)

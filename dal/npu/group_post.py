@@ -32,8 +32,8 @@ def group_step(g, node, plans: list, requantizer, threads):
     """FusedStep, FanOutStep (k readers) or PassThroughStep around either (module doc)."""
     from .integer_groups import FusedStep
     if plans[0].get("blocked"):  # blocked_groups.py
-        from .blocked_groups import BlockedStep
-        return BlockedStep(g, node, plans)
+        from .blocked_groups import blocked_step
+        return blocked_step(g, node, plans)
     post = plans[0].get("post")
     if post is not None:  # the group writes internal names, the pass-through the readers'
         plans = [dict(p, q_out=p["q_out"] + "\x00pre") for p in plans]

@@ -308,3 +308,57 @@ def test_decoder_step_needs_a_decoder_file(exported, tmp_path):
     onnx.save(proto, tmp_path / "plain.onnx")
     with pytest.raises(ExportError, match=r"plain\.onnx has no dal\.decoder"):
         decoder_step(p, tmp_path / "plain.onnx")
+
+
+def test_blocked_linears_with_a_float_output(exported):
+    """export/SPEC.md §5a's blocked linear with a float output. INT8 activations: every INT4 linear
+    but `up_proj` (a blocked integer group) is one: `q/k/v_proj` (read by Reshape), `gate_proj` (the
+    FP16 SiLU island), `o_proj` / `down_proj` (the float residual Add), in dal.npu's decode and
+    prefill files alike and in the integer model's layer forms (`lm_head`, int8 per channel in this
+    recipe, stays a float island); each one's float output in the decode file equals the SPEC
+    formula written with Python integers (tests/blocked_oracle.py) on the file's own codes.
+    FP8 activations: none (the form takes integer input codes)."""
+    import blocked_oracle
+    from dal.convert import convert
+    from dal.convert.blocked_linear import BLOCKED_FLOAT
+
+    kind, p, pre, dec, _ = exported
+    lin = [f"layers.{i}.{m}" for i in range(LAYERS)
+           for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.down_proj")]
+    node = {n: "/" + n.replace(".", "/").replace("layers/", "layers.") + "/MatMul" for n in lin}
+    for path in (pre, dec):
+        steps = dal.npu.load(path, threads=1).steps
+        floats = {s.node_name for s in steps if s.kind == "blocked_float"}
+        fused = {s.node_name for s in steps if s.kind == "fused"}
+        if kind == "fp8":
+            assert not floats and not fused
+            continue
+        assert floats == set(node.values()), floats
+        assert fused == {f"/layers.{i}/mlp/up_proj/MatMul" for i in range(LAYERS)}, fused
+    if kind == "fp8":
+        return
+    im = convert(decoder_step(p, dec))
+    g = torch.Generator().manual_seed(3)
+    feed = (torch.tensor([[5]]), torch.tensor([[L - 1]]), causal_mask(torch.ones(1, L, dtype=torch.bool), 1, True),
+            *_random_cache(kind, g))
+    with torch.no_grad():
+        im(*feed)
+    forms = {k.split("model.", 1)[-1]: f for k, f in im.layer_forms().items()}
+    assert {k for k, f in forms.items() if f == BLOCKED_FLOAT} == set(lin), forms
+    assert [f for k, f in forms.items() if k.endswith("lm_head")][0].startswith("float"), forms
+    proto = onnx.load(dec)
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    by_name = {n.name: n for n in proto.graph.node}
+    made = {o: n for n in proto.graph.node for o in n.output}
+    _, vals = dal.npu.load(dec, threads=1).run([t.numpy() for t in feed], return_intermediates=True)
+    for name in node.values():
+        mm = by_name[name]
+        xdq, wdq = made[mm.input[0]], made[mm.input[1]]
+        wq = inits[wdq.input[0]]
+        block = next(a.i for a in wdq.attribute if a.name == "block_size")
+        wz = inits[wdq.input[2]] if len(wdq.input) > 2 else np.zeros(inits[wdq.input[1]].shape, wq.dtype)
+        xq = vals[xdq.input[0]].reshape(-1, wq.shape[0])
+        want = blocked_oracle.block_values(xq, int(inits[xdq.input[2]]), wq, wz, inits[wdq.input[1]], block,
+                                           inits[xdq.input[1]])
+        np.testing.assert_array_equal(vals[mm.output[0]].reshape(want.shape), want, err_msg=name)

@@ -25,11 +25,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import graphs  # noqa: E402
-from fuzz_decoder import blocked_group_model, blocked_model, cache_model, decoder_edge, embed_model  # noqa: E402
+from fuzz_decoder import (blocked_float_model, blocked_group_model, blocked_model, cache_model,  # noqa: E402
+                          decoder_edge, embed_model)
 
 FEEDS = {"mixed_u8": (1, 4, 16, 16), "mixed_s8": (1, 4, 16, 16), "conv": (1, 8, 12, 12),
          "gemm": (5, 40), "grid": (1, 8, 9, 2), "scatter": (24, 5),
-         "blocked": (4, 32), "blocked_group": (4, 32), "cache": (1, 2, 1, 8), "embed": (3, 8)}
+         "blocked": (4, 32), "blocked_group": (4, 32), "blocked_float": (4, 32), "cache": (1, 2, 1, 8), "embed": (3, 8)}
 
 
 def grid_model(seed=4):
@@ -80,7 +81,8 @@ def base_models():
             "gemm": graphs.linear_model(seed=3, op="Gemm"),
             "grid": grid_model(),
             "scatter": scatter_model(),
-            "blocked": blocked_model(), "blocked_group": blocked_group_model(), "cache": cache_model(),
+            "blocked": blocked_model(), "blocked_group": blocked_group_model(), "blocked_float": blocked_float_model(),
+            "cache": cache_model(),
             "embed": embed_model()}
 
 
@@ -276,7 +278,7 @@ KINDS = {f.__name__: f for f in (truncate_initializer, wrong_element_type, shape
                                   bad_attribute, dangling_input, cyclic_input, bad_scale,
                                   bad_zero_point, junk_metadata, graph_input_shape, index_out_of_range,
                                   decoder_edge)}
-ONLY = {"decoder_edge": ("blocked", "blocked_group", "cache", "embed")}  # kinds that apply to some base models only
+ONLY = {"decoder_edge": ("blocked", "blocked_group", "blocked_float", "cache", "embed")}  # kinds that apply to some base models only
 
 
 def corpus(per_kind: int = 6, seed: int = 0):

@@ -1,6 +1,7 @@
-"""The decoder graphs' nodes for the structured fuzzer (fuzz_corpus.py, issue 43): three base models
-(a blocked INT4 weight MatMul, an int8 key cache concatenated with the new entry, an int8 embedding
-Gather) and ``decoder_edge``, the mutation kind that hits their own edges."""
+"""The decoder graphs' nodes for the structured fuzzer (fuzz_corpus.py, issue 43): base models (a
+blocked INT4 weight MatMul read by a quantizer, the blocked integer group with its options, the
+blocked linear with a float output, an int8 key cache concatenated with the new entry, an int8
+embedding Gather) and ``decoder_edge``, the mutation kind that hits their own edges."""
 from __future__ import annotations
 
 import ml_dtypes
@@ -61,6 +62,32 @@ def blocked_group_model(seed=9):
              mk("DequantizeLinear", ["y_q2", "s_y2", "z_y2"], ["out2"], name="y_dq2")]
     graph = helper.make_graph(nodes, "blocked_group", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
                               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("out", "out2")],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def blocked_float_model(seed=10):
+    """export/SPEC.md §5a's blocked linear with a float output: int8 input codes with a zero point,
+    DQ(int4 w [32, 8], axis 0, block_size 12: three blocks, the last of 8 channels, zero point
+    [3, 8]) -> MatMul, whose output is a graph output and is also read by a float Add (a constant
+    bias) that a QuantizeLinear then reads -> DQ."""
+    rng = np.random.default_rng(seed)
+    arr = [(np.float32(0.05), "s_x"), (np.int8(-7), "z_x"),
+           (rng.integers(-8, 8, (32, 8)).astype(ml_dtypes.int4), "w_codes"),
+           ((rng.random((3, 8)) * 0.05 + 0.01).astype(np.float32), "w_scale"),
+           (rng.integers(-3, 4, (3, 8)).astype(ml_dtypes.int4), "w_zp"),
+           (rng.standard_normal(8).astype(np.float32), "bias"), (np.float32(0.3), "s_y"), (np.int8(2), "z_y")]
+    inits = [numpy_helper.from_array(a, n) for a, n in arr]
+    mk = helper.make_node
+    nodes = [mk("QuantizeLinear", ["x", "s_x", "z_x"], ["x_q"], name="x_q"),
+             mk("DequantizeLinear", ["x_q", "s_x", "z_x"], ["x_f"], name="x_dq"),
+             mk("DequantizeLinear", ["w_codes", "w_scale", "w_zp"], ["w"], name="w_dq", axis=0, block_size=12),
+             mk("MatMul", ["x_f", "w"], ["y"], name="matmul"),
+             mk("Add", ["bias", "y"], ["y_b"], name="bias_add"),
+             mk("QuantizeLinear", ["y_b", "s_y", "z_y"], ["y_q"], name="y_q"),
+             mk("DequantizeLinear", ["y_q", "s_y", "z_y"], ["out"], name="y_dq")]
+    graph = helper.make_graph(nodes, "blocked_float", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("y", "out")],
                               inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 

@@ -93,9 +93,9 @@ CASES = [  # x dtype, x zero point, weight dtype, K, N, block
 @pytest.mark.parametrize("rows,spread", [(4, False), (12, False), (12, True)])
 @pytest.mark.parametrize("x_dt,zx,w_dt,k,n,block", CASES)
 def test_codes_equal_the_spec_formula(x_dt, zx, w_dt, k, n, block, rows, spread, npu_lib):
-    """Both ways dal.npu computes ``t``: float32 blocks (4 rows; or 12 rows with one block's scales
-    2^-30 of the others, where one float64 matmul would not be exact in every order) and one
-    float64 matmul with the pre-scaled weight (12 rows, trained-like scales)."""
+    """Both ways dal.npu computes ``t``: float32 blocks (one block's scales 2^-30 of the others,
+    where one float64 matmul would not be exact in every order) and one float64 matmul with the
+    pre-scaled weight (trained-like scales), on 4 and 12 rows."""
     rng = np.random.default_rng(k * 7 + n)
     wq, ws, wz = _weights(rng, k, n, block, w_dt)
     if spread:
@@ -178,7 +178,9 @@ def test_onnxruntime_within_one_lsb(npu_lib):
 @pytest.mark.parametrize("what", ["bias", "uint16_x", "blocked_along_n"])
 def test_other_forms_stay_float_islands(what, npu_lib):
     """A bias Add, 16-bit input codes, blocks along the output channels: not a blocked group
-    (§5a), so the node-by-node float path runs them, as onnxruntime does."""
+    (§5a). The last two are float islands; with the bias Add the MatMul is the blocked linear with
+    a float output (tests/npu/test_blocked_float.py) and the Add a float node: here equal to
+    onnxruntime on every code."""
     rng = np.random.default_rng(3)
     k, n, block = 64, 4, 32
     wq, ws, wz = _weights(rng, k, n, block, ml_dtypes.int4)
@@ -194,6 +196,7 @@ def test_other_forms_stay_float_islands(what, npu_lib):
     m = _model(x_dt, zx, np.float32(0.01), wq, ws, wz, block, [(np.float32(0.05), 0, np.int8)], bias=bias, axis=axis)
     s, kinds = _steps(m)
     assert "BlockedStep" not in kinds
+    assert ("BlockedFloatStep" in kinds) == (what == "bias")
     np.testing.assert_array_equal(s.run({"xq": xq})[0], run_ort(m, {"xq": xq})[0])
 
 
