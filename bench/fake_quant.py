@@ -12,7 +12,9 @@ so they are not ONNX-exact) and a torch FP8 cast round trip. dal is timed twice:
 quantizer's whole step (observer, scale, fake quantization: dal.formats.track) and the BN-folded
 weight of QConvBn2d training (dal.formats.fold), each against the torch path it replaces.
 
-    python bench/fake_quant.py [repetitions]        # default 15
+    python bench/fake_quant.py [repetitions] [--only SUBSTRING]   # default 15
+
+``--only`` keeps the variants whose name contains SUBSTRING (and the floor), e.g. ``--only lsq``.
 
 Then dal.kernels' registered ops (``op ...``) eagerly and under ``torch.compile`` (``op compiled
 ...``, inductor), each forward + backward, with the floor compiled too (``op compiled floor x*c``).
@@ -60,6 +62,9 @@ def variants(x: torch.Tensor) -> dict:
                 fake_quantize(t, f, s, z, g, check=False)
             v[f"dal eager {gname} {fmt.name}"] = lambda t, f=fmt, g=gran, s=s, z=z: \
                 FakeQuantizeFunction.apply(t, s, z, f, g, f.qmin, f.qmax, 1.0)
+    s_l = torch.full((C,), amax / 7).requires_grad_()  # the eager LSQ route FakeQuantizer took before dal::fake_quantize_lsq
+    v["dal eager lsq per_channel int4 (+ d/ds), FakeQuantizeFunction"] = lambda t: \
+        FakeQuantizeFunction.apply(t, s_l, torch.zeros(C), INT4, per_channel(1), INT4.qmin, INT4.qmax, 1e-3)
     return v
 
 
@@ -117,6 +122,13 @@ def op_variants(x: torch.Tensor) -> dict:
     s_l = torch.full((C,), amax / 7).requires_grad_()
     fns["fake_quantize_lsq per_channel int4 (+ d/ds)"] = lambda t: \
         kernels.fake_quantize_lsq(t, s_l, None, INT4, per_channel(1), grad_scale=1e-3)
+    s_t = torch.tensor(amax / 127).requires_grad_()
+    z_t = torch.tensor(0.3).requires_grad_()
+    fns["fake_quantize_lsq per_tensor uint8 (+ d/ds, d/dzp: LSQ+)"] = lambda t: \
+        kernels.fake_quantize_lsq(t, s_t, z_t, "uint8", PER_TENSOR, grad_scale=1e-3)
+    s_f = torch.full((C,), amax / 448).requires_grad_()
+    fns["fake_quantize_lsq per_channel fp8_e4m3 (+ d/ds)"] = lambda t: \
+        kernels.fake_quantize_lsq(t, s_f, None, FP8_E4M3, per_channel(1), grad_scale=1e-3)
     fns["fp_round_trip fp16"] = lambda t: kernels.fp_round_trip(t, torch.float16)
     fns["fp_round_trip bf16"] = lambda t: kernels.fp_round_trip(t, torch.bfloat16)
     q = FakeQuantizer("uint8", symmetric=False, observer="moving_average").train()
@@ -131,12 +143,14 @@ def op_variants(x: torch.Tensor) -> dict:
     return v
 
 
-def main(reps: int = 15) -> dict:
+def main(reps: int = 15, only: str | None = None) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     x = torch.randn(SHAPE).requires_grad_()
     ones = torch.ones(SHAPE)
     fns = {**variants(x), **qat_variants(x), **op_variants(x)}
+    if only:
+        fns = {k: f for k, f in fns.items() if only in k or "floor" in k}
     times = {k: [] for k in fns}
     for rep in range(reps + 1):  # the first round warms up (kernel build, allocator) and is dropped
         for name, fn in fns.items():
@@ -165,7 +179,8 @@ def main(reps: int = 15) -> dict:
         elif name.startswith("op ") and "floor" not in name:
             mark = f"  target <= {OP_TARGET}: {'ok' if ratios[name] <= OP_TARGET else 'MISSED'}"
         print(f"{name:78s} {t * 1e3:8.2f} {ratios[name]:8.2f}{mark}")
-    per_call()
+    if not only:
+        per_call()
     return ratios
 
 
@@ -189,4 +204,8 @@ def per_call(reps: int = 400) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 15)
+    args = sys.argv[1:]
+    only = args[args.index("--only") + 1] if "--only" in args else None
+    if "--only" in args:
+        del args[args.index("--only"):args.index("--only") + 2]
+    main(int(args[0]) if args else 15, only)
