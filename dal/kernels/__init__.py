@@ -23,7 +23,8 @@ not, so a compiled step gives the eager step's bits.
 Ops: :mod:`.fake_quant` (``dal::fake_quantize``, its backward ``dal::mask_grad``), :mod:`.observer_update` (``dal::observe_minmax_``),
 :mod:`.qparams` (``dal::minmax_qparams``), :mod:`.cast` (``dal::fp_round_trip``), :mod:`.fold_factor`
 (``dal::fold_factor``, QConvBn2d's BN fold factor), :mod:`.lsq` (``dal::fake_quantize_lsq``, a learnable
-scale and zero point: LSQ / LSQ+), :mod:`.observe_fake_quant` (``dal::observe_fake_quantize_``, a min-max
+scale and zero point: LSQ / LSQ+, its backward ``dal::fake_quantize_lsq_backward``; CPU backward kernel
+:mod:`.lsq_kernel`), :mod:`.observe_fake_quant` (``dal::observe_fake_quantize_``, a min-max
 quantizer's QAT step: observer update, scale, fake quantization in one op; its mutation of the
 buffers is declared, its gradient carried by an autograd.Function, since torch registers none on a
 mutating op).
