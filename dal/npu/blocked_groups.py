@@ -37,11 +37,13 @@ from . import quant
 from .group_chain import is_dq, plan_output_chain
 
 _X = {np.dtype(np.int8), np.dtype(np.uint8)} | quant.INT4
-#: from this many input rows on, ``value`` takes the one-matmul path when it is exact: from one row,
-#: measured (one thread, numpy float64 on OpenBLAS, the tiny Llama's shapes K 256 / 768, N 128-768):
-#: the pre-scaled float64 matmul took 8-30 us at M = 1 and 160-820 us at M = 128, the float32 blocks
-#: with their float64 combination 19-46 us and 230-1350 us
-EXACT_GEMM_ROWS = 1
+#: from this many input rows on, ``value`` takes the one-matmul path when it is exact. Measured (one
+#: thread, numpy float64 on OpenBLAS, the tiny Llama's shapes K 256 / 768, N 128-768): alone, the
+#: pre-scaled float64 matmul is faster at every M (8-30 us at M = 1, 160-820 us at M = 128; the
+#: float32 blocks 19-46 us and 230-1350 us); in a whole decode step interleaved with other engines
+#: (bench/llm_npu.py: the weights leave the cache between runs) the float32 blocks, which read half
+#: the weight bytes, made the step 4% faster (11.4-11.7 against 12.1 CPU ms)
+EXACT_GEMM_ROWS = 8
 _W = _X
 
 
@@ -197,7 +199,7 @@ class BlockedStep:
                            f"reduction length {self.k}")
         rows = xq.size // self.k if self.k else 0
         # one float64 matmul, exact in any order (_exact_scaled_weight): the same numbers as the
-        # blocks, faster at every row count measured (EXACT_GEMM_ROWS)
+        # blocks; for a few rows (a decode step) the float32 blocks are faster (EXACT_GEMM_ROWS)
         if self.w_exact is not None and rows >= EXACT_GEMM_ROWS:
             x = xq.reshape(-1, self.k).astype(np.float64)
             if self.x_zp:
