@@ -257,13 +257,15 @@ def main(reps: int = 15, layers=None) -> str:
 NOTES = """
 Where it goes, and why the targets are missed:
 
-- linears: 25 of the 29 linears of a step are float islands (``layer_forms()``: q, k, v read by the
-  head-split view, o and down by the residual add, gate by the FP16 SiLU island, lm_head a graph
-  output; only up_proj is an integer group), so export/SPEC.md §5a has them sum float64 products in
-  numpy's order (dal/convert/matmul_f64.py): the float64 matmul itself, plus per call the
-  activation's float64 copy and numpy round trip. In prefill (128 tokens) those float64 matmuls are
-  most of the step, against transformers' float32 ones (twice the SIMD width), so prefill >= 0.5x
-  needs those linears off float64, not less overhead.
+- linears: 24 of the 29 linears of a step are export/SPEC.md §5a's blocked linears with a float
+  output (``layer_forms()``: q, k, v read by the head-split view, o and down by the residual add,
+  gate by the FP16 SiLU island) and the 4 up_proj are blocked integer groups: both compute the
+  exact block sums, here as one float64 torch matmul of the input codes with the pre-scaled weight
+  (dal/convert/blocked_linear.py ``exact_scaled_weight``; no numpy round trip). Only lm_head (int8
+  per channel, a graph output) is a float island summed in numpy's order (matmul_f64.py). In
+  prefill (128 tokens) the float64 matmuls are still most of the linears' time, against
+  transformers' float32 ones (twice the SIMD width): the exact arithmetic needs float64 (or float32
+  blocks combined in float64, measured slower here).
 - quantizers: about 100 Q/DQ calls per step, the C++ kernel each (a few microseconds of Python per
   call left).
 - rest: transformers' layer code (reshapes, rotary, residual adds, cache concatenation), the decode
@@ -273,7 +275,8 @@ Where it goes, and why the targets are missed:
   measurement, load ~10). Turning the dispatch off inside the float-island linears as well
   (IntegerLayer._float) bought nothing measurable and is not kept.
 - what paid (the before / after columns): the float-island weight converted to float64 once per
-  layer instead of per call (matmul_f64.py weight_kn) and the quantizers outside the
+  layer instead of per call (matmul_f64.py weight_kn; since the blocked linears with a float
+  output, only lm_head is such an island, so this column moves little now) and the quantizers outside the
   torch-function dispatch (quant_calls.py). Tried and not kept: building NPUFloatOps' function table
   once per opset (3.7 us per forward, not measurable).
 """

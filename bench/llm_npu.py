@@ -64,18 +64,23 @@ KV_RULE = {"type": "kv_cache", "input": {"format": "int8", "granularity": "per_t
 NOTES = """
 ## What the profile shows (export/SPEC.md §5a as dal.npu runs these graphs)
 
-- Integer groups: the MLP's `up_proj` of every layer (its output goes straight to its quantizer) is
-  §5a's blocked integer group ("fused" steps: dal/npu/blocked_groups.py): exact per-block
-  accumulators of the int8 x int4 codes, combined in float64 in ascending block order. The other
-  linears are float islands by the SPEC, not by a gap in dal.npu: `q/k/v_proj` feed Reshape,
-  `gate_proj` the FP16 SiLU island, `o_proj` / `down_proj` the float residual Add, and `lm_head` is
-  a graph output. Their weight's DequantizeLinear runs once at load (constant_steps.py) and its
-  float64 copy is made once too (const_matmul.py), so each is one float64 numpy matmul per run.
-- decode (one token): ~480 small node steps (QuantizeLinear, DequantizeLinear, Cast, shape ops)
+- Linears: the MLP's `up_proj` of every layer (its output goes straight to its quantizer) is
+  §5a's blocked integer group ("fused" steps: dal/npu/blocked_groups.py); `q/k/v_proj` (read by
+  Reshape), `gate_proj` (the FP16 SiLU island) and `o_proj` / `down_proj` (the float residual Add)
+  are §5a's blocked linears with a float output ("blocked_float" steps): the same exact per-block
+  arithmetic on the int8 x int4 codes, the float32 `v` handed to the float readers. Both are one
+  float64 numpy matmul of the codes with the pre-scaled weight (exact for these scales, §5a). Only
+  `lm_head` (int8 per-channel weights in this recipe, a graph output) is a float island: its
+  weight's DequantizeLinear runs once at load (constant_steps.py), its float64 copy is made once
+  (const_matmul.py), one float64 numpy matmul per run.
+- decode (one token): ~430 small node steps (QuantizeLinear, DequantizeLinear, Cast, shape ops)
   take most of the time, each a few microseconds of Python and numpy call overhead on [1, 1, 256]
-  tensors; the MatMuls (attention over the cache included) are about a quarter.
-- prefill (128 tokens): the float64 MatMuls dominate; the blocked groups cost about what a float
-  island does (one exact float64 matmul against the pre-scaled weight, §5a).
+  tensors; the MatMuls (attention over the cache included) are about a quarter. At one row the
+  linears take the float32 blocks (dal/npu/blocked_groups.py EXACT_GEMM_ROWS: half the weight
+  bytes of the float64 path).
+- prefill (128 tokens): the MatMuls are about two thirds: the linears' exact float64 matmuls
+  (§5a's arithmetic needs float64, or float32 blocks combined in float64; onnxruntime multiplies
+  float32) and the attention products.
 - OpenBLAS: numpy's float64 matmul runs on OpenBLAS, whose own thread pool ignores dal.npu's
   ``threads=1``; the bench pins it (OPENBLAS_NUM_THREADS=1). A user of dal.npu.load(threads=1) on a
   busy machine without the pin meets a slower, more variable figure.
@@ -265,8 +270,9 @@ def profile_lines(say, e: "Engines", ratios: dict) -> None:
             f"sum of its profiled steps: {sum(r['ms'] for r in rows):.3f} ms (the rest: per-run and per-step "
             "overhead outside the steps, or caches the interleaved peers evicted)")
         say()
-        say(f"steps by kind: {dict(kinds)} (\"fused\" = an integer group: here the blocked up_proj linears; the "
-            f"other linears are float-island MatMul steps on weights dequantized at load); DequantizeLinear nodes of constant "
+        say(f"steps by kind: {dict(kinds)} (\"fused\" = an integer group: here the blocked up_proj linears; "
+            f"\"blocked_float\" = a blocked linear with a float output, export/SPEC.md §5a: q/k/v, gate, o, down; "
+            f"lm_head a float-island MatMul on its weight dequantized at load); DequantizeLinear nodes of constant "
             f"weights: {len(const)} in the file, {sum(r['node'] in const for r in rows)} still run per step "
             f"(dal.npu computes constant steps once at load: dal/npu/constant_steps.py), {wdq:.3f} ms = "
             f"{wdq / total:.0%} of the profiled {total:.3f} ms")
@@ -332,12 +338,33 @@ def main(reps: int = 15, layers: int | None = None, write: bool = True, example_
                       f" (peer: {peer_note[ph].split(' -')[1]} off)" for ph in ("decode", "prefill")))
         profile_lines(say, e, ratios)
     text = "\n".join(lines) + "\n" + NOTES
-    import llm_int_profile  # its section of the results file (bench/llm_int_profile.py) is kept
-    kept = llm_int_profile.kept_section(os.path.join(HERE, "results", "llm_npu.md"))
-    text += ("\n" + kept) if kept else ""
     if write:
-        write_result("llm_npu.md", text)
+        path = os.path.join(HERE, "results", "llm_npu.md")
+        old = open(path).read() if os.path.exists(path) else ""
+        write_result("llm_npu.md", merged(old, text))
     return text
+
+
+#: the results file's generated part lies between these lines; everything outside them (dated
+#: sections written by hand, bench/llm_int_profile.py's section) is kept on every run
+BEGIN = "<!-- bench/llm_npu.py writes from here to its end marker on every run; the rest of the file is kept -->"
+END = "<!-- end of bench/llm_npu.py's part -->"
+
+
+def merged(old: str, generated: str) -> str:
+    """The results file with ``generated`` between :data:`BEGIN` and :data:`END`, the rest of ``old``
+    kept. ``old`` without the markers (written before them): its generated part is its start, up to
+    the first ``## `` heading that is not this bench's own (NOTES'); from that heading on it is kept."""
+    part = BEGIN + "\n" + generated.rstrip("\n") + "\n" + END + "\n"
+    i, j = old.find(BEGIN), old.find(END)
+    if i >= 0 and j > i:
+        tail = old[j + len(END):].lstrip("\n")
+        return old[:i] + part + ("\n" + tail if tail else "")
+    own = {ln for ln in generated.splitlines() if ln.startswith("## ")}
+    starts = [0] if old.startswith("## ") else []
+    starts += [m + 1 for m in range(len(old)) if old.startswith("\n## ", m)]
+    k = next((m for m in starts if old[m:].split("\n", 1)[0] not in own), -1)
+    return part if k < 0 else part + "\n" + old[k:]
 
 
 if __name__ == "__main__":

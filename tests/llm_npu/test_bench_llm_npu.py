@@ -36,3 +36,20 @@ def test_bench_runs_one_layer(tmp_path):
     assert e.kv.get_seq_length() == 8
     assert llm_npu.by_op([{"op": "MatMul", "ms": 3.0}, {"op": "MatMul", "ms": 1.0}, {"op": "Add", "ms": 4.0}]) == \
         [("MatMul", 2, 4.0, 0.5), ("Add", 1, 4.0, 0.5)]
+
+
+def test_results_file_keeps_what_the_bench_did_not_write():
+    """bench/llm_npu.py rewrites only its own part of bench/results/llm_npu.md: a file from before the
+    markers keeps everything from its first heading that is not the bench's own; a marked file keeps
+    what lies before and after the markers, run after run."""
+    gen = "# Title\n\ntable 1\n" + llm_npu.NOTES
+    legacy = "# Title\n\nold table\n\n## Hand notes\n\nkeep me\n\n## 2026-12-05: dated\n\nkeep me too\n"
+    once = llm_npu.merged(legacy, gen)
+    assert "old table" not in once and "table 1" in once
+    assert once.endswith("## Hand notes\n\nkeep me\n\n## 2026-12-05: dated\n\nkeep me too\n")
+    assert once.startswith(llm_npu.BEGIN) and once.count(llm_npu.END) == 1
+    edited = "intro by hand\n" + once + "\n## 2026-12-06: appended\n\nnew\n"
+    twice = llm_npu.merged(edited, gen.replace("table 1", "table 2"))
+    assert twice == edited.replace("table 1", "table 2")
+    # the bench's own NOTES heading in a legacy file is not kept twice
+    assert llm_npu.merged(gen, gen).count(llm_npu.NOTES.strip().splitlines()[0]) == 1
