@@ -102,14 +102,14 @@ Sums bwd_span(const float* g, const float* x, float* dx, int64_t begin, int64_t 
             c = _mm256_min_ps(vhi, _mm256_max_ps(vlo, r));
             keep = _mm256_cmp_ps(c, r, _CMP_EQ_OQ);
         } else {
-            __m256 t = _mm256_blendv_ps(v, vlo, _mm256_cmp_ps(v, vlo, _CMP_LT_OQ));
-            t = _mm256_blendv_ps(t, vhi, _mm256_cmp_ps(t, vhi, _CMP_GT_OQ));
+            // clamp by max_ps / min_ps (second operand returned for a NaN: v kept unless strictly outside)
+            __m256 t = _mm256_min_ps(vhi, _mm256_max_ps(vlo, v));
             __m256i e = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(t), 23), vff);
             __m256i eq = _mm256_sub_epi32(_mm256_max_epi32(e, vemin), vmant);
             __m256 q = _mm256_castsi256_ps(_mm256_slli_epi32(eq, 23));
             __m256 inv_q = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(v254, eq), 23));
             c = _mm256_mul_ps(_mm256_round_ps(_mm256_mul_ps(t, inv_q), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), q);
-            c = _mm256_blendv_ps(c, t, _mm256_cmp_ps(t, t, _CMP_UNORD_Q));  // NaN stays NaN
+            // a NaN t stays NaN through the scaling and rounding above (its payload is of no use here)
             keep = _mm256_cmp_ps(_mm256_andnot_ps(sign, v), vhi, _CMP_LE_OQ);
         }
         if (dx) _mm256_storeu_ps(dx + i, _mm256_mul_ps(vg, _mm256_and_ps(keep, one)));
