@@ -93,10 +93,10 @@ class BlockedWeights(torch.nn.Module):
     def value(self, xi: torch.Tensor, s_x: float) -> torch.Tensor:
         """``v`` (float32, ``xi.shape[:-1] + (N,)``) for ``xi = x_q - zp_x`` (integers)."""
         lead = xi.shape[:-1]
-        if self.w_exact is not None:  # one float64 matmul, exact in any order (exact_scaled_weight)
-            w = self.w_exact.to(xi.device)
-            t = torch.matmul(xi.double().reshape(-1, w.shape[0]), w)
-            return (t * torch.tensor(s_x, dtype=torch.float64, device=t.device)).float().reshape(*lead, self.n)
+        w = self.w_exact
+        if w is not None:  # one float64 matmul, exact in any order (exact_scaled_weight)
+            t = torch.matmul(xi.double().reshape(-1, w.shape[0]), w.to(xi.device))
+            return t.mul_(s_x).float().reshape(*lead, self.n)  # s_x a Python float: float64 product
         x = xi.double().reshape(-1, self.nb, self.block).transpose(0, 1)  # [nb, M, B]
         acc = torch.bmm(x, self.w.to(x.device))  # [nb, M, N], exact
         s = self.s_w.to(x.device)

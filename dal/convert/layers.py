@@ -214,7 +214,9 @@ class IntegerLayer(WrapsModule):
         # x_q - zp_x directly: clamp(round(x / s_x), qmin - zp, qmax - zp) is ONNX Q minus the
         # zero point (float32 division, half-even rounding); NaN has no code: refused
         lo, hi = self.in_fmt.qmin - self.zp_x, self.in_fmt.qmax - self.zp_x
-        s_x = torch.tensor(self.s_x, dtype=torch.float32, device=x.device)
+        s_x = self.__dict__.get("_s_x32")  # made once per device (a plain attribute: no module lookup)
+        if s_x is None or s_x.device != x.device:
+            s_x = self.__dict__["_s_x32"] = torch.tensor(self.s_x, dtype=torch.float32, device=x.device)
         xi = torch.round(x.float() / s_x)
         if bool(torch.isnan(xi).any()):
             raise ConvertError(f"{self.path}: its input holds {int(torch.isnan(xi).sum())} NaN; the NPU's "
