@@ -1,7 +1,7 @@
 """IntegerLayer: one Conv / Linear QAT layer as the NPU computes it.
 
 Built from the trained QAT module (its quantizers' scales and zero points, the BN-folded and
-2:4-masked weight, the bias codes), never from an ONNX file. Two forms, chosen per call by the
+2:4-masked weight, the bias codes), never from an ONNX file. Three forms, chosen per call by the
 probe (probe.py) exactly where the NPU reference chooses between its integer group and its
 float path (dal/npu/README.md, "Numeric contract"):
 
@@ -15,6 +15,10 @@ float path (dal/npu/README.md, "Numeric contract"):
   Several readers (fan-out): with the float requantizer each quantizes ``v`` itself, which is
   its own requantizer; with the fixed-point one every reader's value is computed here and each
   reader takes its own (``fan_values``; through a max pool / interpolate: float_ops.py).
+* **blocked linear with a float output** (SPEC.md §5a): a Linear with a per-group weight whose
+  output is read by anything but quantizers (a float op, a graph output, its float bias Add on
+  rank > 2 inputs) returns the blocked group's exact ``v`` (blocked_linear.py), then the float32
+  bias, activation and output quantizer as the file's float nodes compute them.
 * **float** (SPEC.md, float islands): ``float32(float64 conv/matmul of the dequantized input and
   weight)`` then the float32 bias, activation and output quantizer.
 

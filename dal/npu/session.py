@@ -342,7 +342,7 @@ class Session:
     def profile(self, inputs, *, repeat: int = 5) -> list[dict]:
         """Where the time goes: each step's median wall time over ``repeat`` runs of ``inputs``,
         slowest first, as dicts {node, op, kind ("fused" integer group, "codes" table/pool
-        group, "node"), ms, share (of the sum)}. The steps run exactly as in ``run``."""
+        group, "blocked_float" blocked linear with a float output, "node"), ms, share (of the sum)}. The steps run exactly as in ``run``."""
         plan = self._fetch_plan(False)
         times = [[] for _ in plan]
         with gc_paused():  # as in run
