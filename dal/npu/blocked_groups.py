@@ -23,11 +23,15 @@ case: _exact_scaled_weight), ``t`` is one float64 matmul of the codes with the p
 Otherwise the blocks: their sums are exact in float32 arithmetic when every partial sum is an integer below 2^24
 (``B * max|x_q - zp_x| * max|w_q - zp_w| < 2^24``, e.g. 8-bit inputs and 4-bit weights, at most
 255 x 15, for B up to 4386): one batched float32 matmul of the codes (numpy, any summation order), else float64
-(exact below 2^53). Not matched, and left to the float path (a float island): Gemm, a bias
-(an Add after the MatMul, or a float bias), 16-bit input codes, an integer (fixed-point /
-power-of-two) requantizer, a declared accumulator narrower than 32 bits, a block sum that
-could leave 2^29, a pass-through MaxPool / Resize, float16 scales, a scale that is not finite
-and positive.
+(exact below 2^53). Not matched, and left to the float path (a float island): Gemm, 16-bit
+input codes, an integer (fixed-point / power-of-two) requantizer, a declared accumulator narrower
+than 32 bits, a block sum that could leave 2^29, float16 scales, a scale that is not finite and
+positive.
+
+The blocked linear with a float output (SPEC §5a): the same input side, the MatMul's output read
+by anything but the chain above (a float node, a bias Add, several readers of any kind, a graph
+output). ``BlockedFloatStep`` computes the same ``v`` (``BlockedStep.value``) and writes it as the
+MatMul's output tensor; its readers run as their own steps.
 """
 from __future__ import annotations
 
