@@ -1,5 +1,8 @@
 """export/SPEC.md §5a's blocked integer group written out from the SPEC text, for the tests of
 both integer engines (tests/npu/test_blocked_groups.py, tests/convert/test_convert_blocked_linear.py).
+``block_values`` without ``codes`` is the blocked linear with a float output: its ``v`` is the
+MatMul's output tensor (tests/npu/test_blocked_float.py, tests/convert/test_convert_blocked_float.py,
+tests/llm_npu/test_decoder_graphs.py).
 
 Python integers for the block sums, Python floats (IEEE float64) for the block combination in
 ascending block order, then numpy float32 for the last rounding and ONNX QuantizeLinear's float32
