@@ -1,0 +1,271 @@
+"""House rule: a private member is reached only by its owner, read from the AST of every file in dal/.
+
+Flagged, each as ``file:line: expression``:
+
+- ``x._name`` (one leading underscore, not a dunder) where ``x`` is not ``self``, ``cls`` or
+  ``super()``, and ``_name`` is an attribute dal itself defines (``<obj>._name = ...``,
+  ``setattr(<obj>, "_name", ...)``, a ``_name`` method or class attribute of a dal class), unless
+  the same file defines it: a module may reach its own classes' privates;
+- ``x._name`` where ``_name`` is a private member of ``torch.nn.Module`` (its subclasses in
+  ``torch.nn``) or ``torch.Tensor``, unless ``TORCH_INTERNALS`` allows that name in that file
+  (members with no public equivalent, each with its reason);
+- ``x.__dict__`` and ``vars(x)`` for any ``x`` but ``self`` / ``cls``: reading or writing another
+  object's attribute table behind its back.
+
+Attributes of an imported module (``torch._C``, ``nn.modules.batchnorm._BatchNorm``) are another
+library's business and not flagged, unless the name is a dal-defined private (an imported dal
+class's private member is still its own).
+"""
+import ast
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import dal
+
+ROOT = Path(dal.__file__).parent
+SELF_NAMES = ("self", "cls")
+
+#: torch internals with no public equivalent: name -> (why, the files that may reach it).
+TORCH_INTERNALS = {
+}
+
+#: owned by another change in flight; the lead fixes these after the merge.
+#: (file, expression) pairs, expression as ``ast.unparse`` writes it.
+PENDING = {
+    ('dal/convert/float_layers.py', 'mod._conv_forward'),
+    ('dal/convert/float_layers.py', 'self.layer._parameters'),
+    ('dal/convert/matmul_f64.py', 'owner.__dict__'),
+    ('dal/convert/matmul_f64.py', 'w_nk._version'),
+    ('dal/prepare/call_sites.py', 'module.__dict__'),
+    ('dal/quantizer_ops.py', 'o._buffers'),
+    ('dal/quantizer_ops.py', 'q._cast'),
+    ('dal/quantizer_ops.py', 'q._fake_quant'),
+    ('dal/quantizer_ops.py', 'q._tracking'),
+    ('dal/sparsity/controller.py', 'mod.__dict__'),
+    ('dal/sparsity/controller.py', 'mod._buffers'),
+    ('dal/sparsity/controller.py', 'mod.weight._version'),
+    ('dal/sparsity/controller.py', 'model.__dict__'),
+    ('dal/sparsity/controller.py', 'model.get_submodule(n)._buffers'),
+    ('dal/sparsity/controller.py', 'module.weight._version'),
+    ('dal/sparsity/controller.py', 'old.__dict__'),
+    ('dal/sparsity/controller.py', 'root.__dict__'),
+    ('dal/sparsity/controller.py', 'w._version'),
+    ('dal/sparsity/prepare.py', 'model.__dict__'),
+}
+
+#: TEMPORARY while this change fixes them, file by file; empty when it lands.
+TODO = {
+    ('dal/analysis/fallback.py', 'mod.__dict__'),
+    ('dal/analysis/fallback.py', 'mod._modules'),
+    ('dal/analysis/fallback.py', 'mods[name]._modules'),
+    ('dal/calibration/easyquant.py', 'obs._buffers'),
+    ('dal/calibration/methods.py', 'method_obs._range'),
+    ('dal/convert/forms.py', 'mod.__dict__'),
+    ('dal/convert/probe.py', 'mod.__dict__'),
+    ('dal/convert/quant_calls.py', 'kept[1]._version'),
+    ('dal/convert/quant_calls.py', 'self.scale._version'),
+    ('dal/convert/quant_calls.py', 'self.zero_point._version'),
+    ('dal/convert/quant_calls.py', 'x._version'),
+    ('dal/convert/quant_calls.py', 'y._version'),
+    ('dal/convert/wrapped.py', 'inner.__dict__'),
+    ('dal/export/trace.py', 'model.__dict__'),
+    ('dal/lightning/callback.py', 'self.network(pl_module).__dict__'),
+    ('dal/nn/adopt.py', 'mod.__dict__'),
+    ('dal/nn/adopt.py', 'new.__dict__'),
+    ('dal/nn/conv_frozen_bn.py', 'conv.__dict__'),
+    ('dal/nn/fast_path.py', 'mod._forward_pre_hooks'),
+    ('dal/nn/frozen_bn.py', 'm._buffers'),
+    ('dal/nn/frozen_bn.py', 'twin._buffers'),
+    ('dal/nn/norm.py', 'new._modules'),
+    ('dal/nn/norm_act.py', 'bn._buffers'),
+    ('dal/nn/norm_act.py', 'bn._parameters'),
+    ('dal/nn/norm_act.py', 'm._buffers'),
+    ('dal/nn/norm_act.py', 'm._modules'),
+    ('dal/nn/norm_act.py', 'm._parameters'),
+    ('dal/nn/own_forward.py', 'm.__dict__'),
+    ('dal/nn/own_forward.py', 'mod.__dict__'),
+    ('dal/nn/own_forward.py', 'module.__dict__'),
+    ('dal/nn/own_forward.py', 'self._flag_owner.__dict__'),
+    ('dal/nn/registry.py', 'mod.__dict__'),
+    ('dal/nn/tree.py', 'parent._modules'),
+    ('dal/npu/accumulator.py', 's._acc'),
+    ('dal/npu/accumulator.py', 's._extra'),
+    ('dal/npu/accumulator.py', 's._unrows'),
+    ('dal/npu/conv_call.py', 'step.__dict__'),
+    ('dal/observers/distributed.py', 'm._parameters'),
+    ('dal/prepare/apply.py', 'gm.__dict__'),
+    ('dal/prepare/apply.py', 'mod.__dict__'),
+    ('dal/prepare/apply.py', 'nn.Module().__dict__'),
+    ('dal/prepare/fp16_island.py', 'new.__dict__'),
+    ('dal/prepare/fp16_island.py', 'q._forward_hooks'),
+    ('dal/prepare/fp16_island.py', 'q._forward_pre_hooks'),
+    ('dal/prepare/functional_ops.py', 'res.__dict__'),
+    ('dal/prepare/handle.py', 'model.__dict__'),
+    ('dal/ptq/column_grid.py', 'obs.__dict__'),
+    ('dal/ptq/column_grid.py', 'obs._buffers'),
+    ('dal/ptq/column_grid.py', 'obs._modules'),
+    ('dal/ptq/column_grid.py', 'type(obs)._lazy_names'),
+    ('dal/ptq/column_grid.py', 'wq.observer._buffers'),
+    ('dal/ptq/layers.py', 'mod._conv_forward'),
+    ('dal/ptq/layers.py', 'mod._fold_factor'),
+    ('dal/recipe/check.py', 'recipe._hardware_or'),
+    ('dal/replace/activation_probe.py', 'module._buffers'),
+    ('dal/replace/activation_probe.py', 'module._modules'),
+    ('dal/replace/activation_probe.py', 'module._parameters'),
+    ('dal/replace/attention.py', 'new._modules'),
+    ('dal/replace/hf_attention.py', 'module.__dict__'),
+    ('dal/replace/hf_attention.py', 'module._modules'),
+    ('dal/replace/hf_attention.py', 'new.__dict__'),
+    ('dal/replace/hf_attention.py', 'new._modules'),
+    ('dal/replace/rmsnorm.py', 'module._buffers'),
+    ('dal/replace/rmsnorm.py', 'module._modules'),
+    ('dal/replace/rmsnorm.py', 'new.__dict__'),
+    ('dal/replace/rmsnorm.py', 'vars(module)'),
+    ('dal/replace/sdpa.py', 'holder.__dict__'),
+    ('dal/replace/sdpa.py', 'holder._modules'),
+    ('dal/replace/sdpa.py', 'mod.__dict__'),
+    ('dal/replace/sdpa.py', 'mod._buffers'),
+    ('dal/replace/sdpa.py', 'mod._modules'),
+    ('dal/replace/sdpa.py', 'mod._parameters'),
+    ('dal/replace/sdpa.py', 'new.__dict__'),
+    ('dal/replace/sdpa.py', 'new._buffers'),
+    ('dal/replace/sdpa.py', 'new._modules'),
+    ('dal/replace/sdpa.py', 'new._parameters'),
+}
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def torch_private_names() -> set:
+    """Private member names of ``nn.Module`` (class and a fresh instance), of every module class
+    in ``torch.nn``, and of ``torch.Tensor``."""
+    names = set(vars(nn.Module())) | set(dir(torch.Tensor))
+    for obj in vars(nn).values():
+        if isinstance(obj, type) and issubclass(obj, nn.Module):
+            names |= set(dir(obj))
+    return {n for n in names if _is_private(n)}
+
+
+def _imported_names(tree: ast.AST) -> set:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def defined_private_names(tree: ast.AST) -> set:
+    """The private attribute names a source defines: stored as ``<obj>._name``, set with
+    ``setattr(<obj>, "_name", ...)``, or a method / class attribute ``_name`` of a class."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(stmt.name)
+                targets = (stmt.targets if isinstance(stmt, ast.Assign)
+                           else [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else [])
+                names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str)):
+            names.add(node.args[1].value)
+    return {n for n in names if _is_private(n)}
+
+
+def _root_name(node: ast.AST):
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _is_owner(node: ast.AST) -> bool:
+    """``self``, ``cls`` or ``super()``."""
+    if isinstance(node, ast.Name):
+        return node.id in SELF_NAMES
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+
+def violations(trees: dict, torch_names: set):
+    """``(file, line, expression, why)`` for every reach into another owner's private members in
+    ``trees`` (file -> parsed source); the rules are the module docstring's."""
+    defined = {path: defined_private_names(tree) for path, tree in trees.items()}
+    dal_names = set().union(*defined.values()) - torch_names if defined else set()
+    for path, tree in trees.items():
+        imported = _imported_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _is_private(node.attr) and not _is_owner(node.value):
+                name, root = node.attr, _root_name(node.value)
+                if name in torch_names and root not in imported:
+                    why, files = TORCH_INTERNALS.get(name, (None, ()))
+                    if path not in files:
+                        yield path, node.lineno, ast.unparse(node), f"torch's private {name}"
+                elif name in dal_names and name not in defined[path]:
+                    owners = sorted(p for p, names in defined.items() if name in names)
+                    yield path, node.lineno, ast.unparse(node), f"private {name} of {', '.join(owners)}"
+            elif isinstance(node, ast.Attribute) and node.attr == "__dict__" and not _is_owner(node.value):
+                yield path, node.lineno, ast.unparse(node), "another object's __dict__"
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "vars"
+                  and node.args and not _is_owner(node.args[0])):
+                yield path, node.lineno, ast.unparse(node), "another object's vars()"
+
+
+def _dal_trees() -> dict:
+    return {str(p.relative_to(ROOT.parent)): ast.parse(p.read_text(), filename=str(p))
+            for p in sorted(ROOT.rglob("*.py"))}
+
+
+def test_private_members_are_reached_only_by_their_owner():
+    found = list(violations(_dal_trees(), torch_private_names()))
+    known = PENDING | TODO
+    offenders = [f"{path}:{line}: {expr} ({why})" for path, line, expr, why in found if (path, expr) not in known]
+    assert not offenders, "private members reached from outside their owner:\n" + "\n".join(offenders)
+    stale = known - {(path, expr) for path, _, expr, _ in found}
+    assert not stale, f"PENDING / TODO entries that no longer occur (remove them): {sorted(stale)}"
+
+
+def test_the_allowlist_names_torch_internals_with_reasons():
+    torch_names = torch_private_names()
+    for name, (why, files) in TORCH_INTERNALS.items():
+        assert name in torch_names, f"{name} is not a private member of nn.Module or Tensor"
+        assert why.strip() and files, f"{name}: give a reason and the files that may reach it"
+        assert all((ROOT.parent / f).is_file() for f in files), f"{name}: {files} names a missing file"
+
+
+def test_a_planted_violation_is_found():
+    owner = ast.parse(
+        "class Q:\n"
+        "    _LIMIT = 3\n"
+        "    def __init__(self):\n"
+        "        self._kernel = None\n"
+        "        self.fmt = 'int8'\n"
+        "    def _step(self):\n"
+        "        return self._kernel, Q._LIMIT\n"
+        "def own(q):\n"
+        "    return q._kernel\n")  # the same file: its own class's private
+    user = ast.parse(
+        "import torch\n"
+        "from m import Q\n"
+        "class P(torch.nn.Module):\n"
+        "    def forward(self, q, o, t):\n"
+        "        super()._load_from_state_dict\n"
+        "        self._private_of_p = 1\n"
+        "        torch._C\n"
+        "        a = q._kernel\n"
+        "        b = o.__dict__['fmt']\n"
+        "        vars(o)['fmt'] = 'fp8'\n"
+        "        c = Q._LIMIT\n"
+        "        q._step()\n"
+        "        t._version\n"
+        "        return self._private_of_p, vars(self)\n")
+    found = {(path, expr) for path, _, expr, _ in violations({"m.py": owner, "u.py": user}, torch_private_names())}
+    assert found == {("u.py", "q._kernel"), ("u.py", "o.__dict__"), ("u.py", "vars(o)"),
+                     ("u.py", "Q._LIMIT"), ("u.py", "q._step"), ("u.py", "t._version")}
