@@ -120,6 +120,12 @@ class Observer(nn.Module):
     def _range(self) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def observed_range(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(min, max) of what the observer has seen, shaped for its granularity, as its method
+        estimates them (min-max, percentile, MSE, ...): before the non-finite values become 0 and
+        before ``choose_qparams``. Only meaningful when ``has_data``."""
+        return self._range()
+
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale float32, zero_point int32) shaped for the granularity."""
         if not self.has_data:
