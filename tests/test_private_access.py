@@ -5,7 +5,8 @@ Flagged, each as ``file:line: expression``:
 - ``x._name`` (one leading underscore, not a dunder) where ``x`` is not ``self``, ``cls`` or
   ``super()``, and ``_name`` is an attribute dal itself defines (``<obj>._name = ...``,
   ``setattr(<obj>, "_name", ...)``, a ``_name`` method or class attribute of a dal class), unless
-  the same file defines it: a module may reach its own classes' privates;
+  the same file defines it: a module may reach its own classes' privates; the same for
+  ``getattr`` / ``hasattr`` / ``setattr`` / ``delattr(x, "_name")`` and ``object.__setattr__(x, "_name", ...)``;
 - ``x._name`` where ``_name`` is a private member of ``torch.nn.Module`` (its subclasses in
   ``torch.nn``) or ``torch.Tensor``, unless ``TORCH_INTERNALS`` allows that name in that file
   (members with no public equivalent, each with its reason);
@@ -130,24 +131,48 @@ def _is_owner(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
 
 
+def _attr_by_name(node: ast.AST):
+    """``(obj, name)`` for ``getattr`` / ``hasattr`` / ``setattr`` / ``delattr(obj, "name", ...)``
+    and ``object.__setattr__`` / ``__getattribute__`` / ``__delattr__(obj, "name", ...)``, else None."""
+    if not isinstance(node, ast.Call) or len(node.args) < 2:
+        return None
+    func, name = node.func, node.args[1]
+    by_builtin = isinstance(func, ast.Name) and func.id in ("getattr", "hasattr", "setattr", "delattr")
+    by_object = (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "object"
+                 and func.attr in ("__setattr__", "__getattribute__", "__delattr__"))
+    if (by_builtin or by_object) and isinstance(name, ast.Constant) and isinstance(name.value, str):
+        return node.args[0], name.value
+    return None
+
+
 def violations(trees: dict, torch_names: set):
     """``(file, line, expression, why)`` for every reach into another owner's private members in
     ``trees`` (file -> parsed source); the rules are the module docstring's."""
     defined = {path: defined_private_names(tree) for path, tree in trees.items()}
     dal_names = set().union(*defined.values()) - torch_names if defined else set()
+
+    def why_not(path, name, root, imported):
+        """Why reaching ``<root...>.name`` from ``path`` breaks the rule, or None."""
+        if name in torch_names and root not in imported:
+            if path not in TORCH_INTERNALS.get(name, (None, ()))[1]:
+                return f"torch's private {name}"
+        elif name in dal_names and name not in defined[path]:
+            return f"private {name} of {', '.join(sorted(p for p, names in defined.items() if name in names))}"
+        return None
+
     for path, tree in trees.items():
         imported = _imported_names(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and _is_private(node.attr) and not _is_owner(node.value):
-                name, root = node.attr, _root_name(node.value)
-                if name in torch_names and root not in imported:
-                    why, files = TORCH_INTERNALS.get(name, (None, ()))
-                    if path not in files:
-                        yield path, node.lineno, ast.unparse(node), f"torch's private {name}"
-                elif name in dal_names and name not in defined[path]:
-                    owners = sorted(p for p, names in defined.items() if name in names)
-                    yield path, node.lineno, ast.unparse(node), f"private {name} of {', '.join(owners)}"
-            elif path in TORCH_INTERNALS["__dict__"][1]:
+                why = why_not(path, node.attr, _root_name(node.value), imported)
+                if why:
+                    yield path, node.lineno, ast.unparse(node), why
+            elif (by_name := _attr_by_name(node)) is not None:
+                obj, name = by_name
+                why = why_not(path, name, _root_name(obj), imported) if _is_private(name) and not _is_owner(obj) else None
+                if why:
+                    yield path, node.lineno, ast.unparse(node), why
+            if path in TORCH_INTERNALS["__dict__"][1]:
                 continue
             elif isinstance(node, ast.Attribute) and node.attr == "__dict__" and not _is_owner(node.value):
                 yield path, node.lineno, ast.unparse(node), "another object's __dict__"
@@ -203,7 +228,12 @@ def test_a_planted_violation_is_found():
         "        c = Q._LIMIT\n"
         "        q._step()\n"
         "        t._version\n"
+        "        getattr(q, '_kernel', None)\n"
+        "        object.__setattr__(t, '_buffers', {})\n"
+        "        object.__setattr__(self, '_buffers', {})\n"
+        "        getattr(o, '_not_dal', None)\n"
         "        return self._private_of_p, vars(self)\n")
     found = {(path, expr) for path, _, expr, _ in violations({"m.py": owner, "u.py": user}, torch_private_names())}
     assert found == {("u.py", "q._kernel"), ("u.py", "o.__dict__"), ("u.py", "vars(o)"),
-                     ("u.py", "Q._LIMIT"), ("u.py", "q._step"), ("u.py", "t._version")}
+                     ("u.py", "Q._LIMIT"), ("u.py", "q._step"), ("u.py", "t._version"),
+                     ("u.py", "getattr(q, '_kernel', None)"), ("u.py", "object.__setattr__(t, '_buffers', {})")}

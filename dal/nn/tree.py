@@ -1,4 +1,6 @@
-"""Where a module sits in a model: the one way dal puts a module in its parent's place."""
+"""Where a module sits in a model and what it holds itself: the one way dal puts a module in its
+parent's place, and the one place dal reads or writes nn.Module's own tables (submodule, parameter
+and buffer slots) and a module's instance attributes directly (tests/test_private_access.py)."""
 from __future__ import annotations
 
 import copy

@@ -72,11 +72,17 @@ MASKED_BELOW = 1e30
 _UNSUPPORTED = ("softcap", "position_bias", "s_aux")
 
 
-def is_hf_attention(module: nn.Module) -> bool:
-    """An HF attention module: a ``config`` with ``_attn_implementation``, and an own forward
-    that dispatches through ``ALL_ATTENTION_FUNCTIONS`` (transformers' attention interface)."""
+def hf_config_of(module) -> Optional[object]:
+    """``module.config`` when it is a transformers configuration (it has the attention
+    implementation setting ``_attn_implementation``), else None."""
     config = getattr(module, "config", None)
-    if config is None or not hasattr(config, "_attn_implementation"):
+    return config if config is not None and hasattr(config, "_attn_implementation") else None
+
+
+def is_hf_attention(module: nn.Module) -> bool:
+    """An HF attention module: a transformers ``config`` (:func:`hf_config_of`), and an own forward
+    that dispatches through ``ALL_ATTENTION_FUNCTIONS`` (transformers' attention interface)."""
+    if hf_config_of(module) is None:
         return False
     forward = inspect.unwrap(type(module).forward)
     code = getattr(forward, "__code__", None)
@@ -196,8 +202,7 @@ def use_dal_attention(model: nn.Module, module: nn.Module) -> Optional[str]:
     other layers) to :data:`DAL_ATTENTION`; a note when it changed, else None."""
     register()
     notes = []
-    for cfg in {id(c): c for c in (getattr(module, "config", None), getattr(model, "config", None))
-                if c is not None and hasattr(c, "_attn_implementation")}.values():
+    for cfg in {id(c): c for c in (hf_config_of(module), hf_config_of(model)) if c is not None}.values():
         old = cfg._attn_implementation
         if old != DAL_ATTENTION:
             cfg._attn_implementation = DAL_ATTENTION
