@@ -27,6 +27,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 from torch import nn
 
+from ..nn.tree import has_instance_attribute, own_slots, remove_child, set_child
 from ..prepare.handle import find_prepared, prepared
 from .common import evaluating, qat_layers
 from .evaluator import Evaluator, Metric
@@ -85,15 +86,15 @@ def precision_fallback(model: nn.Module, formats: dict) -> Iterator[None]:
     try:
         for name in [n for n, f in formats.items() if f == "int16"]:
             for attr in ("input_quant", "output_quant"):
-                old = mods[name]._modules.get(attr)
+                old = own_slots(mods[name]).modules.get(attr)
                 if old is not None:
                     saved.append((mods[name], attr, old))
-                    mods[name]._modules[attr] = int16_quantizer(old, f"{name}.{attr}")
+                    set_child(mods[name], attr, int16_quantizer(old, f"{name}.{attr}"))
         with fp16_fallback(model, [n for n, f in formats.items() if f == "fp16"]):
             yield
     finally:
         for mod, attr, old in reversed(saved):
-            mod._modules[attr] = old
+            set_child(mod, attr, old)
 
 
 @contextlib.contextmanager
@@ -110,14 +111,15 @@ def fp16_fallback(model: nn.Module, names) -> Iterator[None]:
         for name in names:
             mod = mods[name]
             for attr in ("input_quant", "weight_quant", "output_quant", "input_quants"):
-                if attr == "output_quant" and "output_quant" in mod.__dict__:
+                if attr == "output_quant" and has_instance_attribute(mod, "output_quant"):
                     # a plain ``self.output_quant = None`` attribute: register the FP16 cast as a module
                     saved.append((mod, attr, _PLAIN_NONE))
                     setattr(mod, attr, _fp16_quantizer(f"{name}.{attr}"))
                     continue
-                if attr not in mod._modules:
+                slots = own_slots(mod).modules
+                if attr not in slots:
                     continue
-                old = mod._modules[attr]
+                old = slots[attr]
                 saved.append((mod, attr, old))
                 if old is None and attr != "output_quant":
                     continue
@@ -125,15 +127,15 @@ def fp16_fallback(model: nn.Module, names) -> Iterator[None]:
                     new = ModuleList([_fp16_quantizer(f"{name}.input_quants.{i}") for i in range(len(old))])
                 else:
                     new = _fp16_quantizer(f"{name}.{attr}")
-                mod._modules[attr] = new
+                set_child(mod, attr, new)
         yield
     finally:
         for mod, attr, old in reversed(saved):
             if old is _PLAIN_NONE:
-                del mod._modules[attr]
+                remove_child(mod, attr)
                 object.__setattr__(mod, attr, None)
             else:
-                mod._modules[attr] = old
+                set_child(mod, attr, old)
 
 
 def auto_fallback(model: nn.Module, data: Optional[Iterable] = None, target: float = 0.99, metric: Metric = "cosine",

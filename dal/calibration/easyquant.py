@@ -219,6 +219,6 @@ def _commit(q, alpha: torch.Tensor) -> None:
     """Make the searched scale the quantizer's, and its min-max observer's range agree with it
     (so QAT's observer updates continue from the searched range instead of undoing it)."""
     obs = q.observer
-    if isinstance(obs, MinMaxObserver) and "min_val" in obs._buffers and obs.min_val.shape == alpha.shape:
+    if isinstance(obs, MinMaxObserver) and isinstance(getattr(obs, "min_val", None), torch.Tensor) and obs.min_val.shape == alpha.shape:
         seed_range(obs, obs.min_val * alpha, obs.max_val * alpha, int(obs.batches_seen))
         q.compute_qparams()

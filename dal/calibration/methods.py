@@ -115,7 +115,7 @@ def _hand_back(q, original, method: str) -> None:
         q.observer = original  # never ran (the loop turned the quantizer off): nothing to seed
         return
     if isinstance(original, MinMaxObserver) and original.granularity == method_obs.granularity:
-        lo, hi = method_obs._range()
+        lo, hi = method_obs.observed_range()
         lo = torch.where(torch.isfinite(lo), lo, torch.zeros_like(lo)).float()
         hi = torch.where(torch.isfinite(hi), hi, torch.zeros_like(hi)).float()
         seed_range(original, lo, torch.maximum(hi, lo), int(method_obs.batches_seen))

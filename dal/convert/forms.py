@@ -16,6 +16,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..export.plan import TRACE_MAX_OPSET
+from ..nn.adopt import float_class_of
 from ..nn.functional import QMatMul
 from ..nn.grid_sample import QGridSample
 from ..nn.scatter_add import QScatterAdd
@@ -35,7 +36,7 @@ from .lut import GeluForm, LutForm, lut_form_why_not
 def _is_gelu(mod: nn.Module) -> bool:
     """A float ``nn.GELU``, or one made an FP16 island by prepare (``Fp16GELU``: its quantizers
     round the form's input and output, lut.py ``GeluForm``)."""
-    return type(mod) is nn.GELU or (isinstance(mod, Fp16Island) and mod.__dict__.get("_float_cls") is nn.GELU)
+    return type(mod) is nn.GELU or (isinstance(mod, Fp16Island) and float_class_of(mod) is nn.GELU)
 
 
 def _form(mod: nn.Module, path: str, opset: int):

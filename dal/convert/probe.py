@@ -103,6 +103,7 @@ class _Recorder(TorchFunctionMode):
         self.key: dict[int, int] = {}
         self.alive: list = []   # keeps every tensor seen alive, so no id() is reused
         self.count = 0
+        self.inputs_of: dict[int, list] = {}  # id(module) -> its input keys, from pre to post
 
     def read(self, tensors) -> list:
         keys = []
@@ -134,7 +135,7 @@ class _Recorder(TorchFunctionMode):
 
     def pre(self, mod, inputs):
         if self.depth == 0:
-            mod._dal_probe_in = self.read(tree_flatten(inputs)[0])
+            self.inputs_of[id(mod)] = self.read(tree_flatten(inputs)[0])
         self.depth += 1
 
     def post(self, mod, inputs, output):
@@ -142,7 +143,7 @@ class _Recorder(TorchFunctionMode):
         if self.depth == 0:
             kind = "quant" if isinstance(mod, FakeQuantizer) else "layer"
             outs = self.write([t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)])
-            self.events.append(Event(kind, mod, mod.__dict__.pop("_dal_probe_in", []), outs))
+            self.events.append(Event(kind, mod, self.inputs_of.pop(id(mod), []), outs))
 
 
 #: how many :func:`record` forwards are running (see :func:`recording`)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..nn.adopt import QAT_ATTRS, QAT_SUBMODULES
+from ..nn.tree import has_instance_attribute, instance_attributes, own_slots
 
 
 def float_attribute(inner: nn.Module, name: str):
@@ -19,12 +20,12 @@ def float_attribute(inner: nn.Module, name: str):
     wrapping did not add (``adopt.QAT_ATTRS``, the quantizers); else ``(False, None)``."""
     if name in QAT_ATTRS or name in QAT_SUBMODULES or name.startswith("__"):
         return False, None
-    for store in ("_parameters", "_buffers"):
-        table = inner.__dict__.get(store, {})
+    slots = own_slots(inner)
+    for table in (slots.parameters, slots.buffers):
         if name in table:
             return True, table[name]
-    if name in inner.__dict__ and not name.startswith("_"):
-        return True, inner.__dict__[name]
+    if not name.startswith("_") and has_instance_attribute(inner, name):
+        return True, instance_attributes(inner)[name]
     return False, None
 
 

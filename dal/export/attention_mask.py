@@ -20,6 +20,7 @@ import inspect
 import torch
 from torch import nn
 
+from ..replace.hf_attention import hf_config_of
 from .errors import ExportError
 
 
@@ -44,11 +45,6 @@ def additive_attention_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float
     return bias[:, None, None, :]
 
 
-def _is_hf_model(model: nn.Module) -> bool:
-    config = getattr(model, "config", None)
-    return config is not None and hasattr(config, "_attn_implementation")
-
-
 def check_attention_mask(model: nn.Module, args: tuple) -> None:
     """Refuse a 2-D ``attention_mask`` given to a Hugging Face model's export (see the module doc).
 
@@ -56,7 +52,7 @@ def check_attention_mask(model: nn.Module, args: tuple) -> None:
     2-D tensor and the model is a transformers model (its ``config`` has ``_attn_implementation``),
     raises ExportError naming the argument and telling what to pass instead. Anything else passes.
     """
-    if not _is_hf_model(model):
+    if hf_config_of(model) is None:
         return
     try:
         bound = inspect.signature(model.forward).bind_partial(*args)

@@ -25,6 +25,7 @@ from torch import nn
 
 from .. import nest
 from ..nn.modes import eval_mode
+from ..nn.tree import has_instance_attribute, instance_attributes
 from ..quantizer import FakeQuantizer
 from .data_flow import check_static
 from .errors import ExportError
@@ -123,7 +124,8 @@ def _positional_forward(model: nn.Module):
     positionally (torch.onnx ``_decide_input_format``), which Hugging Face models refuse
     ("got multiple values for argument 'use_cache'"): their decorators pass those as keywords.
     The model is called with exactly the example inputs, as dal.verify and dal.convert call it."""
-    had, own, bound = "forward" in model.__dict__, model.__dict__.get("forward"), model.forward
+    had, own = has_instance_attribute(model, "forward"), instance_attributes(model).get("forward")
+    bound = model.forward
 
     def forward(*args):
         return bound(*args)

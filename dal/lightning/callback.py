@@ -40,6 +40,7 @@ from typing import Callable, Mapping, Optional
 
 from torch import nn
 
+from ..nn.tree import instance_attributes
 from ._pl import Callback
 from .checkpoint import KEY, check_payload, make_payload
 from .target import as_tuple, first_sample, get_target, resolve_model_attr, set_target
@@ -198,7 +199,7 @@ class QATCallback(Callback):
         # dal.sparsity asks of a training loop; the step count lives in buffers, so it resumes.
         from ..sparsity.controller import CONTROLLER_ATTR
 
-        ctl = self.network(pl_module).__dict__.get(CONTROLLER_ATTR)
+        ctl = instance_attributes(self.network(pl_module)).get(CONTROLLER_ATTR)
         if ctl is not None and (batch_idx + 1) % max(trainer.accumulate_grad_batches, 1) == 0:
             ctl.step()
 

@@ -24,17 +24,25 @@ def adopt(cls, mod: nn.Module):
     return new
 
 
-def release(mod: nn.Module, float_cls=None) -> nn.Module:
+def float_class_of(mod: nn.Module):
+    """The float class :func:`adopt` made ``mod`` from (a QAT module's or an FP16 island's float
+    module class), or None for a module adopt did not make."""
+    return mod.__dict__.get("_float_cls")
+
+
+def release(mod: nn.Module, float_cls=None, drop: tuple = ()) -> nn.Module:
     """The float module of a QAT module: the same Parameter objects; quantizers, the QAT attributes
-    (``QAT_ATTRS``), submodules (``QAT_SUBMODULES``) and buffers (``QAT_BUFFERS``) removed."""
-    cls = float_cls or mod.__dict__.get("_float_cls")
+    (``QAT_ATTRS``), submodules (``QAT_SUBMODULES``) and buffers (``QAT_BUFFERS``) removed, and
+    so is every attribute, submodule, parameter or buffer named in ``drop`` (what a QAT class adds
+    beyond those). ``float_cls`` defaults to :func:`float_class_of`."""
+    cls = float_cls or float_class_of(mod)
     if cls is None:
         raise ValueError(f"{type(mod).__name__} does not know its float class; it was not built with from_float")
     new = cls.__new__(cls)
     nn.Module.__init__(new)
-    state = {k: v for k, v in mod.__dict__.items() if k not in QAT_ATTRS and k != "training"}
+    state = {k: v for k, v in mod.__dict__.items() if k not in QAT_ATTRS + tuple(drop) and k != "training"}
     for key in ("_parameters", "_buffers", "_modules"):
-        state[key] = {k: v for k, v in state[key].items() if k not in QAT_SUBMODULES + QAT_BUFFERS}
+        state[key] = {k: v for k, v in state[key].items() if k not in QAT_SUBMODULES + QAT_BUFFERS + tuple(drop)}
     new.__dict__.update(state)
     new.training = mod.training
     return new

@@ -98,6 +98,12 @@ class QConvBn2d(QATModule, nn.Conv2d):
             return kernels.fold_factor(bn.weight if bn.affine else None, bn.running_var, bn.eps, ones_for_zero=True)
         return fold_factor(bn.weight if bn.affine else None, bn.running_var, bn.eps, ones_for_zero=True)
 
+    def unfold_weight(self, w: torch.Tensor) -> torch.Tensor:
+        """The ``weight`` whose folded form (``folded_weight_and_bias()[0]``, ``weight * f``) is
+        ``w``: ``w / f`` per output channel, with the eval fold factor ``f`` detached (so
+        differentiable in ``w`` only). A channel with ``f = 0`` gives inf or NaN."""
+        return w / self._fold_factor().detach().reshape(-1, *([1] * (w.dim() - 1)))
+
     def folded_weight_and_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W * f, beta + (b - mean) * f) in float: what the exporter and hardware see before quantization."""
         f = self._fold_factor()

@@ -70,8 +70,7 @@ class QConvFrozenBn2d(QConvBn2d):
     def to_float(self) -> nn.Module:
         """nn.Sequential(conv, frozen_bn[, ReLU]) computing the same float function."""
         bn = self.bn
-        conv = release(self, nn.Conv2d)
-        conv.__dict__.pop("frozen_bn_eps", None)
+        conv = release(self, nn.Conv2d, drop=("frozen_bn_eps",))
         layers = [conv, bn] + ([nn.ReLU()] if self.activation == "relu" else [])
         return nn.Sequential(*layers)
 

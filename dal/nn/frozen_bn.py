@@ -31,6 +31,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .tree import own_slots
+
 BUFFERS = ("weight", "bias", "running_mean", "running_var")
 #: eps values tried, in this order, for a module without an ``eps`` attribute
 EPS_CANDIDATES = (1e-5, 1e-3, 1e-4, 0.0)
@@ -72,7 +74,7 @@ def is_frozen_batchnorm(m: nn.Module) -> bool:
 def _frozen_structure(m) -> bool:
     if not isinstance(m, nn.Module) or next(m.parameters(), None) is not None or next(m.children(), None) is not None:
         return False
-    bufs = [m._buffers.get(name) for name in BUFFERS]
+    bufs = [own_slots(m).buffers.get(name) for name in BUFFERS]
     if any(not isinstance(b, torch.Tensor) for b in bufs):
         return False
     first = bufs[0]
@@ -93,7 +95,7 @@ def _probe_input(c: int, dtype: torch.dtype, device) -> torch.Tensor:
 def _probe_output(m: nn.Module) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """``(x, forward(x))`` on a copy of ``m``, or None when the forward fails, returns no
     tensor of ``x``'s shape, or changes one of the four buffers."""
-    w = m._buffers["weight"]
+    w = m.get_buffer("weight")
     x = _probe_input(w.numel(), w.dtype, w.device)
     try:
         twin = copy.deepcopy(m)
@@ -103,14 +105,14 @@ def _probe_output(m: nn.Module) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
         return None
     if not isinstance(y, torch.Tensor) or y.shape != x.shape or not y.is_floating_point():
         return None
-    if any(not torch.equal(twin._buffers[n], m._buffers[n]) for n in BUFFERS):
+    if any(not torch.equal(twin.get_buffer(n), m.get_buffer(n)) for n in BUFFERS):
         return None  # its forward moves its own statistics: not frozen
     return x, y
 
 
 def _matches_formula(m: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float) -> bool:
     """``y`` equals the float64 frozen-BN formula of ``m``'s buffers on ``x`` within the probe's tolerance."""
-    w, b, rm, rv = (m._buffers[n].detach().to("cpu", torch.float64).reshape(1, -1, 1, 1) for n in BUFFERS)
+    w, b, rm, rv = (m.get_buffer(n).detach().to("cpu", torch.float64).reshape(1, -1, 1, 1) for n in BUFFERS)
     var = rv + eps
     if not bool((var > 0).all()):
         return False
@@ -118,6 +120,6 @@ def _matches_formula(m: nn.Module, x: torch.Tensor, y: torch.Tensor, eps: float)
     shift = b - rm * scale
     x64 = x.detach().to("cpu", torch.float64)
     want = x64 * scale + shift
-    u = torch.finfo(m._buffers["weight"].dtype).eps
+    u = torch.finfo(m.get_buffer("weight").dtype).eps
     bound = PROBE_ULPS * u * ((x64 * scale).abs() + b.abs() + (rm * scale).abs()) + torch.finfo(torch.float64).tiny
     return bool(((y.detach().to("cpu", torch.float64) - want).abs() <= bound).all())

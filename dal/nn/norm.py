@@ -103,9 +103,7 @@ class _Fp16Norm(QATModule):
     def to_float(self) -> nn.Module:
         from .adopt import release
 
-        new = release(self)
-        new._modules.pop("bias_quant", None)
-        return new
+        return release(self, drop=("bias_quant",))
 
     def quantizers(self) -> dict:
         return {k: quant for k in ("input_quant", "weight_quant", "bias_quant", "output_quant")

@@ -24,22 +24,23 @@ import torch
 from torch import nn
 
 from .norm import QBatchNorm2d
+from .tree import own_slots
 
 
 def is_norm_act(m) -> bool:
     """timm's BatchNormAct2d as the module doc describes it."""
     cls = type(m)
     return (cls.__name__ == "BatchNormAct2d" and cls.__module__.startswith("timm.layers")
-            and isinstance(m, nn.BatchNorm2d) and set(m._modules) == {"drop", "act"})
+            and isinstance(m, nn.BatchNorm2d) and set(own_slots(m).modules) == {"drop", "act"})
 
 
 def bare_batchnorm(m: nn.BatchNorm2d) -> nn.BatchNorm2d:
     """A plain BatchNorm2d with ``m``'s configuration and its own parameter / buffer tensors."""
     bn = nn.BatchNorm2d(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats, device="meta")
-    for name, p in m._parameters.items():
-        bn._parameters[name] = p
-    for name, b in m._buffers.items():
-        bn._buffers[name] = b
+    for name, p in own_slots(m).parameters.items():
+        setattr(bn, name, p)
+    for name, b in own_slots(m).buffers.items():
+        setattr(bn, name, b)
     return bn.train(m.training)
 
 

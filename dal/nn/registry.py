@@ -6,6 +6,8 @@ from typing import Callable
 
 from torch import nn
 
+from .adopt import float_class_of
+
 #: float type -> QAT class
 QAT_MODULES: dict[type, type] = {}
 #: float type -> hardware op class ("conv", "linear", ...) used to match recipes and hardware
@@ -81,13 +83,13 @@ def op_class_of(mod: nn.Module) -> str:
     """Hardware op class of a float or QAT module ("conv", "linear", "add", ...)."""
     if hasattr(mod, "op_class"):
         return mod.op_class
-    float_cls = mod.__dict__.get("_float_cls", type(mod))
+    float_cls = float_class_of(mod) or type(mod)
     return OP_CLASSES.get(registry_type(float_cls), "custom")
 
 
 def float_type_name(mod: nn.Module) -> str:
     """Name of the float type a recipe rule matches ("Conv2d" for QConv2d and fused Conv+BN)."""
-    float_cls = mod.__dict__.get("_float_cls")
+    float_cls = float_class_of(mod)
     if float_cls is not None:
         return float_cls.__name__
     return getattr(mod, "op_class", type(mod).__name__) if hasattr(mod, "op_class") else type(mod).__name__

@@ -124,9 +124,9 @@ class AccumulatorModel:
         """acc [C, P] as int64, bias included."""
         s = self.step
         if not self.wide:
-            acc = s._acc(xq, threads)
+            acc = s.accumulators(xq, threads)
             rows = np.moveaxis(acc, 1, 0).reshape(s.channels, -1) if s.op == "Conv" else acc
-            s._shape = acc.shape
+            s.out_shape = acc.shape
             rows = rows.astype(np.int64)
         else:
             x = xq.astype(np.int64) - s.x_zp
@@ -136,7 +136,7 @@ class AccumulatorModel:
                 raise NPUError(f"node {s.node_name!r}: a 16-bit accumulation could pass 2^62; not modelled")
             if s.op == "Conv":
                 acc = self._conv(x)
-                s._shape = acc.shape
+                s.out_shape = acc.shape
                 rows = np.moveaxis(acc, 1, 0).reshape(s.channels, -1)
             else:
                 rows = (x.reshape(-1, s.k) @ self.w).T
@@ -164,7 +164,7 @@ class AccumulatorModel:
     def run(self, xq, threads, want_extra=False):
         s = self.step
         rows = limit(self._exact(xq, threads), self.rq.accumulator_bits, self.rq.accumulator_overflow)
-        out = {s.q_out: s._unrows(self._requant(rows), xq).astype(s.y_dtype)}
+        out = {s.q_out: s.rows_to_output(self._requant(rows), xq).astype(s.y_dtype)}
         if want_extra:
-            s._extra(out, rows, xq)
+            s.add_op_values(out, rows, xq)
         return out

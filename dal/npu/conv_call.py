@@ -22,7 +22,7 @@ def conv_codes(step, xq, threads: int, layout: int):
     model) for 8-bit input codes ``xq`` of its input type, without intermediates; None where
     ``step._run_group`` must decide (other codes, a full cache, the kernel's overflow flag: it
     reruns the group and names the numbers)."""
-    calls = step.__dict__.setdefault("conv_calls", {})
+    calls = step.conv_calls
     call = calls.get((xq.shape, layout, threads)) if xq.dtype == step.x_dtype else None
     if call is None:
         if xq.dtype != step.x_dtype or xq.dtype not in _CODES8 or len(calls) >= MAX_CALLS:
@@ -33,7 +33,7 @@ def conv_codes(step, xq, threads: int, layout: int):
         q = fn(from_numpy(np.ascontiguousarray(xq)), *tail).numpy().reshape(shape)
     except RuntimeError:
         return None
-    step._shape = nchw_shape  # what _run_fast leaves for codes_of_rows / _unrows
+    step.out_shape = nchw_shape  # what _run_fast leaves for codes_of_rows / rows_to_output
     return q if q.dtype == step.y_dtype else q.astype(step.y_dtype)
 
 
@@ -67,7 +67,7 @@ def fast_codes(step, xq, threads: int, layout: int):
         return conv_codes(step, xq, threads, layout)
     if xq.dtype != step.x_dtype or xq.dtype not in _CODES8 or xq.ndim < 1 or xq.shape[-1] != step.k:
         return None
-    call = step.__dict__.get("gemm_call")
+    call = getattr(step, "gemm_call", None)
     if call is None:
         import torch
         from .build import kernels as lib

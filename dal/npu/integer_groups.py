@@ -148,7 +148,7 @@ class FusedStep:
                             pads[0], pads[1], oh, ow, self.implicit, *rq, accs, threads,
                             self.isa, layout).numpy()
             q = q.reshape((n, oh, ow, c) if layout & 2 else (n, c, oh, ow))
-            self._shape = (n, c, oh, ow)
+            self.out_shape = (n, c, oh, ow)
             if want_extra:  # [N, P, C] (pixel-major) or [N, C, P] -> [C, N * P]
                 a = accs.numpy()
                 rows = a.reshape(-1, c).T if layout & 2 else a.transpose(1, 0, 2).reshape(c, -1)
@@ -182,18 +182,17 @@ class FusedStep:
         else:
             q = kernels.requant_float(rows, self.mult, self.bias_f, self.y_scale, self.y_zp,
                                       self.lo, self.hi, threads)
-        self._shape = getattr(like, "_shape", None)
-        return self._unrows(q, xq).astype(self.y_dtype)
+        self.out_shape = getattr(like, "out_shape", None)
+        return self.rows_to_output(q, xq).astype(self.y_dtype)
 
     def _check_x(self, xq):
         if xq.dtype not in _X_CODES or xq.dtype != self.x_dtype:
-            raise NPUError(f"node {self.node_name!r}: input codes are {xq.dtype}, the zero point "
-                           f"says {self.x_dtype}")
+            raise NPUError(f"node {self.node_name!r}: input codes are {xq.dtype}, the zero point says {self.x_dtype}")
         if self.op != "Conv" and (xq.ndim < 1 or xq.shape[-1] != self.k):
             raise NPUError(f"node {self.node_name!r}: input shape {xq.shape} does not match "
                            f"reduction length {self.k}")
 
-    def _acc(self, xq, threads):
+    def accumulators(self, xq, threads):
         """int32 accumulators, channels first: Conv [N, O, H, W]; Gemm/MatMul [N_out, M]."""
         if self.op == "Conv":
             return kernels.conv2d(xq, self.x_zp, self.conv_w, *self.conv_geo, threads,
@@ -240,9 +239,9 @@ class FusedStep:
                 raise self._bias_overflow(to_nchw(xq) if layout & 1 else xq, threads) from None
             out = {self.q_out: q}
             if want_extra:
-                self._extra(out, rows, xq)
+                self.add_op_values(out, rows, xq)
             return out
-        acc = self._acc(xq, threads)
+        acc = self.accumulators(xq, threads)
         c = self.channels
         if self.op == "Conv":
             rows = np.moveaxis(acc, 1, 0).reshape(c, -1)
@@ -254,17 +253,17 @@ class FusedStep:
                 raise self._bias_overflow(xq, threads, rows)
             rows = r64.astype(np.int32)
         rows = np.ascontiguousarray(rows)
-        self._shape = acc.shape
+        self.out_shape = acc.shape
         out = {self.q_out: self.codes_of_rows(rows, self, xq, threads)}
         if want_extra:
-            self._extra(out, rows, xq)
+            self.add_op_values(out, rows, xq)
         return out
 
     def _bias_overflow(self, xq, threads, rows=None) -> NPUError:
         """The overflow error with its numbers, from the exact accumulators of the int16 path
         (independent of the fused kernel that raised the flag)."""
         if rows is None:
-            acc = self._acc(xq, threads)
+            acc = self.accumulators(xq, threads)
             rows = np.moveaxis(acc, 1, 0).reshape(self.channels, -1) if self.op == "Conv" else acc
         t = rows.astype(np.int64) + self.bias_q.reshape(-1, 1)
         if not (t.size and (t.min() < -2**31 or t.max() >= 2**31)):
@@ -273,15 +272,15 @@ class FusedStep:
         bound = acc_bound(self.w_fast, self.x_dtype, self.x_zp)
         return bias_overflow_error(self.node_name, rows, self.bias_q, self.x_scale, self.w_scale, bound)
 
-    def _extra(self, out, rows, xq):
-        """The float values of the op (bias Add, Relu/Clip) outputs, from the int32 accumulators."""
+    def add_op_values(self, out, rows, xq):
+        """Into ``out``: the float values of the op (bias Add, Relu/Clip) outputs, from the int32 accumulators."""
         v = (rows.astype(np.float64) * self.mult.reshape(-1, 1)).astype(np.float32)
         if self.bias_f is not None:
             v = v + self.bias_f.reshape(-1, 1)
-        v = self._unrows(v, xq)
+        v = self.rows_to_output(v, xq)
         if self.bias_add:  # MatMul -> Add(bias) (group_chain.py): the MatMul's value has no bias
             mm = (rows.astype(np.float64) - self.bias_q.reshape(-1, 1)) * self.mult.reshape(-1, 1)
-            out[self.op_out] = self._unrows(mm.astype(np.float32), xq)
+            out[self.op_out] = self.rows_to_output(mm.astype(np.float32), xq)
             if self.add_out:
                 out[self.add_out] = v
         else:
@@ -291,9 +290,10 @@ class FusedStep:
             hi = np.inf if self.act_hi is None else self.act_hi
             out[self.act_out] = np.minimum(np.maximum(v, np.float32(lo)), np.float32(hi)).astype(np.float32)
 
-    def _unrows(self, r, xq):
+    def rows_to_output(self, r, xq):
+        """Per-channel rows ``r`` [C, N*P] as the output layout: Conv [N, C, H, W] (``out_shape``), else [..., C]."""
         if self.op == "Conv":
-            n, _, h, w = self._shape
+            n, _, h, w = self.out_shape
             return np.ascontiguousarray(np.moveaxis(r.reshape(self.channels, n, h, w), 0, 1))
         return np.ascontiguousarray(r.T).reshape(xq.shape[:-1] + (self.channels,))
 

@@ -1,6 +1,8 @@
 """Observer base: statistics of the tensors that flow through, turned into (scale, zero_point)."""
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -120,6 +122,12 @@ class Observer(nn.Module):
     def _range(self) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def observed_range(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(min, max) of what the observer has seen, shaped for its granularity, as its method
+        estimates them (min-max, percentile, MSE, ...): before the non-finite values become 0 and
+        before ``choose_qparams``. Only meaningful when ``has_data``."""
+        return self._range()
+
     def calculate_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(scale float32, zero_point int32) shaped for the granularity."""
         if not self.has_data:
@@ -135,6 +143,20 @@ class Observer(nn.Module):
             from .fixed import fixed_qparams
             scale, zp = fixed_qparams(self, lo, hi, scale, zp)
         return scale, zp
+
+    def fresh_copy(self) -> "Observer":
+        """An observer of this class with this one's arguments and plain attributes (format,
+        granularity, symmetry, power-of-two rule, ...) that has seen nothing: its buffers are
+        zeros of the same shape and dtype, those registered on first use (``_lazy_names``) are
+        absent; its submodules are this one's. Changing the copy's attributes or buffers leaves
+        this observer as it was."""
+        state = {k: copy.copy(v) if k.startswith("_") and isinstance(v, (dict, set)) else v
+                 for k, v in vars(self).items()}  # nn.Module's tables and hook dicts: the copy's own
+        state["_buffers"] = {name: torch.zeros_like(buf) for name, buf in self.named_buffers(recurse=False)
+                             if name not in self._lazy_names}
+        new = type(self).__new__(type(self))
+        new.__setstate__(state)
+        return new
 
     def _lazy_buffer(self, name: str, value: torch.Tensor) -> None:
         self.register_buffer(name, value)

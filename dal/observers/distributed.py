@@ -94,7 +94,8 @@ def project_quantizer_parameters(optimizer: torch.optim.Optimizer, model: torch.
     @torch.no_grad()
     def project(opt, args, kwargs) -> None:
         for m in mods:
-            scale, zp = m._parameters.get("scale"), m._parameters.get("zero_point")
+            params = dict(m.named_parameters(recurse=False))
+            scale, zp = params.get("scale"), params.get("zero_point")
             if scale is not None and scale.numel():
                 _local(scale).clamp_(min=MIN_SCALE)
             if zp is not None and zp.requires_grad and zp.numel():

@@ -83,6 +83,12 @@ class HistogramObserver(Observer):
             torch.maximum(self.max_val, hi, out=self.max_val)
         self._last = x.detach().float()
 
+    def fresh_copy(self) -> "HistogramObserver":
+        """:meth:`Observer.fresh_copy`, without the last tensor observed (the per-channel search's input)."""
+        new = super().fresh_copy()
+        new._last = None
+        return new
+
     def _centres(self) -> tuple[np.ndarray, np.ndarray]:
         width = float(self.hist_max - self.hist_min) / self.bins
         centres = float(self.hist_min) + width * (np.arange(self.bins) + 0.5)

@@ -14,7 +14,7 @@ from ..nn.fast_path import stay_on_module_path
 from ..nn.gather import QGather, gather_call_args
 from ..nn.grid_sample import QGridSample, grid_sample_args
 from ..nn.scatter_add import QScatterAdd, scatter_call
-from ..nn.tree import replace_everywhere, set_submodule, slots_of
+from ..nn.tree import has_instance_attribute, instance_attributes, replace_everywhere, set_submodule, slots_of
 from ..replace.rmsnorm import Fp16RMSNorm
 from .call_sites import install
 from .fp16_island import Fp16Function, island_module
@@ -110,12 +110,12 @@ def keep_attributes(gm: nn.Module, mod: nn.Module) -> nn.Module:
     every entry of ``mod.__dict__`` that is not nn.Module's state, not dal's own (``dal_*`` /
     ``_dal_*``: a sparsity controller is bound to one root and moves itself, ``find_controller``)
     and that ``gm`` does not define. Methods of ``mod``'s class are not carried."""
-    internal = nn.Module().__dict__.keys() | {"training"}
-    for key, value in mod.__dict__.items():
+    internal = instance_attributes(nn.Module()).keys() | {"training"}
+    for key, value in instance_attributes(mod).items():
         if key.startswith(("dal_", "_dal_")):
             continue
-        if key not in internal and key not in gm.__dict__ and not hasattr(type(gm), key):
-            gm.__dict__[key] = value
+        if key not in internal and not has_instance_attribute(gm, key) and not hasattr(type(gm), key):
+            object.__setattr__(gm, key, value)  # not a class attribute of gm's: lands in its __dict__
     return gm
 
 

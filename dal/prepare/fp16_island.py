@@ -34,7 +34,7 @@ from torch.nn.modules import module as _torch_module
 
 from ..formats import FP16
 from ..formats.island import fused_island
-from ..nn.adopt import adopt
+from ..nn.adopt import adopt, release
 from ..nn.base import QATModule
 from ..quantizer import FakeQuantizer
 
@@ -97,10 +97,7 @@ class Fp16Island(_IslandEdges):
     float module's class (``Fp16SiLU(Fp16Island, nn.SiLU)``)."""
 
     def to_float(self) -> nn.Module:
-        new = super().to_float()
-        for key in ("island_op_class", "weight_quant"):
-            new.__dict__.pop(key, None)
-        return new
+        return release(self, drop=("island_op_class", "weight_quant"))
 
     #: the fused op of this class's float module (``island_class`` sets it), or None
     fused_op = None

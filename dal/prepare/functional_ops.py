@@ -16,6 +16,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn.tree import has_instance_attribute
+
 # ---- functional ops ------------------------------------------------------------------------
 ADD_TARGETS = {operator.add, operator.iadd, torch.add}
 MUL_TARGETS = {operator.mul, operator.imul, torch.mul}
@@ -127,8 +129,8 @@ class RewrittenModule(fx.GraphModule):
     def __deepcopy__(self, memo):
         res = super().__deepcopy__(memo)
         for key, value in self.__dict__.items():
-            if key not in res.__dict__:
-                res.__dict__[key] = copy.deepcopy(value, memo)
+            if not has_instance_attribute(res, key):
+                object.__setattr__(res, key, copy.deepcopy(value, memo))
         return res
 
 

@@ -32,7 +32,7 @@ class Prepared:
 
 def attach(model: nn.Module, handle: Prepared) -> nn.Module:
     """Attach ``handle`` to ``model`` (one plain attribute: it pickles and deep-copies with it)."""
-    model.__dict__[ATTR] = handle  # not nn.Module.__setattr__: a plain attribute, never a submodule
+    object.__setattr__(model, ATTR, handle)  # not nn.Module.__setattr__: a plain attribute, never a submodule
     return model
 
 

@@ -18,7 +18,6 @@ into one grid: rows are independent, so one column loop serves them all.
 """
 from __future__ import annotations
 
-import copy
 from typing import Optional
 
 import torch
@@ -38,11 +37,7 @@ def grid_key(wq: FakeQuantizer) -> tuple:
 def fresh_observer(wq: FakeQuantizer, group: int):
     """A copy of ``wq``'s observer (class and arguments) that has seen nothing, observing blocks of
     ``group`` columns along axis 1."""
-    obs = copy.copy(wq.observer)  # shallow: the buffers dict is replaced below, not shared
-    obs.__dict__.pop("_last", None)
-    obs._buffers = {k: v.detach().clone() * 0 for k, v in wq.observer._buffers.items()
-                    if k not in type(obs)._lazy_names}
-    obs._modules = dict(obs._modules)
+    obs = wq.observer.fresh_copy()
     obs.granularity = per_group(1, group)
     return obs
 

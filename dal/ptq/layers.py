@@ -65,7 +65,7 @@ def float_weight(mod: nn.Module) -> torch.Tensor:
 def unfolded_weight(mod: nn.Module, w: torch.Tensor) -> torch.Tensor:
     """The ``mod.weight`` for which ``float_weight(mod)`` is ``w`` (QConvBn2d: ``w / f``); differentiable."""
     if isinstance(mod, QConvBn2d):
-        return w / mod._fold_factor().detach().reshape(-1, *([1] * (w.dim() - 1)))
+        return mod.unfold_weight(w)
     return w
 
 

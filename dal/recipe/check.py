@@ -66,7 +66,7 @@ def check_against_hardware(recipe, hardware=None, layers: list[tuple[str, str, s
     RecipeError: invalid recipe 'w4a8_fp8_performance' for hardware 'a1000': ...
     """
     recipe = load_recipe(recipe)
-    hw = load_hardware(recipe._hardware_or(hardware))
+    hw = load_hardware(recipe.target_hardware(hardware))
     ctx = _Context(recipe, hw)
     if layers is None:
         ctx.check_rules()

@@ -165,7 +165,7 @@ class Recipe:
         from dal.hardware.load import load_hardware
         from dal.recipe.check import check_against_hardware
 
-        hw = load_hardware(self._hardware_or(hardware))
+        hw = load_hardware(self.target_hardware(hardware))
         spec = self.resolve(module_name, module_type_name, op_class)
         if spec is None or op_class is None:
             return spec
@@ -176,7 +176,9 @@ class Recipe:
             spec = replace(spec, sparsity=None)
         return spec
 
-    def _hardware_or(self, hardware):
+    def target_hardware(self, hardware=None):
+        """The hardware a call targets: ``hardware`` when given (a bundled name, a path or a
+        HardwareModel), else the recipe's own ``hardware``; RecipeError when neither names one."""
         if hardware is None:
             hardware = self.hardware
         if hardware is None:

@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..nn.tree import own_slots
+
 #: (function, GELU approximate) candidates, in the order tried
 CANDIDATES = (("gelu", "none"), ("gelu", "tanh"), ("silu", "none"), ("sigmoid", "none"), ("tanh", "none"),
               ("hardswish", "none"), ("hardsigmoid", "none"))
@@ -54,8 +56,8 @@ class _Calls(TorchFunctionMode):
 def candidate(module: nn.Module) -> bool:
     """A module worth probing: a parameter- and buffer-free leaf of a class outside torch and dal."""
     mod = type(module).__module__
-    return (not mod.startswith(("torch.", "dal.")) and not module._modules and not module._parameters
-            and not module._buffers)
+    slots = own_slots(module)
+    return not mod.startswith(("torch.", "dal.")) and not slots.modules and not slots.parameters and not slots.buffers
 
 
 def probe_activation(module: nn.Module) -> Optional[tuple[str, str]]:

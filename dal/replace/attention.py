@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..nn.tree import own_slots
 from .registry import rule
 from .softmax import softmax_mode
 
@@ -87,7 +88,7 @@ class NpuAttentionRule:
         notes = []
         from .hf_attention import CHILD, use_dal_attention
 
-        if CHILD in new._modules and (note := use_dal_attention(model, new)):
+        if CHILD in own_slots(new).modules and (note := use_dal_attention(model, new)):
             notes.append(note)
         if getattr(new, "v2", False) and new.zero_unused_key_bias():
             notes.append(f"{path}: qkv.bias k-part zeroed and frozen (torchvision's V2 never uses it)")

@@ -49,7 +49,6 @@ its config: set it back (``model.config._attn_implementation = "sdpa"``) before 
 """
 from __future__ import annotations
 
-import copy
 import inspect
 from typing import Optional, Union
 
@@ -60,6 +59,7 @@ from torch import nn
 from ..config.problems import Problem
 from ..nn.kv_cache import QKVCache, attach_kv_quantizers
 from ..nn.spec import make_quantizer
+from ..nn.tree import set_child, shallow_copy
 from ..recipe.errors import RecipeError
 from .core import NpuAttentionCore
 
@@ -72,11 +72,17 @@ MASKED_BELOW = 1e30
 _UNSUPPORTED = ("softcap", "position_bias", "s_aux")
 
 
-def is_hf_attention(module: nn.Module) -> bool:
-    """An HF attention module: a ``config`` with ``_attn_implementation``, and an own forward
-    that dispatches through ``ALL_ATTENTION_FUNCTIONS`` (transformers' attention interface)."""
+def hf_config_of(module) -> Optional[object]:
+    """``module.config`` when it is a transformers configuration (it has the attention
+    implementation setting ``_attn_implementation``), else None."""
     config = getattr(module, "config", None)
-    if config is None or not hasattr(config, "_attn_implementation"):
+    return config if config is not None and hasattr(config, "_attn_implementation") else None
+
+
+def is_hf_attention(module: nn.Module) -> bool:
+    """An HF attention module: a transformers ``config`` (:func:`hf_config_of`), and an own forward
+    that dispatches through ``ALL_ATTENTION_FUNCTIONS`` (transformers' attention interface)."""
+    if hf_config_of(module) is None:
         return False
     forward = inspect.unwrap(type(module).forward)
     code = getattr(forward, "__code__", None)
@@ -157,7 +163,7 @@ def dal_attention_forward(module: nn.Module, query, key, value, attention_mask, 
                           scaling: Optional[float] = None, **kwargs):
     """The function registered as :data:`DAL_ATTENTION`: ``module.npu_attention.attend(...)``,
     or transformers' ``sdpa_attention_forward`` for a module that has no ``npu_attention``."""
-    npu = module._modules.get(CHILD) if isinstance(module, nn.Module) else None
+    npu = getattr(module, CHILD, None) if isinstance(module, nn.Module) else None
     if isinstance(npu, HfNpuAttention):
         return npu.attend(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -186,12 +192,8 @@ def _dropout_of(module: nn.Module) -> float:
 def build_hf_attention(module: nn.Module, softmax_mode: str) -> nn.Module:
     """A copy of HF attention ``module`` (same class; the same Parameters, buffers, submodules and
     config object) with an :class:`HfNpuAttention` child ``npu_attention``; ``module`` is unchanged."""
-    new = copy.copy(module)
-    for k, v in module.__dict__.items():  # own dicts (submodules, hooks): the original stays as it was
-        if k.startswith("_") and isinstance(v, (dict, set)):
-            new.__dict__[k] = copy.copy(v)
-    new._modules[CHILD] = HfNpuAttention(_dropout_of(module), softmax_mode, name=CHILD)
-    new._modules[CHILD].train(module.training)
+    new = shallow_copy(module)  # own tables (submodules, hooks): the original stays as it was
+    set_child(new, CHILD, HfNpuAttention(_dropout_of(module), softmax_mode, name=CHILD).train(module.training))
     return new
 
 
@@ -200,8 +202,7 @@ def use_dal_attention(model: nn.Module, module: nn.Module) -> Optional[str]:
     other layers) to :data:`DAL_ATTENTION`; a note when it changed, else None."""
     register()
     notes = []
-    for cfg in {id(c): c for c in (getattr(module, "config", None), getattr(model, "config", None))
-                if c is not None and hasattr(c, "_attn_implementation")}.values():
+    for cfg in {id(c): c for c in (hf_config_of(module), hf_config_of(model)) if c is not None}.values():
         old = cfg._attn_implementation
         if old != DAL_ATTENTION:
             cfg._attn_implementation = DAL_ATTENTION

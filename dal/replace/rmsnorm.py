@@ -35,6 +35,7 @@ from torch import nn
 
 from ..nn.adopt import adopt, release
 from ..nn.base import QATModule
+from ..nn.tree import instance_attributes, own_slots
 from ..quantizer import FakeQuantizer
 
 TOLERANCE = 1e-5
@@ -56,13 +57,13 @@ def _find_eps(module: nn.Module) -> Optional[float]:
         if len(module.normalized_shape) != 1:
             return None
         return float(module.eps) if module.eps is not None else float(torch.finfo(torch.float32).eps)
-    if type(module).__module__.startswith(("torch.", "dal.")) or module._modules or module._buffers:
+    if type(module).__module__.startswith(("torch.", "dal.")) or own_slots(module).modules or own_slots(module).buffers:
         return None
     params = dict(module.named_parameters(recurse=False))
     weight = params.get("weight")
     if len(params) != 1 or weight is None or weight.dim() != 1 or not weight.is_floating_point():
         return None
-    candidates = [v for k, v in vars(module).items() if isinstance(v, float) and 0 < v < 1 and not k.startswith("_")]
+    candidates = [v for k, v in instance_attributes(module).items() if isinstance(v, float) and 0 < v < 1 and not k.startswith("_")]
     candidates.append(float(torch.finfo(torch.float32).eps))
     x = _probe(weight.numel())
     try:
@@ -113,9 +114,7 @@ class Fp16RMSNorm(QATModule):
         return {k: q for k in ("input_quant", "weight_quant", "output_quant") if (q := getattr(self, k)) is not None}
 
     def to_float(self) -> nn.Module:
-        new = release(self)
-        new.__dict__.pop("rms_eps", None)
-        return new
+        return release(self, drop=("rms_eps",))
 
     def forward(self, x):
         x = self.input_quant(x)

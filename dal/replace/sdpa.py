@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn.own_forward import attributes_kept
+from ..nn.tree import set_child, shallow_copy
 from .core import NpuAttentionCore
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -122,17 +123,13 @@ def replace_sdpa(mod: nn.Module, softmax_mode: Union[str, bool] = "fp16") -> nn.
         node.replace_all_uses_with(new)
         graph.erase_node(node)
     graph.lint()
-    holder = nn.Module()
-    holder.__dict__.update({k: v for k, v in mod.__dict__.items() if k not in ("_modules",)})
-    holder._modules = {**mod._modules, **added}
+    holder = shallow_copy(mod, nn.Module)
+    for name, m in added.items():
+        set_child(holder, name, m)
     gm = fx.GraphModule(holder, graph)
     cls = type(f"{type(mod).__name__}NpuSDPA", (type(mod),),
                {"forward": type(gm).forward, "__module__": __name__, "__doc__": f"{type(mod).__name__} with NpuSDPA"})
-    new = cls.__new__(cls)
-    new.__dict__.update({k: v for k, v in mod.__dict__.items()
-                         if k not in ("_modules", "_parameters", "_buffers")})
-    new._parameters, new._buffers = dict(mod._parameters), dict(mod._buffers)
-    new._modules = {**mod._modules, **added}
-    for m in added.values():
-        m.train(mod.training)
+    new = shallow_copy(mod, cls)
+    for name, m in added.items():
+        set_child(new, name, m.train(mod.training))
     return new
