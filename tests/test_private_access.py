@@ -56,8 +56,6 @@ TORCH_INTERNALS = {
 #: owned by another change in flight; the lead fixes these after the merge.
 #: (file, expression) pairs, expression as ``ast.unparse`` writes it.
 PENDING = {
-    ('dal/convert/float_layers.py', 'self.layer._parameters'),
-    ('dal/convert/matmul_f64.py', 'owner.__dict__'),
     ('dal/prepare/call_sites.py', 'module.__dict__'),
     ('dal/quantizer_ops.py', 'o._buffers'),
     ('dal/quantizer_ops.py', 'q._cast'),

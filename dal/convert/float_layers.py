@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from .errors import ConvertError
 from .wrapped import float_attribute
+from ..nn.tree import own_slots
 
 #: the float layers that have this form: exactly these classes (a QAT subclass is an integer layer)
 FLOAT_LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -48,7 +49,7 @@ class FloatLayerForm(nn.Module):
         try:
             return super().__getattr__(name)  # parameters, buffers, submodules ("layer")
         except AttributeError:
-            if name not in self.layer._parameters:
+            if name not in own_slots(self.layer).parameters:
                 found, value = float_attribute(self.layer, name)  # stride, in_features, ... (wrapped.py)
                 if not found:
                     raise

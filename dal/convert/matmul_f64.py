@@ -12,8 +12,13 @@ operations in the same order, so the integer model calls it too (as ``attention.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
+
+#: owner module -> (weight key, its float64 [K, N] copy): see :func:`weight_kn`
+_KEPT: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
 def matmul_f64(x: torch.Tensor, w_kn) -> torch.Tensor:
@@ -27,11 +32,11 @@ def matmul_f64(x: torch.Tensor, w_kn) -> torch.Tensor:
 
 def weight_kn(owner: torch.nn.Module, w_nk: torch.Tensor) -> np.ndarray:
     """``w_nk.t()`` as :func:`matmul_f64` hands it to numpy (float64 ``[K, N]``, C-contiguous),
-    converted once and kept on ``owner`` until ``w_nk`` changes (its storage or ``_version``):
-    a layer's constant weight is not converted on every call."""
+    converted once and kept for ``owner`` (weakly: it goes with the module) until ``w_nk`` changes
+    (its storage or ``_version``): a layer's constant weight is not converted on every call."""
     key = (w_nk.data_ptr(), w_nk._version, tuple(w_nk.shape))
-    kept = owner.__dict__.get("_weight_kn")
+    kept = _KEPT.get(owner)
     if kept is None or kept[0] != key:
         kept = (key, np.ascontiguousarray(w_nk.detach().t().to("cpu", torch.float64).numpy()))
-        owner.__dict__["_weight_kn"] = kept
+        _KEPT[owner] = kept
     return kept[1]
