@@ -47,7 +47,7 @@ def damped_inverse_cholesky(H: torch.Tensor, percdamp: float) -> torch.Tensor:
 @torch.no_grad()
 def solve_columns(W: torch.Tensor, H: torch.Tensor, grid: ColumnGrid, *, block_size: int = 128,
                   percdamp: float = 0.01, act_order: bool = False, sparsity: Optional[tuple] = None,
-                  mask: Optional[torch.Tensor] = None) -> dict:
+                  mask: Optional[torch.Tensor] = None, latent: bool = False) -> dict:
     """Run GPTQ (``sparsity=None``) or SparseGPT (``sparsity=(n, m)``: keep ``n`` of every ``m``)
     on ``W`` (rows x columns, any float dtype) with Hessian ``H`` (columns x columns); the
     arithmetic is in ``H.dtype``. ``grid`` gives the column quantizer and receives the group
@@ -55,6 +55,9 @@ def solve_columns(W: torch.Tensor, H: torch.Tensor, grid: ColumnGrid, *, block_s
     order), ``mask`` (bool, kept weights; None without sparsity), ``dead`` (dead columns),
     ``perm`` (the column order used). A given ``mask`` (rows x columns, bool) is kept fixed:
     weights where it is False are 0 before quantization (a layer already 2:4 sparse).
+    ``latent=True`` also returns ``latent`` (rows x columns, original order): each weight as the loop
+    had it just before rounding (compensated by the earlier columns' errors, 0 where pruned); it
+    rounds to ``codes`` on the grid's scales, but lies off the grid points.
     """
     if sparsity is not None and (act_order or mask is not None):
         raise ValueError("SparseGPT chooses its own N:M groups in the original column order: no act_order, no mask")
@@ -91,6 +94,7 @@ def solve_columns(W: torch.Tensor, H: torch.Tensor, grid: ColumnGrid, *, block_s
     mask = torch.ones(cols, rows, dtype=torch.bool) if sparsity is not None else \
         (fixed.t().contiguous() if fixed is not None else None)
     order = perm.tolist()
+    lat = torch.zeros(cols, rows, dtype=dtype) if latent else None
     for i1 in range(0, cols, step):
         i2 = min(i1 + step, cols)
         W1 = Wt[i1:i2].clone()
@@ -112,10 +116,15 @@ def solve_columns(W: torch.Tensor, H: torch.Tensor, grid: ColumnGrid, *, block_s
                 pruned.scatter_(0, ranks[:m - n_keep], True)
                 mask[j:j + m] = ~pruned
             w_in = w if mask is None else torch.where(mask[j], w, torch.zeros_like(w))
+            if lat is not None:
+                lat[j] = w_in
             q, _ = grid.quantize(w_in, col, out=codes[j])
             err = torch.sub(w, q, out=Err1[i]).div_(d_list[i])
             W1[i:].addr_(U1[i, i:], err, alpha=-1.0)
         Wt[i2:].addmm_(U[i1:i2, i2:].t(), Err1, alpha=-1.0)
     codes, mask = codes.t(), (mask.t() if mask is not None else None)
     inv = torch.argsort(perm)
-    return {"codes": codes[:, inv], "mask": None if mask is None else mask[:, inv], "dead": dead, "perm": perm}
+    out = {"codes": codes[:, inv], "mask": None if mask is None else mask[:, inv], "dead": dead, "perm": perm}
+    if lat is not None:
+        out["latent"] = lat.t()[:, inv]
+    return out

@@ -362,6 +362,12 @@ def _solve_stack(members: list, H: torch.Tensor, tokens: int, solve: Callable, r
             bad = int((got != q).sum())
             raise RuntimeError(f"dal.ptq: {name}: the fake-quant weight differs from the solved weight in {bad} "
                                "element(s); the weight quantizer does not reproduce (code - z) * s")
+        if result.get("latent") is not None:  # the weights before rounding: the same fake-quant weight, off the grid
+            lat = result["latent"][r0:r0 + n].reshape(mod.weight.shape).to(mod.weight.device, mod.weight.dtype)
+            # elementwise on frozen scales: where the kernel rounds a value (a tie) otherwise, the grid point itself
+            mod.weight.copy_(torch.where(mod.quantized_weight(lat) == q, lat, q))
+            if not torch.equal(mod.quantized_weight(mod.weight), q):
+                raise RuntimeError(f"dal.ptq: {name}: the latent weights do not fake-quantize to the solved weight")
         rows = slice(r0, r0 + n)
         report["layers"][name] = {"error": weight_error(W[rows] - Q[rows].to(H.dtype), H),
                                   "rtn_error": weight_error(W[rows] - rtn[rows], H), "tokens": tokens}

@@ -19,13 +19,13 @@ from torch import nn
 
 from .column_grid import ColumnGrid
 from .gptq_solver import solve_columns
-from .hessian import solve_layerwise
+from .hessian import candidate_linears, solve_layerwise
 
 
 def sparsegpt(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = None, *,
               input_fn: Optional[Callable] = None, pattern: str = "2:4", block_size: int = 128,
               percdamp: float = 0.01, layers=None, progress: bool = False, sequential: str = "block",
-              replay: bool = True, dtype: torch.dtype = torch.float32) -> dict:
+              replay: bool = True, dtype: torch.dtype = torch.float32, latent: bool = False) -> dict:
     """SparseGPT (Frantar & Alistarh 2023) with ``pattern`` ("N:M", along the input columns)
     on every calibrated QLinear of ``qmodel``, in place, jointly with its weight quantization.
 
@@ -35,6 +35,17 @@ def sparsegpt(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = N
     column from its current weights before its masks are. A layer whose input width is not a
     multiple of M raises ``ValueError`` naming it (pass ``layers=`` without it). Returns
     ``gptq``'s report (its ``rtn_error`` is that of the dense round-to-nearest weight).
+
+    The layers must be dense: a layer whose ``weight_mask`` already prunes weights (a recipe rule's
+    ``sparsity: "2:4"`` masks by magnitude at ``prepare_qat`` and zeroes the pruned weights) raises
+    ``ValueError`` naming it, since SparseGPT could only choose among the weights magnitude kept.
+    Prepare without the sparsity rule and let this step choose the masks.
+
+    ``latent=False``: each weight is written on its grid point, ``(code - z) * s``. ``latent=True``:
+    each weight is the value the column loop rounded (compensated by the earlier columns' errors, 0
+    where pruned): the fake-quant weight is the same, but QAT after this step starts from weights
+    that a small update moves to the next code, as from round-to-nearest, rather than from the
+    middle of their rounding interval.
 
     Example:
         >>> dal.calibrate(qmodel, calib); dal.ptq.sparsegpt(qmodel, calib)  # doctest: +SKIP
@@ -49,8 +60,15 @@ def sparsegpt(qmodel: nn.Module, calib: Iterable, num_batches: Optional[int] = N
             names = ", ".join(q.name.rsplit(".", 1)[0] for q in quantizers)
             raise ValueError(f"sparsegpt: {names}: {W.shape[1]} input features are not a multiple of {m} ({pattern})")
         grid = ColumnGrid(quantizers, rows, W.shape[1], H.dtype)
-        return grid, solve_columns(W, H, grid, block_size=block_size, percdamp=percdamp, sparsity=(n, m))
+        return grid, solve_columns(W, H, grid, block_size=block_size, percdamp=percdamp, sparsity=(n, m),
+                                   latent=latent)
 
+    pruned = [name for name, mod in candidate_linears(qmodel, layers, "dal.ptq.sparsegpt", convs=False)
+              if getattr(mod, "weight_mask", None) is not None and not bool(mod.weight_mask.all())]
+    if pruned:  # checked before any layer is solved
+        raise ValueError(f"sparsegpt: {', '.join(pruned)}: the weight is already pruned by its weight_mask (e.g. a "
+                         "recipe rule's sparsity: 2:4, magnitude masks at prepare_qat): SparseGPT needs the dense "
+                         "weight to choose the masks; prepare without the sparsity rule (or pass layers= without them)")
     return solve_layerwise(qmodel, calib, num_batches, solve=solve, input_fn=input_fn, layers=layers,
                            sequential=sequential, replay=replay, dtype=dtype, progress=progress, what="dal.ptq.sparsegpt",
                            convs=False)

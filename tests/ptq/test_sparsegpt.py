@@ -118,3 +118,47 @@ def test_sparsegpt_is_a_step_of_the_ptq_flow():
     mod = q[0]
     assert (mod.weight_mask.reshape(16, 16, 4).sum(-1) == 2).all()
     assert torch.equal(mod.quantized_weight(mod.weight), mod.weight)
+
+
+def test_latent_weights_are_the_values_the_loop_rounded():
+    # latent=True: the same masks and codes as the reference, and each stored weight is the reference's
+    # compensated weight just before rounding (v * s), not its grid point: QAT moves codes from there
+    q, W, X = prepared_small_layer()
+    sparsegpt(q, [X], dtype=torch.float64, block_size=16, latent=True)
+    ref = reference(W, X.double().numpy(), sparsity=(2, 4))
+    codes, Q, mask = layer_result(q)
+    assert np.array_equal(mask, ref["mask"])
+    assert np.array_equal(codes, ref["codes"])
+    s = q[0].weight_quant.scale.detach().double().repeat_interleave(GROUP, dim=1).numpy()
+    lat = q[0].weight.detach().double().numpy()
+    # float64 solve, float32 weight: one float32 rounding of v * s (relative 6e-8)
+    np.testing.assert_allclose(lat, np.where(ref["mask"], ref["v"] * s, 0.0), rtol=1e-6, atol=1e-9)
+    assert (lat[mask] != Q[mask]).mean() > 0.9  # off the grid points
+
+
+def test_a_layer_pruned_at_prepare_is_refused_before_anything_changes():
+    # a recipe rule's sparsity: 2:4 prunes by magnitude at prepare_qat: SparseGPT would only pick among the kept weights
+    lin, X = small_layer()
+    rec = {**W4_GROUP, "rules": [dict(W4_GROUP["rules"][0], sparsity="2:4")]}
+    q = dal.prepare_qat(nn.Sequential(lin), recipe=rec, example_inputs=(X[:4],))
+    dal.calibrate(q, [X])
+    w0 = q[0].weight.detach().clone()
+    assert not bool(q[0].weight_mask.all())
+    with pytest.raises(ValueError, match="sparsegpt: 0: the weight is already pruned by its weight_mask"):
+        sparsegpt(q, [X])
+    assert torch.equal(q[0].weight, w0)
+
+
+def test_sparsegpt_masks_survive_training_steps():
+    q, W, X = prepared_small_layer()
+    sparsegpt(q, [X], latent=True)
+    mod = q[0]
+    mask = mod.weight_mask.clone()
+    opt = torch.optim.AdamW(q.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        (q(X) - X[:, :16]).square().mean().backward()
+        opt.step()
+    assert torch.equal(mod.weight_mask, mask)
+    assert mod.weight[~mask].abs().max() == 0
+    assert dal.sparsity.is_2to4(mod.quantized_weight(mod.weight).detach(), 1)
