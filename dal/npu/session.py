@@ -31,8 +31,9 @@ from .validate import check_claimed_types, check_quant_nodes, precheck
 
 
 def named(e: NPUError, node) -> NPUError:
-    """``e`` with its message prefixed by the node's name and op type, unless it names it."""
-    if f"{node.name!r}" not in str(e):
+    """``e`` with its message prefixed by the node's name and op type, unless it names it
+    (or a fused chain's member step already named it: ``e.node_named``)."""
+    if not getattr(e, "node_named", False) and f"{node.name!r}" not in str(e):
         e.args = (f"node {node.name!r} ({node.op_type}): {e}",) + tuple(e.args[1:])
     return e
 
@@ -90,7 +91,7 @@ class Session:
     """A parsed model. ``run`` is re-entrant for different inputs (weights are read-only)."""
 
     def __init__(self, model, *, semantics: str = "integer", threads: int | None = None,
-                 kernel: str | None = None):
+                 kernel: str | None = None, fuse_chains: bool = True):
         if semantics not in ("integer", "onnx"):
             raise NPUError(f"semantics must be 'integer' or 'onnx', got {semantics!r}")
         from . import ops_cast, ops_einsum, ops_float, ops_nn, ops_quant, ops_reduce, ops_topk, ops_trig  # noqa: F401
@@ -101,7 +102,7 @@ class Session:
         from .group_post import group_step
         from .quant_step import match as match_quant, match_dequant
         self.model = load_model(model)
-        self.semantics = semantics
+        self.semantics, self.fuse_chains = semantics, bool(fuse_chains)
         # kernel variant (dispatch.py): None = the best this CPU's cpuid allows
         self.isa = resolve_kernel(kernel) if semantics == "integer" else -1
         self.kernel = dispatch_names[self.isa] if self.isa >= 0 else None
@@ -181,6 +182,11 @@ class Session:
         # tensors kept pixel-major between integer steps (layout.py); every one handed out is NCHW
         self._nhwc = (layout.plan(self.steps, self._live, g.outputs, rank4_names(g))
                       if self.semantics == "integer" else set())
+        self._plain = self.steps  # what every-tensor runs use: each node's output kept, forcible
+        if self.fuse_chains:  # connected float node steps as one step (fused_chains.py)
+            from .fused_chains import fuse
+            self.steps = fuse(self.steps, self._live, g, {**g.consts, **self._folded}, g.outputs, self._nhwc)
+            self._live = self._liveness()
 
     def _in_types(self, n):
         out = []
@@ -281,7 +287,8 @@ class Session:
         plan = self.__dict__.get(key)
         if plan is None:
             plan, last = [], {}
-            for step, live in zip(self.steps, self._live):
+            steps = self._plain if every else self.steps  # unfused when every tensor is wanted
+            for step, live in zip(steps, self._live if not every else [True] * len(steps)):
                 if not (live or every):
                     continue
                 takes = getattr(step, "nhwc_in", ()) or ()
@@ -360,7 +367,7 @@ class Session:
         its own upstream results; returns what each step computes. Isolates per-layer parity."""
         out = self._public(dict(self._folded))
         consts = {**self.graph.consts, **self._folded}
-        for step in self.steps:
+        for step in self._plain:
             try:
                 ins = [None if not i else values[i] if i in values else consts[i] for i in step.inputs]
             except KeyError:
@@ -377,7 +384,7 @@ class Session:
         row "one layer from the same quantized inputs": the layer's own float arithmetic still
         runs here, and a near-tie flip upstream cannot cascade into it."""
         env, own = self._feed(inputs), {}
-        for step in self.steps:
+        for step in self._plain:
             out = self._exec(step, self._ins(step, env, {}), True)
             own.update(self._public(out))
             env.update({k: (layout.to_nhwc(reference[k]) if k in self._nhwc else reference[k])
@@ -386,11 +393,13 @@ class Session:
 
 
 def load(model, *, semantics: str = "integer", threads: int | None = None,
-         kernel: str | None = None) -> Session:
+         kernel: str | None = None, fuse_chains: bool = True) -> Session:
     """Parse ``model`` (path, bytes or onnx.ModelProto) once; see Session. ``kernel`` forces a
     kernel variant ("portable", "avx2", "avx_vnni", "avx512_vnni", "amx_int8"; None: the best this CPU runs,
-    see dal.npu.info()); every variant gives the same exact results."""
-    return Session(model, semantics=semantics, threads=threads, kernel=kernel)
+    see dal.npu.info()); every variant gives the same exact results. ``fuse_chains`` (default
+    True): connected float nodes run as one step each (fused_chains.py), bit-identical to
+    running them node by node (False)."""
+    return Session(model, semantics=semantics, threads=threads, kernel=kernel, fuse_chains=fuse_chains)
 
 
 def run(model, inputs, *, return_intermediates: bool = False, threads: int | None = None,
