@@ -3,8 +3,8 @@
 A decoder's decode graph at batch 1 is hundreds of small float nodes on [1, 1, 256]-sized
 tensors (the FP16 islands' Cast round trips, RMSNorm's Pow / ReduceMean / Add / Sqrt / Div / Mul,
 rotary's Mul / Slice / Neg / Concat / Add, the SiLU island's Sigmoid / Mul, head-split Reshape /
-Transpose). Run node by node, each costs a few microseconds of checks and bookkeeping around
-a sub-microsecond numpy call. ``fuse`` groups connected steps of such nodes (``FUSABLE``) into
+Transpose, the KV cache's Unsqueeze / Expand / Reshape for grouped heads). Run node by node,
+each costs a few microseconds of checks and bookkeeping around a sub-microsecond numpy call. ``fuse`` groups connected steps of such nodes (``FUSABLE``) into
 one ``ChainStep`` that runs them back to back as a small program of the same numpy calls.
 
 Contract: a ChainStep's outputs equal, bit for bit on every element (NaN, inf and float16
@@ -18,7 +18,7 @@ per-call type checks and attribute parsing done once at load):
     float32 and rounded once;
   * Pow: ``np.power`` with the exponent in float32; Sqrt, Neg: numpy's;
   * ReduceMean: ``T(sum float64(x) / float64(n))``; Softmax: ops_float's formula;
-  * Sigmoid, Reshape, Transpose, Slice, Concat, Unsqueeze, Squeeze (and a Cast of 4096 elements
+  * Sigmoid, Reshape, Transpose, Slice, Concat, Unsqueeze, Squeeze, Expand (and a Cast of 4096 elements
     or more): ops_float's functions themselves, called directly, their constant inputs and
     attributes bound at load.
 
@@ -44,7 +44,7 @@ _FLOATS = (_F32, _F16)
 _HALF_PAIR = {_F32, _F16}
 #: op types a chain may hold (module doc); data ops take constant non-data inputs only
 FUSABLE = frozenset({"Cast", "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Sigmoid", "ReduceMean",
-                     "Softmax", "Reshape", "Transpose", "Slice", "Concat", "Unsqueeze", "Squeeze"})
+                     "Softmax", "Reshape", "Transpose", "Slice", "Concat", "Unsqueeze", "Squeeze", "Expand"})
 #: ops whose every input is data (the others: input 0 is data, the rest must be constants)
 _ALL_DATA = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Concat"})
 
@@ -103,7 +103,8 @@ def _mean_fn(names, a, consts, opset):
         if len(set(ax)) != len(ax):
             raise ValueError("repeated axis")
         count = math.prod(x.shape[i] for i in ax)
-        return np.asarray(x.astype(np.float64).sum(axis=ax, keepdims=keep) / np.float64(count)).astype(x.dtype)
+        # np.add.reduce is what ndarray.sum calls: the same float64 sum
+        return np.asarray(np.add.reduce(x.astype(np.float64), axis=ax, keepdims=keep) / np.float64(count)).astype(x.dtype)
     return mean
 
 
@@ -193,12 +194,12 @@ class ChainStep:
 
     def run(self, ins, threads, want_extra=False):
         if self.use_program:
-            env = dict(zip(self.inputs, ins))
             if all(type(ins[k]) is np.ndarray and ins[k].dtype in _FLOATS for k in self.dynamic):
+                vals = list(ins) + self.program["blank"]  # slots: the inputs, None, each member's output
                 try:
                     for fn, args, out in self.program["ops"]:
-                        env[out] = fn([env[i] if i else None for i in args])
-                    return {o: env[o] for o in self.outputs}
+                        vals[out] = fn([vals[j] for j in args])
+                    return {o: vals[j] for o, j in self.program["out"]}
                 except Exception:  # the node steps below give the nodes' results or named errors
                     pass
             else:  # e.g. integer inputs: this chain's program never applies to this graph's types
@@ -295,6 +296,13 @@ def _chain(steps, ms, fns, readers, outs, consts):
         made.update(o for o in st.outputs if o)
     extern = [o for m in ms for o in steps[m].outputs
               if o and (o in outs or any(r not in mset for r in readers.get(o, ())))]
-    # constants are read through env too: bind them in the program's inputs
-    program = {"ops": ops, "const": const_in, "consts": consts}
+    # the program's values live in a list: the chain's inputs (constants too: the session hands
+    # them in), then None for absent optional inputs, then each member's output
+    slot = {i: k for k, i in enumerate(ins)}
+    slot[""] = len(ins)
+    for k, (_, _, o) in enumerate(ops):
+        slot[o] = len(ins) + 1 + k
+    program = {"ops": [(fn, tuple(slot[i] for i in args), slot[o]) for fn, args, o in ops],
+               "blank": [None] * (1 + len(ops)), "out": [(o, slot[o]) for o in extern],
+               "const": const_in, "consts": consts}
     return ChainStep([steps[m] for m in ms], program, ins, extern)
