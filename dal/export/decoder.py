@@ -20,6 +20,7 @@ the slot its position names, and masks the slots not written yet (:mod:`dal.veri
 """
 from __future__ import annotations
 
+import json
 import os
 from collections import deque
 from typing import Optional, Union
@@ -185,6 +186,9 @@ def _rename(proto: onnx.ModelProto, names_in: list[str], names_out: list[str]) -
         node.name = new(node.name)
     for item in (*g.input, *g.output, *g.initializer):
         item.name = new(item.name)
+    for prop in proto.metadata_props:  # dal.sparse_24 names codes initializers: renamed with them
+        if prop.key == "dal.sparse_24" and prop.value:
+            prop.value = json.dumps({new(k): v for k, v in json.loads(prop.value).items()}, sort_keys=True)
 
 
 def export_decoder(model: nn.Module, path_prefix: Union[str, os.PathLike], *, prompt_len: int, cache_len: int,
