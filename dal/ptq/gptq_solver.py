@@ -55,9 +55,8 @@ def solve_columns(W: torch.Tensor, H: torch.Tensor, grid: ColumnGrid, *, block_s
     order), ``mask`` (bool, kept weights; None without sparsity), ``dead`` (dead columns),
     ``perm`` (the column order used). A given ``mask`` (rows x columns, bool) is kept fixed:
     weights where it is False are 0 before quantization (a layer already 2:4 sparse).
-    ``latent=True`` also returns ``latent`` (rows x columns, original order): each weight as the loop
-    had it just before rounding (compensated by the earlier columns' errors, 0 where pruned); it
-    rounds to ``codes`` on the grid's scales, but lies off the grid points.
+    ``latent=True`` adds ``latent``: each weight as the loop rounded it (compensated by the earlier
+    columns' errors, 0 where pruned; rows x columns, original order): off the grid points.
     """
     if sparsity is not None and (act_order or mask is not None):
         raise ValueError("SparseGPT chooses its own N:M groups in the original column order: no act_order, no mask")
@@ -124,7 +123,5 @@ def solve_columns(W: torch.Tensor, H: torch.Tensor, grid: ColumnGrid, *, block_s
         Wt[i2:].addmm_(U[i1:i2, i2:].t(), Err1, alpha=-1.0)
     codes, mask = codes.t(), (mask.t() if mask is not None else None)
     inv = torch.argsort(perm)
-    out = {"codes": codes[:, inv], "mask": None if mask is None else mask[:, inv], "dead": dead, "perm": perm}
-    if lat is not None:
-        out["latent"] = lat.t()[:, inv]
-    return out
+    return {"codes": codes[:, inv], "mask": None if mask is None else mask[:, inv], "dead": dead, "perm": perm,
+            **({"latent": lat.t()[:, inv]} if lat is not None else {})}
