@@ -1,5 +1,5 @@
 """Held-out perplexity of the tiny Llama (bench/llm_common.py) under W4A8 quantization: float, RTN,
-GPTQ, SparseGPT 2:4, QAT from RTN / from GPTQ, QAT 2:4, QAT with an FP8 KV cache; each row over
+GPTQ, SparseGPT 2:4, QAT from RTN / from GPTQ, QAT 2:4 from SparseGPT, QAT with an FP8 KV cache; each row over
 several seeds, with the share of the float-to-RTN perplexity gap it recovers, its time, and the
 deployed perplexity (the integer model of dal.convert, bench/llm_deployed.py) on seed 0.
 The setting is :data:`SETTING` (w4a8_int8_llm with int4 weights at one scale per tensor).
@@ -180,9 +180,24 @@ def _calib(seed: int):
     return list(text.random_batches(train_ids, 8, L.SEQ, CALIB_BATCHES, seed=10_000 + seed))
 
 
-def _prepared(recipe, seed: int, ptq: str | None = None):
+def _sparse_layers(recipe) -> list:
+    """The paths of the layers that ``recipe`` with a ``sparsity: "2:4"`` rule on its int4 linears
+    (:func:`with_rule`) makes 2:4 on the tiny Llama: every int4 Linear but lm_head."""
+    import dal
+
+    model, _ = L.pretrained(verbose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = dal.prepare_qat(model, recipe=with_rule(recipe, sparsity="2:4"), hardware=HARDWARE.get("a2000", "a2000"))
+    names = [n for n, m in model.named_modules() if getattr(m, "weight_mask", None) is not None]
+    _release(model)
+    return names
+
+
+def _prepared(recipe, seed: int, ptq: str | None = None, **ptq_args):
     """(model, seconds): the pre-trained tiny Llama prepared with ``recipe`` on the a2000, calibrated
-    on :data:`CALIB_BATCHES` seeded windows, then ``dal.ptq.<ptq>`` over the same windows."""
+    on :data:`CALIB_BATCHES` seeded windows, then ``dal.ptq.<ptq>(model, windows, **ptq_args)`` over
+    the same windows."""
     import dal
 
     fn = _ptq_step(ptq) if ptq else None
@@ -196,9 +211,8 @@ def _prepared(recipe, seed: int, ptq: str | None = None):
             raise NotAvailable("the kv_cache rule attached no KV-cache quantizer to this model")
         calib = _calib(seed)
         dal.calibrate(model, calib, progress=False, method="minmax")
-        if fn is not None:  # SparseGPT: on the layers the recipe made 2:4 (lm_head stays dense, as in QAT 2:4)
-            sparse = [n for n, m in model.named_modules() if hasattr(m, "weight_mask")]
-            fn(model, calib, **({"layers": sparse} if ptq == "sparsegpt" else {}))
+        if fn is not None:
+            fn(model, calib, **ptq_args)
     return model, time.perf_counter() - t
 
 
@@ -219,11 +233,20 @@ def _release(model) -> None:
 
 def row_fns(recipe):
     """name -> (kind, fn(seed) -> (model, seconds)): every row of the table, in order."""
-    sparse = lambda: with_rule(recipe, sparsity="2:4")  # noqa: E731
+    # SparseGPT chooses the 2:4 masks itself, on the dense model (a sparsity rule would prune by magnitude
+    # at prepare, and dal.ptq.sparsegpt refuses pruned layers): on the layers that the 2:4 rule of QAT 2:4
+    # makes sparse (lm_head stays dense). Before QAT, the weights are SparseGPT's before rounding (latent):
+    # the same fake-quant model, off the grid points, so the QAT moves codes as it does from RTN.
+    sgpt = {}
 
-    def qat_from(rec_fn, ptq=None):
+    def sparsegpt_args(latent=False):
+        if "layers" not in sgpt:
+            sgpt["layers"] = _sparse_layers(recipe)
+        return {"layers": sgpt["layers"], "latent": latent}
+
+    def qat_from(rec_fn, ptq=None, args=dict):
         def run(seed):
-            model, s = _prepared(rec_fn(), seed, ptq)
+            model, s = _prepared(rec_fn(), seed, ptq, **args())
             return model, s + _qat(model, seed)
         return run
 
@@ -239,10 +262,10 @@ def row_fns(recipe):
         "float": ("float", pretrained_float),
         "RTN W4A8": ("rtn", lambda seed: _prepared(recipe, seed)),
         "GPTQ W4A8": ("gptq", lambda seed: _prepared(recipe, seed, "gptq")),
-        "SparseGPT 2:4 + W4A8": ("ptq", lambda seed: _prepared(sparse(), seed, "sparsegpt")),
+        "SparseGPT 2:4 + W4A8": ("ptq", lambda seed: _prepared(recipe, seed, "sparsegpt", **sparsegpt_args())),
         "QAT W4A8 from RTN": ("qat", qat_from(lambda: recipe)),
         "QAT W4A8 from GPTQ": ("qat", qat_from(lambda: recipe, "gptq")),
-        "QAT 2:4 + W4A8": ("qat", qat_from(sparse)),
+        "QAT 2:4 + W4A8 from SparseGPT": ("qat", qat_from(lambda: recipe, "sparsegpt", lambda: sparsegpt_args(latent=True))),
         "QAT W4A8 + FP8 KV cache": ("qat", qat_from(lambda: kv_recipe(recipe))),
         "float + the QAT steps (baseline)": ("baseline", float_more),
     }
@@ -250,7 +273,7 @@ def row_fns(recipe):
 
 #: --rows ids -> table row names
 IDS = {"float": "float", "rtn": "RTN W4A8", "gptq": "GPTQ W4A8", "sparsegpt": "SparseGPT 2:4 + W4A8",
-       "qat_rtn": "QAT W4A8 from RTN", "qat_gptq": "QAT W4A8 from GPTQ", "qat_24": "QAT 2:4 + W4A8",
+       "qat_rtn": "QAT W4A8 from RTN", "qat_gptq": "QAT W4A8 from GPTQ", "qat_24": "QAT 2:4 + W4A8 from SparseGPT",
        "qat_kv": "QAT W4A8 + FP8 KV cache", "float_more": "float + the QAT steps (baseline)"}
 
 
@@ -461,6 +484,7 @@ def table(results: dict, what: str) -> str:
         lines += ["", "Every row's attention is the NPU's (`replace: [npu_attention]`: Q @ K^T and P @ V with int8 "
                   "inputs, softmax in fp16) with the recipe's int8 per-tensor KV cache; QAT W4A8 + FP8 KV cache "
                   "replaces that `kv_cache` rule with fp8_e4m3 per tensor."]
+    lines += _sparse_lines(results, f, r)
     lines += _deployed_lines(results)
     if reasons:
         lines += ["", "Not available: " + "; ".join(reasons) + "."]
@@ -472,6 +496,31 @@ def table(results: dict, what: str) -> str:
         lines += [f"| {k} | {v['ppl']:.4f} | {100 * (v['ppl'] / f - 1):.2f}% |"
                   for k, v in sorted(settings.items(), key=lambda kv: kv[1]["ppl"])]
     return "\n".join(lines) + "\n"
+
+
+#: the key under which bench/results/llm_accuracy.json keeps the QAT 2:4 row of the earlier flow
+#: (magnitude masks at prepare, then the same QAT), measured before the row started from SparseGPT
+MAGNITUDE_24 = "QAT 2:4 + W4A8"
+
+
+def _sparse_lines(results: dict, f, r) -> list:
+    """The note under the table on the 2:4 rows: how SparseGPT and the QAT after it are run, and the
+    stored numbers of the earlier flow (:data:`MAGNITUDE_24`) when the json still holds them."""
+    if "ppl" not in results.get(IDS["qat_24"], {}):
+        return []
+    line = ("2:4 rows: dal.ptq.sparsegpt chooses the 2:4 masks on the dense prepared model (every int4 Linear but "
+            "lm_head; a recipe sparsity rule would prune by magnitude at prepare, and SparseGPT then only re-chose "
+            "among magnitude's survivors), jointly with the int4 weights, on the calibration windows. QAT 2:4 + W4A8 "
+            "from SparseGPT keeps those masks through the QAT steps and starts from SparseGPT's weights before "
+            "rounding (`latent=True`: the same fake-quant model, but weights off the grid points, so the QAT moves "
+            "codes as it does from RTN).")
+    old = results.get(MAGNITUDE_24) or {}
+    if "ppl" in old and f is not None and r is not None and r != f:
+        m = statistics.mean(old["ppl"])
+        line += (f" The earlier flow, magnitude 2:4 masks at prepare then the same {old.get('qat_steps')} QAT steps: "
+                 f"{m:.4f} (seeds {', '.join(str(x) for x in old['seeds'])}: {min(old['ppl']):.4f} - "
+                 f"{max(old['ppl']):.4f}), {(r - m) / (r - f):.0%} of the gap.")
+    return ["", line]
 
 
 def _deployed_cell(v: dict) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ["float", "RTN W4A8", "GPTQ W4A8", "SparseGPT 2:4 + W4A8", "QAT W4A8 from RTN", "QAT W4A8 from GPTQ",
-        "QAT 2:4 + W4A8", "QAT W4A8 + FP8 KV cache", "float + the QAT steps (baseline)"]
+        "QAT 2:4 + W4A8 from SparseGPT", "QAT W4A8 + FP8 KV cache", "float + the QAT steps (baseline)"]
 
 
 def _readme_block() -> str:
