@@ -183,9 +183,13 @@ class Session:
         self._nhwc = (layout.plan(self.steps, self._live, g.outputs, rank4_names(g))
                       if self.semantics == "integer" else set())
         self._plain = self.steps  # what every-tensor runs use: each node's output kept, forcible
-        if self.fuse_chains:  # connected float node steps as one step (fused_chains.py)
+        if self.fuse_chains:  # requantized moves as one table (code_moves.py), then float chains (fused_chains.py)
+            from .code_moves import fuse as fuse_moves
             from .fused_chains import fuse
-            self.steps = fuse(self.steps, self._live, g, {**g.consts, **self._folded}, g.outputs, self._nhwc)
+            consts = {**g.consts, **self._folded}
+            self.steps = fuse_moves(self.steps, self._live, g, consts, g.outputs, self._nhwc)
+            self._live = self._liveness()
+            self.steps = fuse(self.steps, self._live, g, consts, g.outputs, self._nhwc)
             self._live = self._liveness()
 
     def _in_types(self, n):
