@@ -184,10 +184,12 @@ class Session:
                       if self.semantics == "integer" else set())
         self._plain = self.steps  # what every-tensor runs use: each node's output kept, forcible
         if self.fuse_chains:  # requantized moves as one table (code_moves.py), then float chains (fused_chains.py)
-            from .code_moves import fuse as fuse_moves
+            from .code_moves import fuse as fuse_moves, fuse_concat
             from .fused_chains import fuse
             consts = {**g.consts, **self._folded}
             self.steps = fuse_moves(self.steps, self._live, g, consts, g.outputs, self._nhwc)
+            self._live = self._liveness()
+            self.steps = fuse_concat(self.steps, self._live, consts, g.outputs, self._nhwc)
             self._live = self._liveness()
             self.steps = fuse(self.steps, self._live, g, consts, g.outputs, self._nhwc)
             self._live = self._liveness()
