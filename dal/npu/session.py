@@ -10,6 +10,11 @@ semantics:
   "onnx": every node by itself with ONNX float semantics (float32 dequantized values,
       float64-accumulated conv/gemm rounded once to float32, Q): the graph's own arithmetic,
       independent of summation order. The fixed-point requantizer does not apply.
+
+fuse_chains=True (default; "integer" semantics): requantized data movement as code tables
+(code_moves.py) and connected float nodes as one step each (fused_chains.py), bit-identical to
+the nodes one by one (fuse_chains=False); every-tensor, layerwise and teacher-forced runs run
+them one by one.
 """
 from __future__ import annotations
 
@@ -102,7 +107,7 @@ class Session:
         from .group_post import group_step
         from .quant_step import match as match_quant, match_dequant
         self.model = load_model(model)
-        self.semantics, self.fuse_chains = semantics, bool(fuse_chains)
+        self.semantics, self.fuse_chains = semantics, bool(fuse_chains) and semantics == "integer"
         # kernel variant (dispatch.py): None = the best this CPU's cpuid allows
         self.isa = resolve_kernel(kernel) if semantics == "integer" else -1
         self.kernel = dispatch_names[self.isa] if self.isa >= 0 else None
@@ -355,7 +360,8 @@ class Session:
     def profile(self, inputs, *, repeat: int = 5) -> list[dict]:
         """Where the time goes: each step's median wall time over ``repeat`` runs of ``inputs``,
         slowest first, as dicts {node, op, kind ("fused" integer group, "codes" table/pool
-        group, "blocked_float" blocked linear with a float output, "node"), ms, share (of the sum)}. The steps run exactly as in ``run``."""
+        group or requantized moves, "blocked_float" blocked linear with a float output, "chain"
+        connected float nodes run as one step (op "FloatChain"), "node"), ms, share (of the sum)}. The steps run exactly as in ``run``."""
         plan = self._fetch_plan(False)
         times = [[] for _ in plan]
         with gc_paused():  # as in run
@@ -403,8 +409,9 @@ def load(model, *, semantics: str = "integer", threads: int | None = None,
     """Parse ``model`` (path, bytes or onnx.ModelProto) once; see Session. ``kernel`` forces a
     kernel variant ("portable", "avx2", "avx_vnni", "avx512_vnni", "amx_int8"; None: the best this CPU runs,
     see dal.npu.info()); every variant gives the same exact results. ``fuse_chains`` (default
-    True): connected float nodes run as one step each (fused_chains.py), bit-identical to
-    running them node by node (False)."""
+    True, "integer" semantics): requantized moves as code tables (code_moves.py) and connected
+    float nodes as one step each (fused_chains.py), bit-identical to running them node by node
+    (False)."""
     return Session(model, semantics=semantics, threads=threads, kernel=kernel, fuse_chains=fuse_chains)
 
 
