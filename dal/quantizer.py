@@ -155,16 +155,16 @@ class FakeQuantizer(nn.Module):
     def _mirror(self, state: QState) -> None:
         """The forward's view of the state, decided once here instead of on every call."""
         self._state = state
-        self._fake_quant = state.quantizes and self.fmt.is_scaled
-        self._cast = state.quantizes and not self.fmt.is_scaled
+        self.fake_quantizes = state.quantizes and self.fmt.is_scaled
+        self.casts = state.quantizes and not self.fmt.is_scaled
         # QAT with a cheap observer (min-max) updates the scale each step; the observer can change
-        # (calibration swaps them): read per call (_tracking). Then the C++ kernel path: straight-through
+        # (calibration swaps them): read per call (tracking). Then the C++ kernel path: straight-through
         # estimator, integer and FP8 formats, unless use_kernel(False).
         self._tracks_range = state is QState.QUANTIZE and self.fmt.is_scaled and not self.learnable
-        self._kernel = self._fake_quant and not self.learnable and kernel_format(self.fmt) \
+        self._kernel = self.fake_quantizes and not self.learnable and kernel_format(self.fmt) \
             and self.__dict__.get("_use_kernel", True)
         # under torch.compile: dal.kernels' ops (dal.quantizer_ops); a learnable scale: dal::fake_quantize_lsq
-        self._ops = self._fake_quant or self._cast or state is QState.OBSERVE
+        self._ops = self.fake_quantizes or self.casts or state is QState.OBSERVE
 
     def use_kernel(self, enabled: bool = True) -> "FakeQuantizer":
         """False: every call takes the torch path (observer, set_qparams, fake_quantize), the fast paths' reference."""
@@ -305,9 +305,9 @@ class FakeQuantizer(nn.Module):
             y = self._kernel_forward(x)
             if y is not None:
                 return y
-        if self._fake_quant:
+        if self.fake_quantizes:
             scale, zero_point = self.scale, self.zero_point
-            if self._tracking():
+            if self.tracking():
                 self.observer(x)
                 self.compute_qparams()
                 # A module called several times in one forward (a detection head per pyramid level) has
@@ -320,7 +320,7 @@ class FakeQuantizer(nn.Module):
                 return self._learnable_forward(x)
             return fake_quantize(x, self.fmt, scale, zero_point, self.granularity, self.narrow_range,
                                  check=False)
-        if self._cast:
+        if self.casts:
             return fake_quantize(x, self.fmt, check=False)
         if self._state is QState.OBSERVE and self.observer is not None:
             self.observer(x)
@@ -329,7 +329,7 @@ class FakeQuantizer(nn.Module):
     def _kernel_forward(self, x: torch.Tensor) -> Optional[torch.Tensor]:
         """This call by the C++ kernel, the observer's QAT step included (``dal.formats.track``), or
         None: the torch path decides (it also raises for a quantizer without a scale)."""
-        step = self._track_step() if self._tracking() else False  # None: tracking, not by the kernel
+        step = self._track_step() if self.tracking() else False  # None: tracking, not by the kernel
         if step is None:
             return None
         return kernel_fake_quantize(x, self.granularity, self.fmt, self.qmin, self.qmax, self.scale, self.zero_point,
@@ -339,14 +339,15 @@ class FakeQuantizer(nn.Module):
         """This call's ``(s, lo, hi, mode)`` for the C++ kernel, after the observer's QAT step (of
         ``x``, or ``x * f``) in one C++ call (``dal.formats.track``: the torch path's numbers).
         None: the torch path decides (it also raises for a quantizer without a scale)."""
-        if not self._tracking():
+        if not self.tracking():
             return fixed_kernel_params(self.scale, self.zero_point, self.fmt, self.qmin, self.qmax) \
                 if self.initialized else None
         step = self._track_step()
         rows = scale_extremes(x, self.granularity, f) if step else None
         return None if rows is None else track_qparams(*rows, *step, self.scale, self.zero_point)
 
-    def _tracking(self) -> bool:  # the QAT step updates the scale (a cheap observer, training)
+    def tracking(self) -> bool:
+        """Whether this call's QAT step updates the scale (a cheap observer, in training)."""
         return self._tracks_range and self.training and self.observer.updates_during_training
 
     def _track_step(self) -> Optional[tuple]:  # the observer's track_step() if it is ours (not for 2^k scales)
@@ -361,7 +362,7 @@ class FakeQuantizer(nn.Module):
         if not (self._kernel and fold_granularity(self.granularity) and fold_eligible(weight, f)):
             return None
         done = None
-        if self.granularity.axis is not None and self._tracking():  # per channel: W read once (track.py)
+        if self.granularity.axis is not None and self.tracking():  # per channel: W read once (track.py)
             step, grad = self._track_step(), weight.requires_grad or f.requires_grad
             done = step and fold_track_forward(weight, f, *step, self.scale, self.zero_point, divide, grad)
             if not done:

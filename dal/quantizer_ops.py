@@ -68,9 +68,9 @@ COMPILED_FORM = {"fake_quantize": "op", "observe": "fused"}
 
 def ops_forward(q, x: torch.Tensor) -> torch.Tensor:
     """``q(x)`` for a FakeQuantizer ``q`` whose state has ops (``q._ops``, decided at its state change)."""
-    if q._fake_quant:
+    if q.fake_quantizes:
         scale, zero_point = q.scale, q.zero_point
-        if q._tracking():
+        if q.tracking():
             if COMPILED_FORM["observe"] == "fused" and not q.learnable and _ops_cover(q.observer):
                 return ops_observe_fake_quantize(q, x)
             scale, zero_point = ops_observe(q, x, True)
@@ -81,7 +81,7 @@ def ops_forward(q, x: torch.Tensor) -> torch.Tensor:
         if COMPILED_FORM["fake_quantize"] == "inline" and torch.compiler.is_compiling():
             return fake_quantize_inline(x, scale, zero_point, q.fmt, q.granularity, q.narrow_range)
         return kernels.fake_quantize(x, scale, zero_point, q.fmt, q.granularity, q.narrow_range)
-    if q._cast:
+    if q.casts:
         return kernels.fp_round_trip(x, q.fmt.torch_dtype())
     if q.observer is not None:
         ops_observe(q, x, False)
@@ -117,7 +117,7 @@ def ops_observe(q, x: torch.Tensor, qparams: bool) -> Optional[tuple[torch.Tenso
 def _ops_cover(o) -> bool:
     """Whether the ops do observer ``o``'s update: a min-max observer on one process, buffers created."""
     return type(o) in (MinMaxObserver, MovingAverageMinMaxObserver) and o.fixed_scale is None \
-        and "min_val" in o._buffers and world_size() == 1
+        and isinstance(getattr(o, "min_val", None), torch.Tensor) and world_size() == 1
 
 
 def ops_observe_fake_quantize(q, x: torch.Tensor) -> torch.Tensor:

@@ -57,17 +57,6 @@ TORCH_INTERNALS = {
 #: (file, expression) pairs, expression as ``ast.unparse`` writes it.
 PENDING = {
     ('dal/prepare/call_sites.py', 'module.__dict__'),
-    ('dal/quantizer_ops.py', 'o._buffers'),
-    ('dal/quantizer_ops.py', 'q._cast'),
-    ('dal/quantizer_ops.py', 'q._fake_quant'),
-    ('dal/quantizer_ops.py', 'q._tracking'),
-    ('dal/sparsity/controller.py', 'mod.__dict__'),
-    ('dal/sparsity/controller.py', 'mod._buffers'),
-    ('dal/sparsity/controller.py', 'model.__dict__'),
-    ('dal/sparsity/controller.py', 'model.get_submodule(n)._buffers'),
-    ('dal/sparsity/controller.py', 'old.__dict__'),
-    ('dal/sparsity/controller.py', 'root.__dict__'),
-    ('dal/sparsity/prepare.py', 'model.__dict__'),
 }
 
 

@@ -62,6 +62,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from ..nn.tree import has_instance_attribute, own_slots
 from .mask import nm_mask, nm_mask_partial
 from .pattern import NMPattern
 from .schedule import SparsitySchedule
@@ -279,12 +280,13 @@ class SparsityController:
         for name in self.layers:
             mod = self.module(name)
             for buf in ("weight_mask", "weight_sparsity_stats", "weight_pruned_values"):
-                if buf in mod._buffers:
-                    del mod._buffers[buf]
-            mod.__dict__.pop(_VERSION_ATTR, None)
+                if buf in own_slots(mod).buffers:
+                    delattr(mod, buf)
+            if has_instance_attribute(mod, _VERSION_ATTR):
+                object.__delattr__(mod, _VERSION_ATTR)
         root = self._root()
-        if root is not None and root.__dict__.get(CONTROLLER_ATTR) is self:
-            del root.__dict__[CONTROLLER_ATTR]
+        if root is not None and _held_controller(root) is self:
+            object.__delattr__(root, CONTROLLER_ATTR)
 
     def __repr__(self) -> str:
         return (f"SparsityController(pattern={self.pattern}, schedule={self.schedule!r}, "
@@ -292,30 +294,35 @@ class SparsityController:
                 f"skipped={len(self.skipped)})")
 
 
+def _held_controller(model: nn.Module):
+    """The controller ``model`` holds itself as a plain attribute (not a wrapper's or a class's), or None."""
+    return getattr(model, CONTROLLER_ATTR) if has_instance_attribute(model, CONTROLLER_ATTR) else None
+
+
 def find_controller(model: nn.Module) -> "SparsityController | None":
     """The controller of ``model``, or None. Looks at the root attribute first, then for a
     controller whose masks are all held, under the same names, by ``model``'s modules (a new
     root built over the same modules, e.g. by ``dal.prepare_qat``); such a controller is moved
     to ``model`` (it leaves the old root)."""
-    ctl = model.__dict__.get(CONTROLLER_ATTR)
+    ctl = _held_controller(model)
     if ctl is not None:
         return ctl
     for name, mod in model.named_modules():
-        mask = mod._buffers.get("weight_mask")
+        mask = own_slots(mod).buffers.get("weight_mask")
         cand = _BY_MASK.get(id(mask)) if mask is not None else None
         if cand is None or cand._masks.get(name) is not mask:
             continue
         try:
-            mine = all(model.get_submodule(n)._buffers.get("weight_mask") is m
+            mine = all(own_slots(model.get_submodule(n)).buffers.get("weight_mask") is m
                        for n, m in cand._masks.items())
         except AttributeError:
             mine = False
         if mine:
             old = cand._root()
-            if old is not None and old.__dict__.get(CONTROLLER_ATTR) is cand:
-                del old.__dict__[CONTROLLER_ATTR]
+            if old is not None and _held_controller(old) is cand:
+                object.__delattr__(old, CONTROLLER_ATTR)
             cand._root = weakref.ref(model)
-            model.__dict__[CONTROLLER_ATTR] = cand
+            object.__setattr__(model, CONTROLLER_ATTR, cand)
             return cand
     return None
 

@@ -112,5 +112,5 @@ def prepare_sparse(model: nn.Module, pattern: str = "2:4",
     permuted = permute_sequential_pairs(model, set(chosen), pat.n, pat.m) if permute else {}
     ctl = SparsityController(model, pat, sched, chosen, skipped, permuted)
     ctl.attach()
-    model.__dict__[CONTROLLER_ATTR] = ctl
+    object.__setattr__(model, CONTROLLER_ATTR, ctl)  # a plain attribute: not a submodule
     return model
