@@ -73,11 +73,15 @@ NOTES = """
   `lm_head` (int8 per-channel weights in this recipe, a graph output) is a float island: its
   weight's DequantizeLinear runs once at load (constant_steps.py), its float64 copy is made once
   (const_matmul.py), one float64 numpy matmul per run.
-- decode (one token): ~430 small node steps (QuantizeLinear, DequantizeLinear, Cast, shape ops)
-  take most of the time, each a few microseconds of Python and numpy call overhead on [1, 1, 256]
-  tensors; the MatMuls (attention over the cache included) are about a quarter. At one row the
-  linears take the float32 blocks (dal/npu/blocked_groups.py EXACT_GEMM_ROWS: half the weight
-  bytes of the float64 path).
+- decode (one token): ~150 steps instead of ~460, each bit-identical to the nodes it replaces
+  (`dal.npu.load(..., fuse_chains=False)` runs them one by one): the float nodes between the
+  quantizers (the FP16 islands' Casts, RMSNorm, SiLU, softmax, rotary, head split) run as 32
+  "chain" steps (dal/npu/fused_chains.py); the KV cache's grouped-head expansion requantized for
+  the attention products and its `present_*` outputs are 256-entry code tables on the cache's
+  codes, and the cache append is a Concat of codes (dal/npu/code_moves.py, "codes" steps).
+  What is left: the linears (at one row on float32 blocks: dal/npu/blocked_groups.py
+  EXACT_GEMM_ROWS, half the weight bytes of the float64 path), the attention MatMuls, ~45 small
+  QuantizeLinear steps and the chains.
 - prefill (128 tokens): the MatMuls are about two thirds: the linears' exact float64 matmuls
   (§5a's arithmetic needs float64, or float32 blocks combined in float64; onnxruntime multiplies
   float32) and the attention products.
@@ -270,7 +274,10 @@ def profile_lines(say, e: "Engines", ratios: dict) -> None:
             f"sum of its profiled steps: {sum(r['ms'] for r in rows):.3f} ms (the rest: per-run and per-step "
             "overhead outside the steps, or caches the interleaved peers evicted)")
         say()
-        say(f"steps by kind: {dict(kinds)} (\"fused\" = an integer group: here the blocked up_proj linears; "
+        say(f"steps by kind: {dict(kinds)} (\"chain\" = connected float nodes run as one step, "
+            f"dal/npu/fused_chains.py; \"codes\" = code tables: SiLU * up products, the KV cache's "
+            f"requantized moves and append, dal/npu/fused_codes.py, code_moves.py; "
+            f"\"fused\" = an integer group: here the blocked up_proj linears; "
             f"\"blocked_float\" = a blocked linear with a float output, export/SPEC.md §5a: q/k/v, gate, o, down; "
             f"lm_head a float-island MatMul on its weight dequantized at load); DequantizeLinear nodes of constant "
             f"weights: {len(const)} in the file, {sum(r['node'] in const for r in rows)} still run per step "
