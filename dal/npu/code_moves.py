@@ -12,9 +12,9 @@ With scalar scales and zero points DQ1, Q2 and DQ2 are elementwise functions of 
 only places, repeats or selects elements (Expand multiplies by ones: exact for the finite
 dequantized values), so y = M(T[c]) with the 256-entry table T[k] = DQ2(Q2(DQ1(k))) computed at
 load by the three steps themselves (the quantizer's C++ path and its node-by-node formula must
-agree on the table, else nothing is fused). ``CodeMoves`` runs one table lookup on the cache's
-codes and the moves (ops_float's own functions), instead of two quantizer passes on the expanded
-tensor; bit-identical to the steps one by one, which it runs when its input is not codes of the
+agree on the table, else nothing is fused). ``CodeMoves`` runs the moves on the cache's 1-byte
+codes (ops_float's own functions; Expand as a broadcast view, the values ``codes * ones`` gives)
+and one table lookup last, ``T[M(c)]``, instead of two quantizer passes on the expanded tensor; bit-identical to the steps one by one, which it runs when its input is not codes of the
 expected type. Only a tensor read solely inside the pattern stays inside it (DQ1's output, read
 by others too, stays its own step). Likewise the cache append ``Q(Concat(DQ1(c), x))`` runs as
 ``Concat(c, Q(x))`` where Q undoes DQ1 on all 256 codes (``CodeConcat``). A DQ1 no live step
@@ -46,10 +46,13 @@ class CodeMoves:
     def run(self, ins, threads, want_extra=False):
         x = ins[0]
         if type(x) is np.ndarray and x.dtype == self.dtype:
-            v = np.take(self.table, x.view(np.uint8))
-            for fn, ctx, fixed, attrs in self.moves:
-                v = fn(ctx, [v] + fixed, attrs)[0]
-            return {self.outputs[0]: v}
+            v = x.view(np.uint8)  # M(T[c]) = T[M(c)]: the moves on the 1-byte codes, one lookup last
+            try:
+                for fn, ctx, fixed, attrs in self.moves:
+                    v = fn(ctx, [v] + fixed, attrs)[0]
+            except Exception:  # e.g. shapes that do not broadcast: the steps name their node
+                return self._one_by_one(ins, threads)
+            return {self.outputs[0]: np.take(self.table, v)}
         return self._one_by_one(ins, threads)
 
     def _one_by_one(self, ins, threads):
@@ -66,6 +69,13 @@ class CodeMoves:
                 e.node_named = True
                 raise named(e, p.node)
         return {self.outputs[0]: env[self.outputs[0]]}
+
+
+def _expand_view(ctx, ins, attrs):
+    """ONNX Expand of codes as a broadcast view (no copy; the lookup after the moves copies):
+    the values ops_float's ``x * ones(shape)`` gives, for integer codes exactly."""
+    x, shape = ins[0], tuple(int(d) for d in np.asarray(ins[1]).reshape(-1))
+    return [np.broadcast_to(x, np.broadcast_shapes(x.shape, shape))]
 
 
 def _table(first, q2, dq2, consts):
@@ -118,8 +128,8 @@ def fuse(steps, live, graph, consts, outputs, keep=frozenset()):
             for p in parts[:-1 if ends_in_codes else -2]:
                 from .ops_float import OPS
                 ctx = SimpleNamespace(node=p.node, opset=graph.opset, threads=1)
-                moves.append((OPS[p.node.op_type], ctx, [None if not i else consts[i] for i in p.inputs[1:]],
-                              graph.attrs(p.node)))
+                fn = _expand_view if p.node.op_type == "Expand" else OPS[p.node.op_type]
+                moves.append((fn, ctx, [None if not i else consts[i] for i in p.inputs[1:]], graph.attrs(p.node)))
             replaced.update(found)
             placed[found[-1]] = CodeMoves(st, moves, table, parts, consts)
     return [placed[k] if k in placed else s for k, s in enumerate(steps) if k in placed or k not in replaced]
