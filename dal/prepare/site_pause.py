@@ -33,14 +33,14 @@ ALONE_ATTR = "dal_site_alone"
 
 
 class _Pause:
-    """The pre-hook / hook pair of one submodule for one owner (``owner.__dict__[modes_key]`` is the
+    """The pre-hook / hook pair of one submodule for one owner (its attribute ``modes_key`` is the
     owner's stack of running modes, innermost last)."""
 
     def __init__(self, owner: nn.Module, modes_key: str):
         self.owner, self.modes_key, self.taken = owner, modes_key, []
 
     def before(self, module, args):
-        modes = self.owner.__dict__.get(self.modes_key)
+        modes = getattr(self.owner, self.modes_key, None)
         mode = modes[-1] if modes else None
         if mode is not None and not mode.paused and mode.on_top():
             mode.__exit__(None, None, None)
@@ -75,7 +75,10 @@ def pause_callees(owner: nn.Module, codes_of, skip: str, modes_key: str) -> None
     whose body code is the owner's is left alone (listed in ``owner.dal_site_alone``). Called at
     each routed forward: a callee without its hooks (one dal.convert swapped in, or a deep copy
     of a ``GraphModule``, which drops forward hooks) gets them then."""
-    alone = owner.__dict__.setdefault(ALONE_ATTR, [])
+    alone = getattr(owner, ALONE_ATTR, None)
+    if alone is None:
+        alone = []
+        setattr(owner, ALONE_ATTR, alone)
     body = None
     for m in _callees(owner, skip):
         if _hooked(m, owner) or any(a is m for a in alone):
@@ -90,7 +93,8 @@ def pause_callees(owner: nn.Module, codes_of, skip: str, modes_key: str) -> None
 
 
 def _hooked(m: nn.Module, owner: nn.Module) -> bool:
-    """``m`` has the pause hooks of ``owner`` (both of them)."""
+    """``m`` has the pause hooks of ``owner`` (both of them): read from nn.Module's hook tables, torch
+    having no public query (a deep-copied GraphModule keeps its attributes but not its hooks)."""
     def has(hooks):
         return any(isinstance(getattr(h, "__self__", None), _Pause) and h.__self__.owner is owner for h in hooks.values())
     return has(m._forward_pre_hooks) and has(m._forward_hooks)
