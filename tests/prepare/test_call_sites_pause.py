@@ -165,3 +165,59 @@ def test_a_mode_the_forward_entered_itself_stays_on_top_and_the_pause_is_skipped
     # the probe saw torch.device's mode above the owner's: nothing taken off (device + owner modes)
     assert depth == [2] and torch.equal(y, expect)
     assert torch._C._len_torch_function_stack() == 0
+
+
+class Gate(nn.Module):
+    """fx traces it: prepare rewrites its ``*`` into a QMul, the module into a GraphModule."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x) * torch.sigmoid(x)
+
+
+class Nest(nn.Module):
+    """An untraceable forward holding an instance of its own class: the inner one runs the outer's
+    forward code, so its calls are the outer's sites too (call_sites' frame rule)."""
+
+    def __init__(self, inner: bool = True):
+        super().__init__()
+        self.gate = Gate()
+        self.inner = Nest(False) if inner else None
+
+    def forward(self, x):
+        if x.shape[-1] >= 8:
+            y = self.gate(x)
+        if self.inner is not None:
+            y = y + self.inner(y)
+        return y + x
+
+
+def _nest():
+    torch.manual_seed(0)
+    m = dal.prepare_qat(Nest(), recipe="int8_balanced", hardware="a2000", example_inputs=(_x(0),))
+    dal.calibrate(m, [_x(1), _x(2)], progress=False)
+    return m.eval()
+
+
+def test_a_deep_copied_graphmodule_callee_gets_its_hooks_back_and_a_nested_owner_is_left_alone():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(call_sites, "pause_callees", lambda *args: None)
+        plain = _nest()
+        with torch.no_grad():
+            expect = plain(_x(40))
+    m = copy.deepcopy(_nest())  # GraphModule's deepcopy drops forward hooks, keeps attributes
+    assert isinstance(m.gate, torch.fx.GraphModule)
+    in_gate, h1 = _stack_depth_in(m.gate.lin)
+    in_inner, h2 = _stack_depth_in(m.inner.gate.lin)
+    with torch.no_grad():
+        y = m(_x(40))
+    h1.remove(), h2.remove()
+    assert torch.equal(y, expect)
+    assert in_gate == [0]  # hooked again at the owner's forward: the mode off while the gate runs
+    # the inner Nest runs the outer's forward code: left alone, the outer's mode stays under the
+    # inner's (which steps off for the inner's own gate)
+    assert m.dal_site_alone == [m.inner] and in_inner == [1]
+    assert torch._C._len_torch_function_stack() == 0
