@@ -15,7 +15,11 @@ taken the mode off) gets a forward pre-hook that takes the owner's running mode 
 stack, which its :meth:`~dal.prepare.call_sites._SiteMode.on_top` probe tells (a mode the
 forward entered itself, e.g. ``with torch.device(...)``, stays where it is, and so does ours:
 the call then goes through the mode as before). A submodule that runs the owner's own forward
-code (the owner's class nested in itself) is not hooked: its calls are the owner's sites. The
+code (the owner's class nested in itself) is not hooked: its calls are the owner's sites. Nor is
+one holding a torch module whose fused eval path depends on the mode (:data:`MODE_SENSITIVE`:
+``nn.MultiheadAttention`` and ``nn.TransformerEncoder(Layer)`` take ``torch._native_*`` kernels only
+where ``has_torch_function`` is false, which the owner's mode made true): its numbers stay as they
+were. The
 decorator wrappers of a forward (transformers' ``deprecate_kwarg`` wraps both a decoder layer's
 and its attention's) are not compared: shared code that makes no routed call.
 
@@ -30,6 +34,9 @@ from torch import nn
 
 #: the attribute of an owner that lists the callees it leaves alone
 ALONE_ATTR = "dal_site_alone"
+#: torch modules that choose a fused path by ``torch.overrides.has_torch_function``: a callee holding
+#: one keeps the owner's mode (module doc)
+MODE_SENSITIVE = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerEncoder)
 
 
 class _Pause:
@@ -72,7 +79,8 @@ def pause_callees(owner: nn.Module, codes_of, skip: str, modes_key: str) -> None
     """Hook each module the owner's forward calls (:func:`_callees`) once: while it runs, the
     owner's running mode is off the stack (module doc). ``codes_of(module)``: the code objects of
     a module's forward body (call_sites ``_body_codes``); a callee with a module in its subtree
-    whose body code is the owner's is left alone (listed in ``owner.dal_site_alone``). Called at
+    whose body code is the owner's, or a :data:`MODE_SENSITIVE` one, is left alone (listed in
+    ``owner.dal_site_alone``). Called at
     each routed forward: a callee without its hooks (one dal.convert swapped in, or a deep copy
     of a ``GraphModule``, which drops forward hooks) gets them then."""
     alone = getattr(owner, ALONE_ATTR, None)
@@ -84,8 +92,8 @@ def pause_callees(owner: nn.Module, codes_of, skip: str, modes_key: str) -> None
         if _hooked(m, owner) or any(a is m for a in alone):
             continue
         body = codes_of(owner) if body is None else body
-        if any(codes_of(sub) & body for sub in m.modules()):
-            alone.append(m)  # the owner's own code runs inside: its calls are sites
+        if any(isinstance(sub, MODE_SENSITIVE) or codes_of(sub) & body for sub in m.modules()):
+            alone.append(m)  # the owner's own code runs inside (its calls are sites), or a fused path
             continue
         p = _Pause(owner, modes_key)
         m.register_forward_pre_hook(p.before, prepend=True)

@@ -221,3 +221,19 @@ def test_a_deep_copied_graphmodule_callee_gets_its_hooks_back_and_a_nested_owner
     # inner's (which steps off for the inner's own gate)
     assert m.dal_site_alone == [m.inner] and in_inner == [1]
     assert torch._C._len_torch_function_stack() == 0
+
+
+def test_a_callee_holding_a_module_whose_fused_path_reads_the_mode_is_left_alone():
+    from dal.prepare import site_pause
+
+    owner = nn.Module()
+    owner.proj = nn.Linear(8, 8)
+    owner.attn = nn.Sequential(nn.MultiheadAttention(8, 2, batch_first=True))
+    owner.encoder = nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    site_pause.pause_callees(owner, call_sites._body_codes, call_sites.SITES_ATTR, "dal_site_modes")
+    # torch takes MHA's / the encoder layer's native kernel only where has_torch_function is false:
+    # taking the owner's mode off would change their numbers in eval
+    assert owner.dal_site_alone == [owner.attn, owner.encoder]
+    before = len(owner.proj._forward_pre_hooks)
+    site_pause.pause_callees(owner, call_sites._body_codes, call_sites.SITES_ATTR, "dal_site_modes")
+    assert len(owner.proj._forward_pre_hooks) == before == 1  # hooked once
