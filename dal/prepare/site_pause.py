@@ -11,17 +11,18 @@ So each direct submodule of an owner (the elements of a ``ModuleList`` / ``Modul
 too; not ``dal_sites``, whose modules run inside the mode's own handler, where torch has already
 taken the mode off) gets a forward pre-hook that takes the owner's running mode off the stack
 (``TorchFunctionMode.__exit__``) and a forward hook (``always_call=True``) that puts it back
-(``__enter__``). Public torch API only. The mode is taken off only when it is the top of the
-stack, which its :meth:`~dal.prepare.call_sites._SiteMode.on_top` probe tells (a mode the
-forward entered itself, e.g. ``with torch.device(...)``, stays where it is, and so does ours:
-the call then goes through the mode as before). A submodule that runs the owner's own forward
-code (the owner's class nested in itself) is not hooked: its calls are the owner's sites. Nor is
-one holding a torch module whose fused eval path depends on the mode (:data:`MODE_SENSITIVE`:
-``nn.MultiheadAttention`` and ``nn.TransformerEncoder(Layer)`` take ``torch._native_*`` kernels only
-where ``has_torch_function`` is false, which the owner's mode made true): its numbers stay as they
-were. The
-decorator wrappers of a forward (transformers' ``deprecate_kwarg`` wraps both a decoder layer's
-and its attention's) are not compared: shared code that makes no routed call.
+(``__enter__``): the mode moves by torch's public ``TorchFunctionMode`` API only. It is taken off
+only when it is the top of the stack, which its :meth:`~dal.prepare.call_sites._SiteMode.on_top`
+probe tells (a mode the forward entered itself, e.g. ``with torch.device(...)``, stays where it
+is, and so does ours: the call then goes through the mode as before).
+
+Left alone (the mode stays on): a submodule that runs the owner's own forward code (the owner's
+class nested in itself: its calls are the owner's sites), and one holding a torch module whose
+fused eval path depends on the mode (:data:`MODE_SENSITIVE`: ``nn.MultiheadAttention`` and
+``nn.TransformerEncoder(Layer)`` take their native kernels only where ``has_torch_function`` is
+false, which the owner's mode made true), so that their numbers stay as they were. The decorator
+wrappers of a forward (transformers' ``deprecate_kwarg`` wraps both a decoder layer's and its
+attention's) are not compared: shared code that makes no routed call.
 
 Which calls the mode routes does not change, so no output, gradient or quantizer state changes;
 only the number of calls that reach Python does (examples/bev's deformable block, one QAT
