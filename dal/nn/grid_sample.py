@@ -63,7 +63,8 @@ class GridQuantizer(FakeQuantizer):
         self.set_qparams(torch.tensor(2.0 ** -GRID_SCALE_LOG2, device=self.scale.device),
                          torch.tensor(0, dtype=torch.int32, device=self.scale.device))
 
-    def _tracking(self) -> bool:
+    def tracking(self) -> bool:
+        """Never: the grid scale is fixed (2^-GRID_SCALE_LOG2), no QAT step moves it."""
         return False
 
 

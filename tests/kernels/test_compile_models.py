@@ -67,7 +67,7 @@ def _step(fn, model, x, y, seed):
 @pytest.mark.parametrize("name", list(NETS))
 def test_compiled_step_is_the_eager_step(name):
     model = _prepared(name)
-    observing = [n for n, q in quantizers(model) if q._tracking()]
+    observing = [n for n, q in quantizers(model) if q.tracking()]
     assert len(observing) > 20
     eager, cmodel = copy.deepcopy(model), copy.deepcopy(model)
     for _, q in quantizers(eager):
