@@ -44,9 +44,9 @@ TORCH_INTERNALS = {
     "_conv_forward": ("nn.Conv*'s convolution with a weight other than its own, padding_mode included: no "
                       "public method takes the weight", ("dal/ptq/layers.py", "dal/convert/float_layers.py")),
     "_forward_pre_hooks": ("whether a module has forward pre-hooks (or a given one): torch has no public query",
-                           ("dal/nn/fast_path.py", "dal/prepare/fp16_island.py", "dal/prepare/site_pause.py")),
+                           ("dal/nn/fast_path.py", "dal/prepare/fp16_island.py")),
     "_forward_hooks": ("whether a module has forward hooks: torch has no public query",
-                       ("dal/prepare/fp16_island.py", "dal/prepare/site_pause.py")),
+                       ("dal/prepare/fp16_island.py",)),
     "__dict__": ("a module's attribute table as a whole: a copy with tables of its own and instance attributes "
                  "(dal.nn.tree), a class swap that keeps every attribute (dal.nn.adopt), fx tracing that shadows "
                  "forward / training on instances and puts the table back exactly (dal.nn.own_forward)",

@@ -32,11 +32,9 @@ A site called again in a later call of the same owner (an owner module shared be
 reuses the same key and so the same quantizers: one set of statistics per call site of the
 owner's code, as for a module called several times (see ``FakeQuantizer.forward``).
 
-Cost: while an owner runs, every torch call of its own forward reaches the mode (torch's
-dispatch to a Python mode, about a microsecond per call); a call whose name cannot be a routed
-kind goes straight through, before any frame is read. The modules the forward calls run with
-the mode off the stack (``site_pause``: their calls are never sites), once the owner has been
-routed once.
+Cost: while an owner runs, every torch call of its own forward, and of the modules it calls,
+reaches the mode (torch's dispatch to a Python mode, once per call). A call whose name cannot
+be a routed kind goes straight through, before any frame is read.
 """
 from __future__ import annotations
 
@@ -52,7 +50,6 @@ from torch.overrides import TorchFunctionMode
 from ..nn.grid_sample import grid_sample_args
 from .float_ops import FloatOp
 from .site_kinds import ISLAND_FUNCTIONS, KIND_NAMES, classify_call, index_call
-from .site_pause import pause_callees
 
 #: frames of torch's own dispatch wrappers between a user's call and the mode
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -148,18 +145,7 @@ def _owner_codes(owner: nn.Module) -> frozenset:
     own frames before Python 3.12: ``[self.act(o) for o in out]`` is the forward's call too)."""
     # A decorated forward (transformers wraps its layers' forwards, functools.wraps keeping
     # __wrapped__) runs its own code in the innermost function, not in the wrapper.
-    return _codes_of(_wrapped_chain(type(owner).forward))
-
-
-def _body_codes(module: nn.Module) -> frozenset:
-    """The code of the innermost function of the module's forward (past its decorators' wrappers,
-    which another module's forward may share) and of its comprehensions and lambdas."""
-    return _codes_of(_wrapped_chain(type(module).forward)[-1:])
-
-
-def _codes_of(functions) -> frozenset:
-    """The functions' code objects and the ``<...>`` code objects nested in them."""
-    todo = [c for f in functions if (c := getattr(f, "__code__", None)) is not None]
+    todo = [c for f in _wrapped_chain(type(owner).forward) if (c := getattr(f, "__code__", None)) is not None]
     found = set()
     while todo:
         c = todo.pop()
@@ -184,24 +170,11 @@ class _SiteMode(TorchFunctionMode):
         self.codes = _owner_codes(owner)
         self.sites = getattr(owner, SITES_ATTR, None)
         self.path, self.record, self.counts, self.flow = path, record, {}, flow
-        self.paused, self.probing, self.top = False, False, False
-
-    def on_top(self) -> bool:
-        """Whether this mode is the top of torch's function-mode stack: a probe call reaches its
-        handler straight from this method's frame (below another mode, it comes from that mode's
-        handler; off the stack, never)."""
-        self.probing, self.top = True, False
-        torch.promote_types(torch.float32, torch.float32)
-        self.probing = False
-        return self.top
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if self.probing:  # the first call to reach the mode after on_top started
-            self.probing = False
-            self.top = inspect.currentframe().f_back.f_code is _ON_TOP_CODE
         kwargs = kwargs or {}
-        # Training runs every torch call of the owner's own forward through here (and, until
-        # site_pause has hooked them, of the modules it calls). Only a call of a KIND_NAMES name
+        # Training runs every torch call of the owner's forward, and of everything it calls,
+        # through here (thousands per step in a detector head). Only a call of a KIND_NAMES name
         # can be routed, and the keys of those count only their own kind, so when
         # routing the rest is passed on before any frame is read (the recording run still
         # classifies every call, for the report).
@@ -315,22 +288,16 @@ def _tensors(value) -> tuple:
     return ()
 
 
-_ON_TOP_CODE = _SiteMode.on_top.__code__
-
-
 def _enter(module, args):
     mode = _SiteMode(module, getattr(module, "dal_site_path", ""))
     module.__dict__.setdefault("dal_site_modes", []).append(mode)
     mode.__enter__()
-    pause_callees(module, _body_codes, SITES_ATTR, "dal_site_modes")
 
 
 def _exit(module, args, output):
     modes = module.__dict__.get("dal_site_modes")
     if modes:
-        mode = modes.pop()
-        if not mode.paused:  # (a paused mode is off the stack already)
-            mode.__exit__(None, None, None)
+        modes.pop().__exit__(None, None, None)
     return None
 
 
