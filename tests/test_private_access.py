@@ -53,12 +53,6 @@ TORCH_INTERNALS = {
                  ("dal/nn/tree.py", "dal/nn/adopt.py", "dal/nn/own_forward.py")),
 }
 
-#: owned by another change in flight; the lead fixes these after the merge.
-#: (file, expression) pairs, expression as ``ast.unparse`` writes it.
-PENDING = {
-    ('dal/prepare/call_sites.py', 'module.__dict__'),
-}
-
 
 def _is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
@@ -175,11 +169,8 @@ def _dal_trees() -> dict:
 
 def test_private_members_are_reached_only_by_their_owner():
     found = list(violations(_dal_trees(), torch_private_names()))
-    known = PENDING
-    offenders = [f"{path}:{line}: {expr} ({why})" for path, line, expr, why in found if (path, expr) not in known]
+    offenders = [f"{path}:{line}: {expr} ({why})" for path, line, expr, why in found]
     assert not offenders, "private members reached from outside their owner:\n" + "\n".join(offenders)
-    stale = known - {(path, expr) for path, _, expr, _ in found}
-    assert not stale, f"PENDING entries that no longer occur (remove them): {sorted(stale)}"
 
 
 def test_the_allowlist_names_torch_internals_with_reasons():

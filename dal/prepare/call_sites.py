@@ -48,6 +48,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..nn.grid_sample import grid_sample_args
+from ..nn.tree import has_instance_attribute
 from .float_ops import FloatOp
 from .site_kinds import ISLAND_FUNCTIONS, KIND_NAMES, classify_call, index_call
 
@@ -288,14 +289,21 @@ def _tensors(value) -> tuple:
     return ()
 
 
+def _running_modes(module: nn.Module) -> list:
+    """``module``'s stack of running site modes (innermost last), a plain attribute it holds."""
+    if not has_instance_attribute(module, "dal_site_modes"):
+        object.__setattr__(module, "dal_site_modes", [])
+    return module.dal_site_modes
+
+
 def _enter(module, args):
     mode = _SiteMode(module, getattr(module, "dal_site_path", ""))
-    module.__dict__.setdefault("dal_site_modes", []).append(mode)
+    _running_modes(module).append(mode)
     mode.__enter__()
 
 
 def _exit(module, args, output):
-    modes = module.__dict__.get("dal_site_modes")
+    modes = _running_modes(module)
     if modes:
         modes.pop().__exit__(None, None, None)
     return None
@@ -310,7 +318,7 @@ def discover(model: nn.Module, owners: list[str], run, flow: Optional[list] = No
 
     def pre(module, args, path):
         mode = _SiteMode(module, path, record, flow)
-        module.__dict__.setdefault("dal_site_modes", []).append(mode)
+        _running_modes(module).append(mode)
         mode.__enter__()
 
     for path in owners:
