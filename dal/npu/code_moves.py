@@ -112,8 +112,8 @@ def fuse(steps, live, graph, consts, outputs, keep=frozenset()):
                 readers.setdefault(i, []).append(k)
     outs, replaced, placed = set(outputs), set(), {}
     for k, st in enumerate(steps):
-        if not (live[k] and type(st) is DequantStep) or st.outputs[0] in keep:
-            continue
+        if not (live[k] and type(st) is DequantStep) or st.outputs[0] in keep or k in replaced:
+            continue  # (a DQ2 an earlier pattern took in: its input, Q2's codes, no longer exists)
         for r in readers.get(st.outputs[0], ()):
             found = _follow(steps, live, r, readers, outs, consts, keep, NodeStep, QuantStep, DequantStep)
             if found is None or any(m in replaced for m in found):

@@ -139,3 +139,31 @@ def test_cache_append_other_grid_not_fused():
     m = _append_model(np.int8, 0.05, 0, 0.07, 0)
     fused = dal.npu.load(m, threads=1)
     assert "CodeConcat" not in [type(st).__name__ for st in fused.steps]
+
+
+def test_two_patterns_sharing_a_dequantize():
+    """DQ1 -> Transpose -> Q2 -> DQ2 -> Unsqueeze -> Q3 -> DQ3: DQ2 ends the first pattern and would
+    start a second one; the first takes it in (its input, Q2's codes, is then never computed), so
+    the second is not formed, and the session equals the nodes one by one and the formulas."""
+    s = {"s1": 0.05, "s2": 0.0371, "s3": 0.1093}
+    nodes = [helper.make_node("DequantizeLinear", ["c", "s1", "z"], ["f"], name="dq1"),
+             helper.make_node("Transpose", ["f"], ["t"], name="transpose", perm=[0, 2, 1]),
+             helper.make_node("QuantizeLinear", ["t", "s2", "z"], ["q2"], name="q2"),
+             helper.make_node("DequantizeLinear", ["q2", "s2", "z"], ["g"], name="dq2"),
+             helper.make_node("Unsqueeze", ["g", "ax"], ["r"], name="unsqueeze"),
+             helper.make_node("QuantizeLinear", ["r", "s3", "z"], ["q3"], name="q3"),
+             helper.make_node("DequantizeLinear", ["q3", "s3", "z"], ["y"], name="dq3")]
+    consts = {**{k: np.float32(v) for k, v in s.items()}, "z": np.int8(0), "ax": np.array([1], np.int64)}
+    g = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("c", TensorProto.INT8, [1, 16, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.ir_version = 10
+    fused, plain = dal.npu.load(m.SerializeToString(), threads=1), dal.npu.load(m.SerializeToString(), threads=1,
+                                                                                  fuse_chains=False)
+    c = np.arange(128, dtype=np.int64).astype(np.uint8).view(np.int8).reshape(1, 16, 8) * 2
+    got, want = fused.run({"c": c})[0], plain.run({"c": c})[0]
+    f = c.astype(np.float32) * np.float32(s["s1"])
+    q2 = _q(f.transpose(0, 2, 1), s["s2"], 0, np.int8).astype(np.float32) * np.float32(s["s2"])
+    oracle = _q(q2[:, None], s["s3"], 0, np.int8).astype(np.float32) * np.float32(s["s3"])
+    assert np.array_equal(got, want) and np.array_equal(got, oracle)
