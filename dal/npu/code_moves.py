@@ -255,12 +255,7 @@ def fuse_concat(steps, live, consts, outputs, keep=frozenset()):
 
 
 def _undoes(q, first, consts) -> bool:
-    """Whether Q(DQ1(k)) = k for every code k of DQ1's type (both quantizer paths)."""
+    """Whether Q(DQ1(k)) = k for every code k of DQ1's type (both quantizer paths: :func:`_table`)."""
     codes = np.arange(256, dtype=np.uint8).view(first.dtype)
-    f = first.run([codes], 1)[first.outputs[0]]
-    if not np.all(np.isfinite(f)):
-        return False
-    params = [None if not i else consts[i] for i in q.inputs[1:]]
-    fast = q.run([f] + params, 1)[q.outputs[0]]
-    slow = q.fallback.run([f] + params, 1)[q.outputs[0]]
-    return fast.dtype == slow.dtype == codes.dtype and np.array_equal(fast, codes) and np.array_equal(slow, codes)
+    table = _table(first, q, None, consts)
+    return table is not None and table.dtype == codes.dtype and np.array_equal(table, codes)
