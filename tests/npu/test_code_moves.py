@@ -5,7 +5,6 @@ computed here in float64 / numpy (DequantizeLinear (c - zp) * s in float32, Quan
 saturate(round_half_even(x / s) + zp)); and the cache's ``present_*`` output, DQ -> Slice -> Q back
 to codes, as a codes table (the identity on the cache's own grid)."""
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
