@@ -56,18 +56,13 @@ class CodeMoves:
         return self._one_by_one(ins, threads)
 
     def _one_by_one(self, ins, threads):
-        from .errors import NPUError
-        from .session import named
+        from .session import run_member
         first = [ins[0]] + [None if not i else self.consts[i] for i in self.first.inputs[1:]]
         env = {}
         for p, pins in [(self.first, first)] + [(p, None) for p in self.parts]:
             if pins is None:
                 pins = [None if not i else env[i] if i in env else self.consts[i] for i in p.inputs]
-            try:
-                env.update(p.run(pins, threads))
-            except NPUError as e:
-                e.node_named = True
-                raise named(e, p.node)
+            env.update(run_member(p, pins, threads))
         return {self.outputs[0]: env[self.outputs[0]]}
 
 
@@ -195,8 +190,7 @@ class CodeConcat:
 
     def _one_by_one(self, ins, threads):
         """The Concat and Q steps one by one on the dequantized inputs (DQ1 recomputed from the codes)."""
-        from .errors import NPUError
-        from .session import named
+        from .session import run_member
         vals = []
         for k, x in enumerate(ins):
             first = self.firsts.get(k)
@@ -206,11 +200,7 @@ class CodeConcat:
         for p, pins in ((self.concat, vals), (self.q, None)):
             if pins is None:
                 pins = [env[p.inputs[0]]] + self.q_params
-            try:
-                env.update(p.run(pins, threads))
-            except NPUError as e:
-                e.node_named = True
-                raise named(e, p.node)
+            env.update(run_member(p, pins, threads))
         return {self.outputs[0]: env[self.outputs[0]]}
 
 

@@ -207,16 +207,15 @@ class ChainStep:
         return self._one_by_one(ins, threads)
 
     def _one_by_one(self, ins, threads):
-        from .session import named
+        from .session import run_member
         env = dict(zip(self.inputs, ins))
         consts = self.program["consts"]
         for p in self.parts:
             pins = [None if not i else env[i] if i in env else consts[i] for i in p.inputs]
             try:
-                env.update(p.run(pins, threads))
-            except NPUError as e:
-                e.node_named = True
-                raise named(e, p.node)
+                env.update(run_member(p, pins, threads))
+            except NPUError:
+                raise
             except Exception as e:
                 err = NPUError(f"node {p.node_name!r} ({p.node.op_type}) failed: {type(e).__name__}: {e}")
                 err.node_named = True

@@ -43,6 +43,16 @@ def named(e: NPUError, node) -> NPUError:
     return e
 
 
+def run_member(step, ins, threads) -> dict:
+    """``step.run(ins, threads)`` for a member of a fused step run one by one: an NPUError it
+    raises names the member's node (:func:`named`) and is marked so the fused step adds nothing."""
+    try:
+        return step.run(ins, threads)
+    except NPUError as e:
+        e.node_named = True
+        raise named(e, step.node)
+
+
 @contextmanager
 def gc_paused():
     """Python's cyclic garbage collector off inside the block, back on afterwards only if it was
