@@ -122,7 +122,8 @@ def compile_library(source: str, cache_dir: str | None = None, cxx: str | None =
                     flags: list[str] | None = None) -> str:
     """Path of the shared object built from the C++ file ``source``, compiling only when missing.
 
-    It is ``<cache_dir>/dal_<stem>_<cache_key>.so`` (default cache ``$XDG_CACHE_HOME/dal/kernels``,
+    It is ``<cache_dir>/dal_<stem>_<cache_key>.so``, the key covering ``source`` and the headers of
+    its directory (:func:`_source_text`) (default cache ``$XDG_CACHE_HOME/dal/kernels``,
     i.e. ``~/.cache/dal/kernels``). ``cxx`` defaults to ``$CXX``, else c++, else g++; ``flags``
     to this module's (-O3, AVX2/FMA and F16C when the CPU has them, OpenMP when the compiler links it).
     Each build compiles to a private ``.tmp-<pid>-<host>-*`` file and ``os.replace`` s it into
@@ -134,8 +135,7 @@ def compile_library(source: str, cache_dir: str | None = None, cxx: str | None =
     if cxx is None:
         raise RuntimeError("no C++ compiler found (looked for $CXX, c++, g++)")
     flags = _compile_flags(cxx) if flags is None else list(flags)
-    with open(source, "rb") as f:
-        text = f.read()
+    text = _source_text(source)
     cache = os.path.abspath(cache_dir or _cache_dir())
     stem = os.path.splitext(os.path.basename(source))[0]
     target = os.path.join(cache, f"dal_{stem}_{cache_key(text, cxx, flags)}.so")
@@ -154,6 +154,18 @@ def compile_library(source: str, cache_dir: str | None = None, cxx: str | None =
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def _source_text(source: str) -> bytes:
+    """The bytes a build of ``source`` depends on: the file, then every header (``*.h``) of its
+    directory in name order (what ``#include "..."`` can reach), so a header change rebuilds."""
+    with open(source, "rb") as f:
+        text = f.read()
+    folder = os.path.dirname(os.path.abspath(source))
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".h")):
+        with open(os.path.join(folder, name), "rb") as f:
+            text += b"\0" + name.encode() + b"\0" + f.read()
+    return text
 
 
 def _find_compiler() -> str | None:

@@ -147,3 +147,19 @@ def test_load_library_of_this_tree_matches_the_process_kernel():
     if native.library() is None:
         pytest.skip(f"no fused kernel here: {native.status()}")
     assert why == "built and loaded" and lib._name == native.library()._name  # the same cached build
+
+
+def test_a_header_change_rebuilds(tmp_path):
+    """A source including a header of its folder: editing the header gives another build, which
+    the compiler compiles with the new header (the library answers the header's new value)."""
+    import ctypes
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "value.h").write_text("#pragma once\nconstexpr int kValue = 3;\n")
+    src = folder / "uses.cpp"
+    src.write_text('#include "value.h"\nextern "C" int answer() { return kValue; }\n')
+    first = compile_library(str(src), cache_dir=str(tmp_path / "cache"))
+    (folder / "value.h").write_text("#pragma once\nconstexpr int kValue = 4;\n")
+    second = compile_library(str(src), cache_dir=str(tmp_path / "cache"))
+    assert first != second
+    assert ctypes.CDLL(first).answer() == 3 and ctypes.CDLL(second).answer() == 4

@@ -33,28 +33,9 @@
 #include <omp.h>
 #endif
 
+#include "fp8_round.h"
+
 namespace {
-
-enum Mode { MODE_INT = 0, MODE_E4M3 = 1, MODE_E5M2 = 2 };
-
-inline float bits_to_float(uint32_t b) { float f; std::memcpy(&f, &b, 4); return f; }
-inline uint32_t float_to_bits(float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; }
-
-// Round t (|t| <= format max, or NaN) to the nearest FP8 value, ties to even. The FP8 grid near
-// t has spacing q = 2^(max(e, emin) - mant): scaling by the exact power of two 1/q, rounding to
-// an integer and scaling back is exact, so this is RNE on the FP8 grid (subnormals included).
-inline float round_fp8(float t, int mant, int emin_biased) {
-    int e = (int)((float_to_bits(t) >> 23) & 0xff);
-    int eq = (e > emin_biased ? e : emin_biased) - mant;
-    float q = bits_to_float((uint32_t)eq << 23);
-    float inv_q = bits_to_float((uint32_t)(254 - eq) << 23);
-    return std::nearbyint(t * inv_q) * q;
-}
-
-inline void fp8_params(int mode, int* mant, int* emin_biased) {
-    if (mode == MODE_E4M3) { *mant = 3; *emin_biased = 127 - 6; }
-    else { *mant = 2; *emin_biased = 127 - 14; }
-}
 
 // The float32 NaN that torch produces when it widens the FP8 NaN back (sign kept): the eager
 // path goes through a real FP8 tensor, so its NaNs carry this payload.
