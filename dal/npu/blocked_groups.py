@@ -28,6 +28,11 @@ input codes, an integer (fixed-point / power-of-two) requantizer, a declared acc
 than 32 bits, a block sum that could leave 2^29, float16 scales, a scale that is not finite and
 positive.
 
+Where the input codes are 8-bit, the session's C++ kernel computes ``v`` and the readers' codes
+(blocked_kernel.py, csrc/blocked_gemm.cpp: exact int32 block sums, the float64 combine in ascending
+block order, the same numbers on every element); ``value_numpy`` below is the fallback (int4 input
+codes, no C++ build) and the kernel's oracle in tests/npu/test_blocked_kernel.py.
+
 The blocked linear with a float output (SPEC §5a): the same input side, the MatMul's output read
 by anything but the chain above (a float node, a bias Add, several readers of any kind, a graph
 output). ``BlockedFloatStep`` computes the same ``v`` (``BlockedStep.value``) and writes it as the
@@ -41,7 +46,7 @@ from . import quant
 from .group_chain import is_dq, plan_output_chain
 
 _X = {np.dtype(np.int8), np.dtype(np.uint8)} | quant.INT4
-#: from this many input rows on, ``value`` takes the one-matmul path when it is exact. Measured (one
+#: from this many input rows on, ``value_numpy`` takes the one-matmul path when it is exact. Measured (one
 #: thread, numpy float64 on OpenBLAS, the tiny Llama's shapes K 256 / 768, N 128-768): alone, the
 #: pre-scaled float64 matmul is faster at every M (8-30 us at M = 1, 160-820 us at M = 128; the
 #: float32 blocks 19-46 us and 230-1350 us); in a whole decode step interleaved with other engines
@@ -191,6 +196,9 @@ class BlockedStep:
             lo = max(qmin, one(self.act_lo)) if self.act_lo is not None else qmin
             hi = min(qmax, one(self.act_hi)) if self.act_hi is not None else qmax
             self.readers.append((q["q_out"], ys, yz, lo, hi, np.dtype(q["y_dtype"])))
+        # the C++ kernel (blocked_kernel.py: the same numbers, packed once here); None: numpy below
+        from .blocked_kernel import make
+        self.kernel = make(p, self.readers, self.isa)
 
     def _w_exact_t(self):
         """``w_exact`` as a torch tensor sharing its memory (made on first use)."""
@@ -200,8 +208,15 @@ class BlockedStep:
             wt = self._wt = torch.from_numpy(self.w_exact)
         return wt
 
-    def value(self, xq):
-        """``v`` (float32, shape ``xq.shape[:-1] + (N,)``) of the module doc for codes ``xq``."""
+    def value(self, xq, threads: int = 1):
+        """``v`` (float32, shape ``xq.shape[:-1] + (N,)``) of the module doc for codes ``xq``: by the
+        C++ kernel (``self.kernel``, blocked_kernel.py) where there is one, else :meth:`value_numpy`."""
+        self._check(xq)
+        if self.kernel is not None:
+            return self.kernel.value(xq, threads)
+        return self.value_numpy(xq)
+
+    def _check(self, xq):
         from .errors import NPUError
         if xq.dtype != self.x_dtype:
             raise NPUError(f"node {self.node_name!r}: input codes are {xq.dtype}, the zero point "
@@ -209,6 +224,10 @@ class BlockedStep:
         if xq.ndim < 1 or xq.shape[-1] != self.k:
             raise NPUError(f"node {self.node_name!r}: input shape {xq.shape} does not match "
                            f"reduction length {self.k}")
+
+    def value_numpy(self, xq):
+        """:meth:`value` by numpy (the fallback, and the C++ kernel's oracle in tests/npu)."""
+        self._check(xq)
         rows = xq.size // self.k if self.k else 0
         # one float64 matmul, exact in any order (_exact_scaled_weight): the same numbers as the
         # blocks; for a few rows (a decode step) the float32 blocks are faster (EXACT_GEMM_ROWS)
@@ -240,7 +259,11 @@ class BlockedStep:
         return v.reshape(xq.shape[:-1] + (self.n,))
 
     def run(self, ins, threads, want_extra=False):
-        v = self.value(ins[0])
+        if (self.kernel is not None and self.kernel.readers is not None and not want_extra
+                and not self.float_out):
+            self._check(ins[0])  # every reader's codes in the one C++ call
+            return dict(zip(self.outputs, self.kernel.codes(ins[0], threads)))
+        v = self.value(ins[0], threads)
         if self.float_out:
             return {self.outputs[0]: v}
         out = {}

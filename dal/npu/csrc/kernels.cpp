@@ -1,4 +1,4 @@
-// The kernel sources as one translation unit: torch's headers are parsed once, not seven
+// The kernel sources as one translation unit: torch's headers are parsed once, not eight
 // times (dal/npu/build.py, "Build time"). Each file stays its own concept; none defines a
 // macro or a name with internal linkage that another one defines.
 #include "isa.cpp"
@@ -8,3 +8,4 @@
 #include "qconv.cpp"
 #include "pool_codes.cpp"
 #include "quantize.cpp"
+#include "blocked_gemm.cpp"

@@ -2,6 +2,7 @@
 #include <torch/python.h>  // pybind11 and its at::Tensor casters: only this file binds
 #include <torch/types.h>
 
+#include "blocked_gemm.h"
 #include "gemm_s16.h"
 #include "qconv.h"
 
@@ -20,6 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_codes", &dal_npu::quantize_codes, "QuantizeLinear of float32 to 8-bit codes (one scale)");
   m.def("lut2_codes", &dal_npu::lut2_codes, "binary op of two code tensors by lookup table");
   m.def("gap_codes_mean", &dal_npu::gap_codes_mean, "per-channel means of a code table (GlobalAveragePool)");
+  m.def("blocked_gemm", &dal_npu::blocked_gemm, "blocked linear: exact per-block int32 sums, float64 combine");
   m.def("cpu_supports_isa", &dal_npu::cpu_supports_isa, "this CPU runs kernel variant isa (cpuid)");
   m.def("best_isa", &dal_npu::best_isa, "the fastest kernel variant this CPU runs");
   m.def("isa_name", [](int64_t isa) { return std::string(dal_npu::isa_name(isa)); }, "name of a kernel variant");
