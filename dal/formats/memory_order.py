@@ -6,9 +6,14 @@ A per-tensor fake quantization is elementwise and its range a min / max over all
 ``x``'s strides. The fused C++ kernel takes contiguous tensors only; through this permutation it
 takes a channels-last conv input or a transposed linear input without a copy (the torch path
 would run about thirty small ops on it).
+
+A tensor that is not dense (a broadcast ``expand``, a slice with gaps) has no such view: the kernel
+runs on a dense copy laid out as torch lays out the result of an elementwise op on it
+(:func:`elementwise_order`), so the result has the torch path's strides.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -37,3 +42,18 @@ def inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
     for i, d in enumerate(perm):
         inv[d] = i
     return tuple(inv)
+
+
+@functools.lru_cache(maxsize=256)  # a few (shape, strides) per model: per call a lookup
+def elementwise_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> Optional[tuple[int, ...]]:
+    """``p`` with ``(x / s).permute(p).is_contiguous()`` for any ``x`` of this shape and these strides
+    and a broadcast scalar ``s``: the order in which torch's elementwise ops (TensorIterator) lay out
+    their result, read from torch itself on meta tensors (no data). The identity where the result is
+    contiguous, as it is for every contiguous ``x``; None if that result were not dense (torch's
+    results are).
+
+    >>> elementwise_order((3, 4), (0, 1)), elementwise_order((4, 3), (1, 8))
+    ((0, 1), (1, 0))
+    """
+    out = torch.empty_strided(shape, stride, device="meta") / torch.empty((), device="meta")
+    return tuple(range(len(shape))) if out.is_contiguous() else dense_order(out)

@@ -30,7 +30,7 @@ from . import native
 from .fold import scale_extremes
 from .fused import (FusedFakeQuantizeFunction, KernelOutputFunction, kernel_layout, kernel_mode, kernel_params,
                     plain_tensor)
-from .memory_order import dense_order, inverse
+from .memory_order import dense_order, elementwise_order, inverse
 from .granularity import Granularity
 from .qformat import QFormat
 
@@ -154,16 +154,27 @@ def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin,
     a tensor or parameters the kernel does not take, a scale not yet calibrated, and every case
     where ``track_qparams`` declines (NaN, zeros of both signs at an extreme, ...). A dense
     non-contiguous ``x`` per tensor runs on its memory's contiguous view; the result has ``x``'s
-    strides (``dal.formats.memory_order``)."""
+    strides. One that is not dense (broadcast, gaps) and needs no gradient runs on a dense copy; the
+    result has the strides torch gives an elementwise result of ``x`` (``dal.formats.memory_order``)."""
     lay = kernel_layout(x, gran)
+    need = x.requires_grad and torch.is_grad_enabled()
     if lay is None:
+        if gran.axis is not None or not plain_tensor(x):
+            return None
         # Per tensor, a dense non-contiguous x (channels-last, transposed) is the contiguous view of its
         # memory permuted: the kernel on that view, the result permuted back, the same numbers (memory_order).
-        perm = dense_order(x) if gran.axis is None and plain_tensor(x) else None
-        y = None if perm is None else kernel_fake_quantize(x.permute(perm), gran, fmt, qmin, qmax, scale,
-                                                           zero_point, step)
+        perm = dense_order(x)
+        if perm is not None:
+            y = kernel_fake_quantize(x.permute(perm), gran, fmt, qmin, qmax, scale, zero_point, step)
+            return None if y is None else y.permute(inverse(perm))
+        # Not dense (a broadcast expand, gaps), no gradient: the kernel on a dense copy in the order torch
+        # lays out an elementwise result of x, so the output has the torch path's strides (memory_order).
+        if need or x.is_contiguous() or not (x.is_cpu and x.dtype == torch.float32 and x.numel()):
+            return None
+        perm = elementwise_order(tuple(x.shape), x.stride())
+        y = None if perm is None else kernel_fake_quantize(x.permute(perm).contiguous(), gran, fmt, qmin, qmax,
+                                                           scale, zero_point, step)
         return None if y is None else y.permute(inverse(perm))
-    need = x.requires_grad and torch.is_grad_enabled()
     if step is None:
         done = fixed_fake_quantize(x, lay, scale, zero_point, fmt, qmin, qmax, need)
     elif gran.axis is None:
