@@ -594,11 +594,20 @@ void dal_bias_fq_forward(const float* b, float* out, uint8_t* mask, int64_t n, c
 // sign of a zero extreme taken from the zeros present), the observer step and scale, then the
 // fake quantization of x with this call's parameters into out / mask (null: no gradient); out may
 // be x (elementwise, each value read before it is written).
-// Returns 0 with nothing written (no observer state, scale, out or mask: every check comes before
-// the first write, so an in-place call leaves x as it was) where the torch path must decide: a
+// Returns 0 with no observer state or scale written (and, in place, x as it was: every check comes
+// before the first write into x) where the torch path must decide: a
 // NaN in x, a zero extreme with zeros of both signs present (torch's
 // sign then depends on its reduction order) unless the observer is a moving average with a finite
 // range (its step is then the same for either sign), or where dal_track_qparams would decline.
+// Out of place (out != x) out and mask are then garbage.
+//
+// One pass over x where it can (running min / max, out != x, a finite nonzero range): the
+// observer's range only moves when a batch leaves it, so the parameters of a batch inside the
+// range are known before its extremes are (track_one of the range itself). Each chunk's extremes and
+// its fake quantization with those parameters are computed while the chunk is in cache; when the
+// step's real parameters (s, k_lo, k_hi) differ in any bit, a second pass quantizes x again with
+// them. out and mask are a function of (s, k_lo, k_hi, mode) alone, so either way they are the
+// two-pass result bit for bit. A moving average moves at every step: it always takes two passes.
 int dal_track_fq_forward(const float* x, float* out, uint8_t* mask, int64_t n, float* min_val, float* max_val,
                          int64_t* batches_seen, int ema, float c, int symmetric, double qmin, double qmax,
                          double zp_mid, double denom, int fp8, float* scale, int32_t* zero_point, int mode,
@@ -606,14 +615,25 @@ int dal_track_fq_forward(const float* x, float* out, uint8_t* mask, int64_t n, f
     float lo = INFINITY, hi = -INFINITY;
     bool nan = false, p0 = false, n0 = false;
     const int64_t chunks = (n + kChunk - 1) / kChunk;
-    if (nthreads > 1 && chunks > 4) {
+    const Track t{ema, c, symmetric, qmin, qmax, zp_mid, denom, fp8};
+    // The speculative parameters (function doc): those of a batch inside the running range.
+    const bool guess = !ema && out != x && std::isfinite(*min_val) && std::isfinite(*max_val) && *min_val != 0.0f &&
+                       *max_val != 0.0f;
+    float g_s = 0.0f, g_lo = 0.0f, g_hi = 0.0f;
+    if (guess) {
+        float m0 = *min_val, m1 = *max_val, g_scale;
+        int32_t g_zp;
+        track_one(t, m0, m1, &m0, &m1, &g_scale, &g_zp, &g_s, &g_lo, &g_hi);
+    }
+    if (guess || (nthreads > 1 && chunks > 4)) {
         std::vector<float> los(chunks), his(chunks);
         std::vector<char> flags(3 * chunks);
-#pragma omp parallel for schedule(static) num_threads(nthreads)
+#pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && chunks > 1)
         for (int64_t k = 0; k < chunks; ++k) {
             int64_t begin = k * kChunk, len = begin + kChunk < n ? kChunk : n - begin;
             bool a, b, d;
             range_span(x + begin, len, &los[k], &his[k], &a, &b, &d);
+            if (guess) fq_span(x, out, mask, begin, begin + len, g_s, g_lo, g_hi, mode);  // the chunk is in cache
             flags[3 * k] = a; flags[3 * k + 1] = b; flags[3 * k + 2] = d;
         }
         for (int64_t k = 0; k < chunks; ++k) {
@@ -632,12 +652,13 @@ int dal_track_fq_forward(const float* x, float* out, uint8_t* mask, int64_t n, f
         return 0;
     if (lo == 0.0f) lo = n0 && !lo_both ? -0.0f : 0.0f;
     if (hi == 0.0f) hi = n0 && !hi_both ? -0.0f : 0.0f;
-    const Track t{ema, c, symmetric, qmin, qmax, zp_mid, denom, fp8};
     if (!track_ok(t, lo, hi, *min_val, *max_val)) return 0;
     float new_min = *min_val, new_max = *max_val, new_scale, s, k_lo, k_hi;
     int32_t new_zp;
     track_one(t, lo, hi, &new_min, &new_max, &new_scale, &new_zp, &s, &k_lo, &k_hi);
-    fq_rows(x, out, mask, 1, n, 1, 1, &s, &k_lo, &k_hi, mode, nthreads);
+    const bool same = guess && float_to_bits(s) == float_to_bits(g_s) && float_to_bits(k_lo) == float_to_bits(g_lo) &&
+                      float_to_bits(k_hi) == float_to_bits(g_hi);
+    if (!same) fq_rows(x, out, mask, 1, n, 1, 1, &s, &k_lo, &k_hi, mode, nthreads);
     *min_val = new_min;
     *max_val = new_max;
     *scale = new_scale;
