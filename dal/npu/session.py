@@ -208,6 +208,8 @@ class Session:
             self._live = self._liveness()
             self.steps = fuse(self.steps, self._live, g, consts, g.outputs, self._nhwc)
             self._live = self._liveness()
+            from .half_tables import tabulate
+            tabulate(self.steps)  # element-wise runs after a Cast to float16 as 65,536-entry tables
 
     def _in_types(self, n):
         out = []
