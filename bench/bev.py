@@ -221,40 +221,73 @@ def block_section(fair, qat, images, reps):
 
 def quantizer_floor(block, args, float_fwd, reps, top=6):
     """Where the observing block's extra time goes: each quantizer call of one forward, timed alone
-    on the tensor it got (train mode, autograd on), against its floor ``x * c`` (one pass over the
-    same tensor), interleaved CPU time."""
+    on the tensor it got (its strides and ``requires_grad`` as in the forward, train mode, autograd
+    on), against its floor ``x * c`` (one pass over the same tensor), interleaved CPU time; and the
+    same calls timed in context (forward pre / post hooks over ``reps`` forwards of the block)."""
     from dal.nn.grid_sample import SharedRequant
     from dal.quantizer import FakeQuantizer
 
     mods, got = dict(block.named_modules()), {}
+    quantizers = [n for n, m in mods.items() if isinstance(m, (FakeQuantizer, SharedRequant))]
 
     def keep(name):
         def hook(module, args):  # returns None: the call's arguments unchanged
-            got.setdefault(name, args[0].detach())
+            got.setdefault(name, (args[0].detach(), args[0].requires_grad))
         return hook
-    hooks = [m.register_forward_pre_hook(keep(n)) for n, m in mods.items()
-             if isinstance(m, (FakeQuantizer, SharedRequant))]
+    hooks = [mods[n].register_forward_pre_hook(keep(n)) for n in quantizers]
     block(*args)
     for h in hooks:
         h.remove()
     runs = {}
-    for n, x in got.items():
-        x = x.clone(memory_format=torch.preserve_format).requires_grad_()
+    for n, (x, rg) in got.items():
+        x = x.requires_grad_(rg)  # the detached view: the forward's strides (a broadcast stays one)
         m = mods[n]
         owner = mods[n.rsplit(".", 1)[0]] if isinstance(m, SharedRequant) else None
         runs[n] = (lambda m=m, x=x, o=owner: m(x, o.input_quant)) if owner is not None else (lambda m=m, x=x: m(x))
         runs[n + " floor"] = lambda x=x: x * 1.5
     t = interleaved_times(runs, reps, clock=time.process_time, warmup=True)
     med = {k: _median_ms(v) for k, v in t.items()}
+    ctx = in_context_times(block, args, quantizers, reps)
     total, floor = sum(med[n] for n in got), sum(med[n + " floor"] for n in got)
+    in_ctx = sum(ctx.values())
     lines = [f"Its {len(got)} quantizer calls per forward (observing), each alone on its tensor: {total:.1f} ms "
              "together "
              f"({total / float_fwd:.2f}x the float block's forward), their `x * c` floor {floor:.1f} ms "
-             f"({floor / float_fwd:.2f}x); the largest:", "",
-             "| quantizer | elements | ms | / its floor |", "|---|---|---|---|"]
-    for n in sorted(got, key=lambda n: -med[n])[:top]:
-        lines.append(f"| {n} | {got[n].numel()} | {med[n]:.2f} | {med[n] / med[n + ' floor']:.1f}x |")
+             f"({floor / float_fwd:.2f}x); in context (hooks in the block's forward) {in_ctx:.1f} ms "
+             f"({in_ctx / float_fwd:.2f}x); the largest:", "",
+             "| quantizer | elements | alone (ms) | / its floor | in context (ms) |", "|---|---|---|---|---|"]
+    for n in sorted(got, key=lambda n: -ctx.get(n, 0.0))[:top]:
+        lines.append(f"| {n} | {got[n][0].numel()} | {med[n]:.2f} | {med[n] / med[n + ' floor']:.1f}x | "
+                     f"{ctx.get(n, float('nan')):.2f} |")
     return lines + [""]
+
+
+def in_context_times(block, args, names, reps) -> dict:
+    """Median CPU ms of each named submodule's call within ``reps`` forwards of ``block`` (its
+    forward pre / post hooks; the inputs cloned per forward as in ``block_section``)."""
+    query, ref, value, shapes = args
+    mods, times, start = dict(block.named_modules()), {n: [] for n in names}, {}
+
+    def pre(name):
+        def hook(module, a):
+            start[name] = time.process_time()
+        return hook
+
+    def post(name):
+        def hook(module, a, out):
+            times[name].append((time.process_time() - start[name]) * 1e3)
+        return hook
+    hooks = [mods[n].register_forward_pre_hook(pre(n)) for n in names]
+    hooks += [mods[n].register_forward_hook(post(n)) for n in names]
+    for i in range(reps + 1):
+        if i == 1:
+            for v in times.values():
+                v.clear()  # the first forward is a warm-up
+        block(query.clone(memory_format=torch.preserve_format).requires_grad_(), ref, value.clone().requires_grad_(),
+              shapes)
+    for h in hooks:
+        h.remove()
+    return {n: _median_ms(v) for n, v in times.items() if v}
 
 
 def npu_profile_line(sess, feed, top=4):
@@ -330,7 +363,8 @@ def speed_only(args) -> int:
     path = export(qm, test.images[:2], tempfile.mkdtemp(prefix="dal-bev-"), "QAT INT8")
     cmd = f"python bench/bev.py --model {args.model} --speed-only" + (" --write" if args.write else "")
     out = [f"Speed section by `{cmd}` (float model after {fs} steps, the QAT INT8 model its calibration, no QAT "
-           f"steps); CPU: {cpu_flags()}; torch threads: {torch.get_num_threads()}; load average at start "
+           f"steps); dal from {os.path.dirname(os.path.dirname(dal.__file__))}; CPU: {cpu_flags()}; torch threads: "
+           f"{torch.get_num_threads()}; load average at start "
            f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}.", ""]
     out += speed_section(fair, train, test, path, 3 if args.quick else args.reps, args.model)
     out += ["", f"Load average at the end {' '.join(f'{v:.2f}' for v in os.getloadavg())}; the speed run took "
