@@ -15,12 +15,17 @@ from .adopt import adopt, release
 from .spec import make_quantizer, per_channel_variant, role_specs
 
 
-def apply_activation(y: torch.Tensor, activation) -> torch.Tensor:
-    """Fused output activation: None, "relu", "relu6" or ("clip", lo, hi)."""
+def apply_activation(y: torch.Tensor, activation, inplace: bool = False) -> torch.Tensor:
+    """Fused output activation: None, "relu", "relu6" or ("clip", lo, hi).
+
+    ``inplace``: the caller owns ``y`` (its own fresh result, read by nothing else and saved by no
+    autograd node), and "relu" overwrites it (``F.relu_``): the same values, and the same gradient,
+    as torch's ReLU backward reads the result in both forms. The other activations stay out of
+    place (their in-place forms' backward would copy the input first, or read the clipped result)."""
     if activation is None:
         return y
     if activation == "relu":
-        return F.relu(y)
+        return F.relu_(y) if inplace else F.relu(y)
     if activation == "relu6":
         return F.hardtanh(y, 0.0, 6.0)
     if isinstance(activation, tuple) and activation[0] == "clip":
@@ -136,8 +141,9 @@ class QATModule(nn.Module):
         return {k: q for k in ("input_quant", "weight_quant", "output_quant")
                 if (q := getattr(self, k, None)) is not None}
 
-    def finish(self, y: torch.Tensor) -> torch.Tensor:
-        y = apply_activation(y, self.activation)
+    def finish(self, y: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        """``output_quant(activation(y))``; ``inplace`` as in :func:`apply_activation` (``y`` is the caller's own)."""
+        y = apply_activation(y, self.activation, inplace)
         return self.output_quant(y) if self.output_quant is not None else y
 
     def qat_extra_repr(self) -> str:

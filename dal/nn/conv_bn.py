@@ -147,7 +147,10 @@ class QConvBn2d(QATModule, nn.Conv2d):
         else:
             f = self._fold_factor()
             y = self._conv_forward(x, self._folded_weight(f, False), self.quantized_bias(self._folded_bias(f)))
-        return self.finish(y)
+        # y is this forward's own BN / conv / division output, which no autograd node saved: in training
+        # the fused ReLU overwrites it (as torchvision's ReLU(inplace=True) after a BN), the same bits
+        # forward and backward without a fresh tensor; eval (export, convert's probes) keeps F.relu.
+        return self.finish(y, inplace=self.training)
 
     def _folded_weight(self, f: torch.Tensor, divide: bool) -> torch.Tensor:
         """``fq_w(W * f)``, divided by ``f`` again when ``divide``: one C++ pass over the weight
