@@ -13,8 +13,12 @@ per-group quantizers need ``B`` to divide ``K``):
     v[m, n]     = float32(float64(s_x) * t)
 
 Where every partial sum of ``x_i w_i s_w`` is exact in float64 whatever the order (trained scales:
-``exact_scaled_weight``), ``t`` is one float64 matmul of ``x_i`` with the pre-scaled weight: the
-same number, faster.
+``exact_scaled_weight``), ``t`` is the exact real sum, so any order gives it: one float64 matmul of
+``x_i`` with the pre-scaled weight, or, for a few rows on the CPU (a decode step, fewer than
+:data:`BLOCK_ROWS`), the block sums ``acc_b`` as one float32 batched matmul of the codes (exact:
+every partial sum is an integer of magnitude at most ``B max|x_i| max|w_i| <= 2^24``) multiplied by
+``s_b`` and summed over ``b`` in float64 (half the weight bytes of the float64 weight). Both return
+the same ``t``, the same ``v``.
 
 The output quantizer then rounds ``v`` (ONNX's float32 division; probe.py finds it) exactly as
 the NPU's requantizer ``clamp(round_half_even(v / s_y) + zp_y, lo, hi)`` does (Q is monotone, so
@@ -30,9 +34,22 @@ import torch
 
 #: a block sum at or above this bound would make ``acc_b * s_b`` inexact in float64
 ACC_LIMIT = 2 ** 29
+#: integers up to this magnitude, and every sum of them that stays below it, are exact in float32
+F32_EXACT = 2 ** 24
+#: calls with fewer rows than this take the float32 block sums when they are exact (module doc):
+#: on the tiny Llama's decode step (one row, weights 256 x 256 .. 768) they read half the bytes of
+#: the float64 pre-scaled weight; at 128 rows (prefill) the one float64 matmul is faster
+BLOCK_ROWS = 8
 #: the form (``IntegerModel.layer_forms``) of a blocked Linear whose output is read by anything but
 #: one or several quantizers: export/SPEC.md §5a's blocked linear with a float output
 BLOCKED_FLOAT = "blocked linear, float output (export/SPEC.md §5a)"
+
+
+def float32_matmul_is_ieee() -> bool:
+    """Whether torch's CPU float32 matmuls multiply and add in float32 (oneDNN's ``fp32_precision``
+    "none" / "ieee"; "bf16" or "tf32", which ``torch.set_float32_matmul_precision`` below "highest"
+    selects, round the operands first)."""
+    return torch.backends.mkldnn.matmul.fp32_precision in ("none", "ieee")
 
 
 def blocked_why_not(kind: str, has_bias: bool, in_bits: int, rq) -> str:
@@ -89,10 +106,23 @@ class BlockedWeights(torch.nn.Module):
         self.register_buffer("w", w_int.t().reshape(nb, block, n).contiguous())
         self.register_buffer("s_w", scale.float().double().t().contiguous())  # [nb, N]
         self.register_buffer("w_exact", exact_scaled_weight(self.w, self.s_w, x_max), persistent=False)
+        # the float32 block sums of value()'s few-row path: the integer weight as float32 [nb, B, N] and
+        # the scales as [nb, 1, N] float64, made once; None where those sums or their float64 combination
+        # in any order would not be exact (module doc)
+        f32 = self.w_exact is not None and self.bound <= F32_EXACT
+        self.register_buffer("w32", self.w.float().contiguous() if f32 else None, persistent=False)
+        self.register_buffer("s_w3", self.s_w.unsqueeze(1).contiguous() if f32 else None, persistent=False)
 
     def value(self, xi: torch.Tensor, s_x: float) -> torch.Tensor:
         """``v`` (float32, ``xi.shape[:-1] + (N,)``) for ``xi = x_q - zp_x`` (integers)."""
         lead = xi.shape[:-1]
+        w32 = self.w32
+        if w32 is not None and xi.device.type == "cpu" and xi.numel() < BLOCK_ROWS * self.nb * self.block \
+                and float32_matmul_is_ieee():
+            # float32 block sums (exact integers), times s_b and summed over b in float64: the exact t
+            x = xi.float().reshape(-1, self.nb, self.block).transpose(0, 1)  # [nb, M, B]
+            t = torch.bmm(x, w32).double().mul_(self.s_w3).sum(0)
+            return t.mul_(s_x).float().reshape(*lead, self.n)
         w = self.w_exact
         if w is not None:  # one float64 matmul, exact in any order (exact_scaled_weight)
             t = torch.matmul(xi.double().reshape(-1, w.shape[0]), w.to(xi.device))
