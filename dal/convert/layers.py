@@ -46,6 +46,7 @@ from .errors import ConvertError
 from .fp16_region import half_dtype, half_forward
 from .matmul_f64 import matmul_f64, weight_kn
 from .probe import GroupPlan
+from .quant_calls import dispatch_off
 from .requant import FixedPoint
 from .wrapped import WrapsModule
 
@@ -109,6 +110,11 @@ class IntegerLayer(WrapsModule):
         self.why_not = self._integer_form(w, b)
         self.fixed: dict[int, FixedPoint] = {}
         self.fan_values = None  # the model's {id(y): (y, {id(reader q): its value})}, api.py
+        # what every call would otherwise look up again, fixed at convert time like the integer
+        # parameters above: the FP16 / BF16 region's dtype (fp16_region.py), and whether the layer has
+        # a float bias (no int32 bias codes: a batched Linear's bias Add stays float, forward())
+        self.half = half_dtype(qat) if self.kind != "other" else None
+        self.float_bias = self.kind == "linear" and self.b_dq is not None and getattr(self, "bias_q", None) is None
 
     # ---- convert time ---------------------------------------------------------------------
     def _integer_form(self, w, b) -> str:
@@ -126,6 +132,8 @@ class IntegerLayer(WrapsModule):
         s_x, zp_x = q_in.effective_qparams()
         s_w, zp_w = q_w.effective_qparams()
         self.s_x, self.zp_x, self.in_fmt = float(s_x.reshape(())), int(zp_x.reshape(())), q_in.fmt
+        # the clamp of the input codes minus the zero point (_input_codes)
+        self.x_lo, self.x_hi = self.in_fmt.qmin - self.zp_x, self.in_fmt.qmax - self.zp_x
         if q_w.granularity.block_size:  # export/SPEC.md §5a blocked integer group: blocked_linear.py
             return self._blocked_form(w, b, q_in, q_w, s_w, zp_w)
         codes = quantize(w, q_w.fmt, s_w.float(), zp_w, q_w.granularity, q_w.narrow_range)
@@ -171,18 +179,24 @@ class IntegerLayer(WrapsModule):
     def forward(self, x, *rest):
         if self.probing or rest or self.kind == "other":
             return self.qat(x, *rest)
-        x = self.fan_in(x, getattr(self.qat, "input_quant", None))
+        # no op of the three forms is one NPUFloatOps replaces (float_ops.py): without its per-call dispatch
+        with dispatch_off():
+            return self._forward(x)
+
+    def _forward(self, x):
+        if self.fan_values:
+            x = self.fan_in(x, getattr(self.qat, "input_quant", None))
         plan = self.plans[self.calls % len(self.plans)] if self.plans else GroupPlan(False)
         self.calls += 1
         # a Linear on rank > 2 inputs is MatMul + Add(bias): a group when the Add's bias is the
         # int32 codes of s_x * s_w (export/SPEC.md §4, §5a); a float bias leaves it float
-        batched_float_bias = self.kind == "linear" and x.ndim != 2 and self.b_dq is not None and getattr(self, "bias_q", None) is None
+        batched_float_bias = self.float_bias and x.ndim != 2
         if plan.fused and not self.why_not and not batched_float_bias:
             self.ran.add("integer")
             return self._integer(x, plan)
         # export/SPEC.md §5a blocked linear with a float output: a MatMul in the file (no bias, or a
         # bias on rank > 2 inputs: MatMul + Add; a rank-2 Linear with a bias is a Gemm, a float island)
-        if self.blocked is not None and (self.b_dq is None or x.ndim > 2) and half_dtype(self.qat) is None:
+        if self.blocked is not None and (self.b_dq is None or x.ndim > 2) and self.half is None:
             self.ran.add(BLOCKED_FLOAT)
             return self._blocked_float(x)
         self.ran.add("float" if not plan.fused or self.why_not else
@@ -190,7 +204,7 @@ class IntegerLayer(WrapsModule):
         return self._float(x)
 
     def _float(self, x):
-        half = half_dtype(self.qat)
+        half = self.half
         if half is not None:  # an FP16 / BF16 region (export/SPEC.md §6), fp16_region.py
             return half_forward(self.qat, self.kind, self.w_dq, self.b_dq, x, half)
         q_in = self.qat.input_quant
@@ -217,7 +231,6 @@ class IntegerLayer(WrapsModule):
                 quantize(x, self.in_fmt, self.s_x, self.zp_x))
         # x_q - zp_x directly: clamp(round(x / s_x), qmin - zp, qmax - zp) is ONNX Q minus the
         # zero point (float32 division, half-even rounding); NaN has no code: refused
-        lo, hi = self.in_fmt.qmin - self.zp_x, self.in_fmt.qmax - self.zp_x
         s_x = self.__dict__.get("_s_x32")  # made once per device (a plain attribute: no module lookup)
         if s_x is None or s_x.device != x.device:
             s_x = self.__dict__["_s_x32"] = torch.tensor(self.s_x, dtype=torch.float32, device=x.device)
@@ -225,7 +238,7 @@ class IntegerLayer(WrapsModule):
         if bool(torch.isnan(xi).any()):
             raise ConvertError(f"{self.path}: its input holds {int(torch.isnan(xi).sum())} NaN; the NPU's "
                                f"QuantizeLinear ({self.qat.input_quant.name}) has no code for NaN")
-        return xi.clamp_(lo, hi)
+        return xi.clamp_(self.x_lo, self.x_hi)
 
     def _blocked_float(self, x):
         """The blocked linear with a float output (export/SPEC.md §5a): the MatMul's value is the
