@@ -1,12 +1,13 @@
 // The blocked linear's exact block sums and float64 combine (see blocked_gemm.h for the contract).
 //
-// A tile is R rows x 16 columns (one panel). For each block b in ascending order the tile's int32
-// block sums are formed in registers (vpdpbusd or vpmaddwd over the block's B inputs), corrected
-// for the activation offset, converted to float64 (exact), multiplied by s_b (exact: a 29-bit
-// integer times a 24-bit significand) and added to the tile's float64 sums t: the order of
-// the definition, one rounding per addition, no fused multiply-add (the library is built with
-// -ffp-contract=off and the products are exact anyway). Every variant performs the same IEEE
-// operations on the same values in the same order, so all agree bit for bit with each other
+// A tile is R rows x 16 columns (one panel; R up to 8 for avx512_vnni, whose 8 rows are 8
+// independent vpdpbusd chains, else 4). For each block b in ascending order the tile's int32 block
+// sums are formed in registers (vpdpbusd or vpmaddwd over the block's B inputs), corrected for
+// the activation offset, converted to float64 (exact), multiplied by s_b (exact: a 29-bit integer
+// times a 24-bit significand) and added to the tile's float64 sums t: the order of the definition,
+// one rounding per addition. avx512_vnni does the multiply and the add as one fused multiply-add:
+// the product being exact, its one rounding is the add's. Every variant thus performs the same
+// IEEE additions on the same values in the same order, so all agree bit for bit with each other
 // and with blocked_groups.py's numpy path.
 #include "blocked_gemm.h"
 
@@ -25,7 +26,7 @@ namespace dal_npu {
 namespace blocked {
 
 constexpr int PC = 16;    // columns per panel
-constexpr int RMAX = 4;   // rows per tile
+constexpr int RMAX = 8;   // rows per tile at most (avx512_vnni: 8 independent vpdpbusd chains; the others 4)
 
 inline int32_t load4(const void* p) {
   int32_t v;
@@ -35,10 +36,11 @@ inline int32_t load4(const void* p) {
 
 // Arguments of one tile: rows x (staged, ldx elements apart), the panel's weights of block 0 (wsb
 // elements between blocks), steps per block (quads or pairs), nb blocks, and per block the
-// panel's corr / ws (npc elements between blocks). t receives the tile's float64 sums [R][16].
+// panel's corr / ws (npc elements between blocks); then sx and where v goes: out (row r at
+// out + r * ldo), its first cols (<= 16) columns.
 template <typename XT, typename WT>
 using TileFn = void (*)(const XT*, int64_t, const WT*, int64_t, int64_t, int64_t, const int32_t*, const double*,
-                        int64_t, double*);
+                        int64_t, double, float*, int64_t, int64_t);
 
 // t (+)= double(acc - corr) * s, the combine of one block (the first block assigns)
 template <int R>
@@ -56,11 +58,21 @@ inline __attribute__((always_inline)) void combine(const uint32_t* acc, const in
 // functions by name)
 namespace micro {
 
+// v = float32(sx * t) of the tile's first cols columns
+template <int R>
+inline __attribute__((always_inline)) void finish(const double* t, double sx, float* out, int64_t ldo,
+                                                  int64_t cols) {
+  for (int r = 0; r < R; ++r)
+    for (int64_t n = 0; n < cols; ++n) out[r * ldo + n] = static_cast<float>(sx * t[r * PC + n]);
+}
+
 // ---- portable (any CPU): unsigned arithmetic, wrapping like the vector forms ----------------
 
 template <int R>
 void u8_portable(const uint8_t* x, int64_t ldx, const int8_t* W, int64_t wsb, int64_t steps, int64_t nb,
-                 const int32_t* corr, const double* ws, int64_t npc, double* t) {
+                 const int32_t* corr, const double* ws, int64_t npc, double sx, float* out, int64_t ldo,
+    int64_t cols) {
+  double t[R * PC];
   for (int64_t b = 0; b < nb; ++b) {
     uint32_t acc[R * PC] = {};
     const int8_t* w = W + b * wsb;
@@ -74,11 +86,14 @@ void u8_portable(const uint8_t* x, int64_t ldx, const int8_t* W, int64_t wsb, in
       }
     combine<R>(acc, corr + b * npc, ws + b * npc, t, b == 0);
   }
+  finish<R>(t, sx, out, ldo, cols);
 }
 
 template <int R>
 void s16_portable(const int16_t* x, int64_t ldx, const int16_t* W, int64_t wsb, int64_t steps, int64_t nb,
-                  const int32_t* corr, const double* ws, int64_t npc, double* t) {
+                  const int32_t* corr, const double* ws, int64_t npc, double sx, float* out, int64_t ldo,
+    int64_t cols) {
+  double t[R * PC];
   for (int64_t b = 0; b < nb; ++b) {
     uint32_t acc[R * PC] = {};
     const int16_t* w = W + b * wsb;
@@ -92,23 +107,26 @@ void s16_portable(const int16_t* x, int64_t ldx, const int16_t* W, int64_t wsb, 
       }
     combine<R>(acc, corr + b * npc, ws + b * npc, t, b == 0);
   }
+  finish<R>(t, sx, out, ldo, cols);
 }
 
 // ---- avx2: vpmaddwd on int16 pairs, two ymm per row ------------------------------------------
 
 template <int R>
 DAL_TARGET_AVX2 void s16_avx2(const int16_t* x, int64_t ldx, const int16_t* W, int64_t wsb, int64_t steps,
-                              int64_t nb, const int32_t* corr, const double* ws, int64_t npc, double* t) {
+                              int64_t nb, const int32_t* corr, const double* ws, int64_t npc, double sx, float* out, int64_t ldo,
+    int64_t cols) {
+  double t[R * PC];
   for (int64_t b = 0; b < nb; ++b) {
     __m256i a0[R], a1[R];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_si256();
     const int16_t* w = W + b * wsb;
     const int16_t* xb = x + b * steps * 2;
     for (int64_t q = 0; q < steps; ++q, w += 2 * PC) {
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
       const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256i a = _mm256_set1_epi32(load4(xb + r * ldx + 2 * q));
         a0[r] = _mm256_add_epi32(a0[r], _mm256_madd_epi16(a, w0));
@@ -116,30 +134,33 @@ DAL_TARGET_AVX2 void s16_avx2(const int16_t* x, int64_t ldx, const int16_t* W, i
       }
     }
     alignas(32) uint32_t acc[R * PC];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(acc + r * PC), a0[r]);
       _mm256_store_si256(reinterpret_cast<__m256i*>(acc + r * PC + 8), a1[r]);
     }
     combine<R>(acc, corr + b * npc, ws + b * npc, t, b == 0);
   }
+  finish<R>(t, sx, out, ldo, cols);
 }
 
 // ---- avx_vnni: vpdpbusd on ymm, two per row --------------------------------------------------
 
 template <int R>
 DAL_TARGET_AVXVNNI void u8_avxvnni(const uint8_t* x, int64_t ldx, const int8_t* W, int64_t wsb, int64_t steps,
-                                   int64_t nb, const int32_t* corr, const double* ws, int64_t npc, double* t) {
+                                   int64_t nb, const int32_t* corr, const double* ws, int64_t npc, double sx, float* out, int64_t ldo,
+    int64_t cols) {
+  double t[R * PC];
   for (int64_t b = 0; b < nb; ++b) {
     __m256i a0[R], a1[R];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_si256();
     const int8_t* w = W + b * wsb;
     const uint8_t* xb = x + b * steps * 4;
     for (int64_t q = 0; q < steps; ++q, w += 4 * PC) {
       const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
       const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256i a = _mm256_set1_epi32(load4(xb + r * ldx + 4 * q));
         a0[r] = _mm256_dpbusd_avx_epi32(a0[r], a, w0);
@@ -147,57 +168,75 @@ DAL_TARGET_AVXVNNI void u8_avxvnni(const uint8_t* x, int64_t ldx, const int8_t* 
       }
     }
     alignas(32) uint32_t acc[R * PC];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       _mm256_store_si256(reinterpret_cast<__m256i*>(acc + r * PC), a0[r]);
       _mm256_store_si256(reinterpret_cast<__m256i*>(acc + r * PC + 8), a1[r]);
     }
     combine<R>(acc, corr + b * npc, ws + b * npc, t, b == 0);
   }
+  finish<R>(t, sx, out, ldo, cols);
 }
 
 // ---- avx512_vnni: vpdpbusd on zmm, one per row; the float64 sums stay in registers -----------
 
+// acc += u8 quads of u x s8 quads of w, in place: GCC 12 copies the accumulator of the
+// _mm512_dpbusd_epi32 intrinsic to another register on every step (two moves per vpdpbusd)
+DAL_TARGET_AVX512VNNI inline __attribute__((always_inline)) void dpbusd(__m512i& acc, __m512i u, __m512i w) {
+  __asm__("vpdpbusd %[w], %[u], %[acc]" : [acc] "+v"(acc) : [u] "v"(u), [w] "v"(w));
+}
+
+// Named registers, not arrays (GCC copies array-held accumulators between registers on every
+// step); BG_ROWS(M) expands M for rows 0..7, each guarded by R > r.
+#define BG_ROWS(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
 template <int R>
 DAL_TARGET_AVX512VNNI void u8_avx512(const uint8_t* x, int64_t ldx, const int8_t* W, int64_t wsb, int64_t steps,
-                                     int64_t nb, const int32_t* corr, const double* ws, int64_t npc, double* t) {
-  __m512d t0[R], t1[R];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) t0[r] = t1[r] = _mm512_setzero_pd();
+                                     int64_t nb, const int32_t* corr, const double* ws, int64_t npc, double sx,
+                                     float* out, int64_t ldo, int64_t cols) {
+#define BG_DECL(r)                                                  \
+  __m512d t##r##0 = _mm512_setzero_pd(), t##r##1 = t##r##0;        \
+  const uint8_t* x##r = x + (R > r ? r : 0) * ldx;
+  BG_ROWS(BG_DECL)
+#undef BG_DECL
   for (int64_t b = 0; b < nb; ++b) {
-    __m512i acc[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
     const int8_t* w = W + b * wsb;
-    const uint8_t* xb = x + b * steps * 4;
+    const int64_t off = b * steps * 4;
     for (int64_t q = 0; q < steps; ++q, w += 4 * PC) {
       const __m512i wv = _mm512_loadu_si512(w);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-        acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(load4(xb + r * ldx + 4 * q)), wv);
+      const int64_t o = off + 4 * q;
+#define BG_DP(r) \
+  if (R > r) dpbusd(c##r, _mm512_set1_epi32(load4(x##r + o)), wv);
+      BG_ROWS(BG_DP)
+#undef BG_DP
     }
-    const __m512i c = _mm512_loadu_si512(corr + b * npc);
+    const __m512i cb = _mm512_loadu_si512(corr + b * npc);
     const __m512d s0 = _mm512_loadu_pd(ws + b * npc), s1 = _mm512_loadu_pd(ws + b * npc + 8);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512i a = _mm512_sub_epi32(acc[r], c);
-      const __m512d d0 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(a)), s0);
-      const __m512d d1 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a, 1)), s1);
-      if (b == 0) {
-        t0[r] = d0;
-        t1[r] = d1;
-      } else {
-        t0[r] = _mm512_add_pd(t0[r], d0);
-        t1[r] = _mm512_add_pd(t1[r], d1);
-      }
-    }
+    // one fused multiply-add per lane after the first block: acc_b s_b is exact, so its one
+    // rounding is the add's
+#define BG_COMBINE(r)                                                            \
+  if (R > r) {                                                                   \
+    const __m512i a = _mm512_sub_epi32(c##r, cb);                                \
+    const __m512d d0 = _mm512_cvtepi32_pd(_mm512_castsi512_si256(a));            \
+    const __m512d d1 = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a, 1));      \
+    t##r##0 = b == 0 ? _mm512_mul_pd(d0, s0) : _mm512_fmadd_pd(d0, s0, t##r##0); \
+    t##r##1 = b == 0 ? _mm512_mul_pd(d1, s1) : _mm512_fmadd_pd(d1, s1, t##r##1); \
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_pd(t + r * PC, t0[r]);
-    _mm512_storeu_pd(t + r * PC + 8, t1[r]);
+    BG_ROWS(BG_COMBINE)
+#undef BG_COMBINE
   }
+  const __m512d vsx = _mm512_set1_pd(sx);
+  const unsigned mask = cols >= PC ? 0xFFFFu : (1u << cols) - 1;  // masked-off lanes are not written
+  const __mmask8 m0 = static_cast<__mmask8>(mask & 0xFF), m1 = static_cast<__mmask8>(mask >> 8);
+#define BG_STORE(r)                                                                            \
+  if (R > r) {                                                                                 \
+    _mm256_mask_storeu_ps(out + r * ldo, m0, _mm512_cvtpd_ps(_mm512_mul_pd(t##r##0, vsx)));    \
+    _mm256_mask_storeu_ps(out + r * ldo + 8, m1, _mm512_cvtpd_ps(_mm512_mul_pd(t##r##1, vsx))); \
+  }
+  BG_ROWS(BG_STORE)
+#undef BG_STORE
 }
+#undef BG_ROWS
 
 }  // namespace micro
 
@@ -236,19 +275,22 @@ DAL_TARGET_AVX2 bool requant_avx2(const float* v, int64_t n, float ys, float lo,
 template <typename XT, typename WT>
 struct Kernels {
   TileFn<XT, WT> fn[RMAX + 1];
+  int rows;  // rows per tile of this variant (fn[1..rows] exist)
 };
 
 Kernels<uint8_t, int8_t> u8_kernels(int isa) {
   using namespace micro;
-  if (isa >= kAvx512Vnni) return {{nullptr, u8_avx512<1>, u8_avx512<2>, u8_avx512<3>, u8_avx512<4>}};
-  if (isa == kAvxVnni) return {{nullptr, u8_avxvnni<1>, u8_avxvnni<2>, u8_avxvnni<3>, u8_avxvnni<4>}};
-  return {{nullptr, u8_portable<1>, u8_portable<2>, u8_portable<3>, u8_portable<4>}};
+  if (isa >= kAvx512Vnni)
+    return {{nullptr, u8_avx512<1>, u8_avx512<2>, u8_avx512<3>, u8_avx512<4>, u8_avx512<5>, u8_avx512<6>,
+             u8_avx512<7>, u8_avx512<8>}, 8};
+  if (isa == kAvxVnni) return {{nullptr, u8_avxvnni<1>, u8_avxvnni<2>, u8_avxvnni<3>, u8_avxvnni<4>}, 4};
+  return {{nullptr, u8_portable<1>, u8_portable<2>, u8_portable<3>, u8_portable<4>}, 4};
 }
 
 Kernels<int16_t, int16_t> s16_kernels(int isa) {
   using namespace micro;
-  if (isa >= kAvx2) return {{nullptr, s16_avx2<1>, s16_avx2<2>, s16_avx2<3>, s16_avx2<4>}};
-  return {{nullptr, s16_portable<1>, s16_portable<2>, s16_portable<3>, s16_portable<4>}};
+  if (isa >= kAvx2) return {{nullptr, s16_avx2<1>, s16_avx2<2>, s16_avx2<3>, s16_avx2<4>}, 4};
+  return {{nullptr, s16_portable<1>, s16_portable<2>, s16_portable<3>, s16_portable<4>}, 4};
 }
 
 // v [M, N] float32 from staged rows xs [M, ldx]: tiles of R rows x one panel, panel-major
@@ -257,18 +299,14 @@ void run_tiles(const Kernels<XT, WT>& k, const XT* xs, int64_t ldx, const WT* W,
                int64_t ks, int64_t nb, const int32_t* corr, const double* ws, int64_t M, int64_t N, double sx,
                float* v, int64_t nthreads) {
   const int64_t npc = NP * PC, wsb = NP * steps * ks * PC, wsp = steps * ks * PC;
-  const int64_t nrt = (M + RMAX - 1) / RMAX, tasks = NP * nrt;
+  const int64_t rt = k.rows, nrt = (M + rt - 1) / rt, tasks = NP * nrt;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (nthreads > 1 && tasks > 1)
   for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t p = task / nrt, m0 = (task % nrt) * RMAX;
-    const int rows = static_cast<int>(std::min<int64_t>(RMAX, M - m0));
-    double t[RMAX * PC];
-    k.fn[rows](xs + m0 * ldx, ldx, W + p * wsp, wsb, steps, nb, corr + p * PC, ws + p * PC, npc, t);
+    const int64_t p = task / nrt, m0 = (task % nrt) * rt;
+    const int rows = static_cast<int>(std::min<int64_t>(rt, M - m0));
     const int64_t n0 = p * PC, cols = std::min<int64_t>(PC, N - n0);
-    for (int r = 0; r < rows; ++r) {
-      float* o = v + (m0 + r) * N + n0;
-      for (int64_t n = 0; n < cols; ++n) o[n] = static_cast<float>(sx * t[r * PC + n]);
-    }
+    k.fn[rows](xs + m0 * ldx, ldx, W + p * wsp, wsb, steps, nb, corr + p * PC, ws + p * PC, npc, sx,
+               v + m0 * N + n0, N, cols);
   }
 }
 
