@@ -47,7 +47,7 @@ from . import build_cache
 
 _CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 # Two translation units (Build time, above): kernels.cpp #includes isa, gemm_s16, conv_s16, requant,
-# qconv, pool_codes, quantize and blocked_gemm.cpp; every .cpp and .h of csrc/ is in the cache key (kernels()).
+# qconv, pool_codes, quantize, blocked_gemm and lut16.cpp; every .cpp and .h of csrc/ is in the cache key (kernels()).
 _SOURCES = ("kernels.cpp", "module.cpp")
 _HEADER_EXTS = (".h", ".hpp", ".hh", ".inc")
 _LIB_EXT = ".pyd" if os.name == "nt" else ".so"

@@ -115,3 +115,21 @@ def test_short_runs_keep_their_members():
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
     m.ir_version = 10
     assert _lookups(npu.load(m, threads=1)) == 0
+
+
+def test_lut16_gathers_the_entries(npu_lib):
+    """csrc/lut16.cpp == np.take on every pattern (NaN payloads are table entries: copied as bits);
+    malformed arguments raise, never crash."""
+    import torch
+    rng = np.random.default_rng(3)
+    table = rng.integers(0, 2**32, 65536, dtype=np.uint64).astype(np.uint32).view(np.float32)  # NaNs too
+    keys = np.concatenate([np.arange(65536, dtype=np.uint16), rng.integers(0, 65536, 5000).astype(np.uint16)])
+    got = npu_lib.lut16(torch.from_numpy(keys.view(np.float16)), torch.from_numpy(table)).numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), np.take(table, keys).view(np.uint32))
+    h = torch.from_numpy(keys.view(np.float16))
+    for args, match in [((h.float(), torch.from_numpy(table)), "H must be"),
+                        ((h[::2], torch.from_numpy(table)), "H must be"),
+                        ((h, torch.from_numpy(table[:-1])), "table must be"),
+                        ((h, torch.from_numpy(table).double()), "table must be")]:
+        with pytest.raises(RuntimeError, match=match):
+            npu_lib.lut16(*args)

@@ -1,4 +1,4 @@
-// The kernel sources as one translation unit: torch's headers are parsed once, not eight
+// The kernel sources as one translation unit: torch's headers are parsed once, not nine
 // times (dal/npu/build.py, "Build time"). Each file stays its own concept; none defines a
 // macro or a name with internal linkage that another one defines.
 #include "isa.cpp"
@@ -9,3 +9,4 @@
 #include "pool_codes.cpp"
 #include "quantize.cpp"
 #include "blocked_gemm.cpp"
+#include "lut16.cpp"

@@ -4,6 +4,7 @@
 
 #include "blocked_gemm.h"
 #include "gemm_s16.h"
+#include "lut16.h"
 #include "qconv.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -22,6 +23,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lut2_codes", &dal_npu::lut2_codes, "binary op of two code tensors by lookup table");
   m.def("gap_codes_mean", &dal_npu::gap_codes_mean, "per-channel means of a code table (GlobalAveragePool)");
   m.def("blocked_gemm", &dal_npu::blocked_gemm, "blocked linear: exact per-block int32 sums, float64 combine");
+  m.def("lut16", &dal_npu::lut16, "float32 table lookup by 16-bit patterns");
   m.def("cpu_supports_isa", &dal_npu::cpu_supports_isa, "this CPU runs kernel variant isa (cpuid)");
   m.def("best_isa", &dal_npu::best_isa, "the fastest kernel variant this CPU runs");
   m.def("isa_name", [](int64_t isa) { return std::string(dal_npu::isa_name(isa)); }, "name of a kernel variant");
