@@ -38,10 +38,16 @@ def rms_norm_onnx(x: torch.Tensor, eps: float) -> torch.Tensor:
     (module doc; ``eps`` taken as the float32 constant the file holds)."""
     if x.dtype != torch.float32:
         raise TypeError(f"rms_norm_onnx: x must be float32 (the exported island's type), got {x.dtype}")
+    return _rms_norm(x, torch.tensor(float32_value(eps), dtype=torch.float32, device=x.device),
+                     torch.tensor(1.0, dtype=torch.float32, device=x.device))
+
+
+def _rms_norm(x: torch.Tensor, eps32: torch.Tensor, one: torch.Tensor) -> torch.Tensor:
+    """:func:`rms_norm_onnx` with its float32 constants given as tensors on ``x``'s device: ``eps32``
+    the file's epsilon, ``one`` the Div's 1 (RMSNormForm makes them once)."""
     ms = mean_f64(x * x, (-1,), True)
-    v = ms + torch.tensor(float32_value(eps), dtype=torch.float32, device=x.device)
-    s = torch.sqrt(v.double()).float()
-    return x * (torch.tensor(1.0, dtype=torch.float32, device=x.device) / s)
+    s = torch.sqrt((ms + eps32).double()).float()
+    return x * (one / s)
 
 
 class RMSNormForm(WrapsModule):
@@ -53,13 +59,21 @@ class RMSNormForm(WrapsModule):
     def __init__(self, qat: nn.Module, path: str):
         super().__init__()
         self.qat, self.path = qat, path
+        # the island's float32 constants (its epsilon, the Div's 1), made once (they move with the form)
+        self.register_buffer("eps32", torch.tensor(float32_value(qat.rms_eps), dtype=torch.float32),
+                             persistent=False)
+        self.register_buffer("one", torch.tensor(1.0, dtype=torch.float32), persistent=False)
 
     def forward(self, x):
         # none of these ops is one NPUFloatOps replaces (float_ops.py): run without its per-call cost
         with dispatch_off():
             q = self.qat
             x = q.input_quant(x)
-            y = rms_norm_onnx(x.float(), q.rms_eps).to(x.dtype)
+            xf = x.float()
+            if xf.device == self.eps32.device:
+                y = _rms_norm(xf, self.eps32, self.one).to(x.dtype)
+            else:
+                y = rms_norm_onnx(xf, q.rms_eps).to(x.dtype)
             if q.weight is not None:
                 y = y * q.weight_quant(q.weight)
             return q.output_quant(y)
