@@ -36,8 +36,10 @@ def _step_fn(model, x, y):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
         opt.step()
+        return loss.detach()
     return step
 
 
@@ -51,18 +53,24 @@ PEER_TARGET = 0.8
 LAYOUT_OPTIMIZATION = True
 
 
-def _models(arch: str, size: int, batch: int, backend: str | None = None) -> dict:
+def dal_model(arch: str, x: torch.Tensor):
+    """torchvision ``arch`` (random weights) through ``dal.prepare_qat`` (int8_balanced, a2000),
+    calibrated on ``x[:2]``, in training mode: the model of the "dal" steps."""
     import dal
 
+    m = dal.prepare_qat(getattr(torchvision.models, arch)(weights=None), recipe="int8_balanced",
+                        hardware="a2000", example_inputs=(x[:2],))
+    dal.calibrate(m, [x[:2]], progress=False)
+    return m.train()
+
+
+def _models(arch: str, size: int, batch: int, backend: str | None = None) -> dict:
     torch.manual_seed(0)
     x = torch.randn(batch, 3, size, size)
     y = torch.randint(0, 1000, (batch,))
 
     def qat():
-        m = dal.prepare_qat(getattr(torchvision.models, arch)(weights=None), recipe="int8_balanced",
-                            hardware="a2000", example_inputs=(x[:2],))
-        dal.calibrate(m, [x[:2]], progress=False)
-        return m.train()
+        return dal_model(arch, x)
 
     ao_model = getattr(torchvision.models.quantization, arch)(weights=None, quantize=False)
     ao_model.fuse_model(is_qat=True)
@@ -80,20 +88,27 @@ def _models(arch: str, size: int, batch: int, backend: str | None = None) -> dic
     return steps
 
 
-def _measure(arch: str, size: int, batch: int, reps: int, backend: str | None = None) -> tuple[dict, dict]:
-    """(wall, cpu): median seconds per step of each kind, round-robin, after one warm-up step each."""
+def _measure(arch: str, size: int, batch: int, reps: int, backend: str | None = None) -> tuple[dict, dict, dict]:
+    """(wall, cpu, diverged): median seconds per step of each kind, round-robin, after one warm-up
+    step each; diverged: kind -> the first timed repetition whose loss was not finite (from then on
+    that kind times a diverged model: with NaN everywhere dal's quantizers take their torch paths,
+    MobileNetV3 at 224 from its ~11th step at this learning rate)."""
     steps = _models(arch, size, batch, backend)
     for fn in steps.values():
         fn()
     wall = {k: [] for k in steps}
     cpu = {k: [] for k in steps}
-    for _ in range(reps):
+    diverged = {}
+    for rep in range(reps):
         for name, fn in steps.items():
             t, c = time.perf_counter(), time.process_time()
-            fn()
+            loss = fn()
             wall[name].append(time.perf_counter() - t)
             cpu[name].append(time.process_time() - c)
-    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
+            if name not in diverged and not bool(torch.isfinite(loss)):
+                diverged[name] = rep
+    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()},
+            diverged)
 
 
 def _load() -> str:
@@ -116,11 +131,14 @@ def run(cases, batch: int, reps: int, backend: str | None = None) -> list[str]:
              "| case | clock | float (ms) | dal (ms) | dal / float | torch.ao (ms) | dal / torch.ao"
              + (compiled if backend else "") + " | load before -> after |",
              "|---" * (8 + (4 if backend else 0)) + "|"]
+    warnings_ = []
     for case in cases:
         arch, size = CASES[case]
         before = _load()
-        wall, cpu = _measure(arch, size, batch, backend=backend, reps=reps)
+        wall, cpu, diverged = _measure(arch, size, batch, backend=backend, reps=reps)
         after = _load()
+        warnings_ += [f"{arch} {size}: the {k} step's loss is not finite from repetition {r} on (its median times a "
+                      "diverged model; use fewer --reps)" for k, r in diverged.items()]
         for clock, med in (("wall", wall), ("CPU", cpu)):
             row = (f"| {arch} {size} | {clock} | {1e3 * med['float']:.0f} | {1e3 * med['dal']:.0f} | "
                    f"{_verdict(med['dal'] / med['float'], EAGER_TARGETS.get(size))} | {1e3 * med['torch.ao']:.0f} | "
@@ -130,7 +148,7 @@ def run(cases, batch: int, reps: int, backend: str | None = None) -> list[str]:
                         f"{_verdict(med['compiled dal'] / med['compiled float'], COMPILED_TARGET)} | "
                         f"{_verdict(med['compiled dal'] / med['dal'], 1.0)}")
             lines.append(row + f" | {before} -> {after} |")
-    lines += ["", f"fused fake-quant kernel: {native.status()}"]
+    lines += ["", f"fused fake-quant kernel: {native.status()}"] + [f"WARNING: {w}" for w in warnings_]
     return lines
 
 
