@@ -92,7 +92,8 @@ def _measure(arch: str, size: int, batch: int, reps: int, backend: str | None = 
     """(wall, cpu, diverged): median seconds per step of each kind, round-robin, after one warm-up
     step each; diverged: kind -> the first timed repetition whose loss was not finite (from then on
     that kind times a diverged model: with NaN everywhere dal's quantizers take their torch paths,
-    MobileNetV3 at 224 from its ~11th step at this learning rate)."""
+    MobileNetV3 at 224 after about a dozen steps at this learning rate,
+    when its dropout masks lead it there)."""
     steps = _models(arch, size, batch, backend)
     for fn in steps.values():
         fn()
