@@ -69,7 +69,9 @@ NOTES = """
   Reshape), `gate_proj` (the FP16 SiLU island) and `o_proj` / `down_proj` (the float residual Add)
   are §5a's blocked linears with a float output ("blocked_float" steps): the same exact per-block
   arithmetic on the int8 x int4 codes, the float32 `v` handed to the float readers. Both are one
-  float64 numpy matmul of the codes with the pre-scaled weight (exact for these scales, §5a). Only
+  C++ call (dal/npu/blocked_kernel.py, csrc/blocked_gemm.cpp: exact int32 sums per block of 32 by
+  vpdpbusd, the float64 combine in ascending block order, the up_proj readers' requantizer), the
+  numpy float64 matmul of the codes with the pre-scaled weight their fallback and oracle. Only
   `lm_head` (int8 per-channel weights in this recipe, a graph output) is a float island: its
   weight's DequantizeLinear runs once at load (constant_steps.py), its float64 copy is made once
   (const_matmul.py), one float64 numpy matmul per run.
@@ -78,13 +80,14 @@ NOTES = """
   quantizers (the FP16 islands' Casts, RMSNorm, SiLU, softmax, rotary, head split) run as 32
   "chain" steps (dal/npu/fused_chains.py); the KV cache's grouped-head expansion requantized for
   the attention products and its `present_*` outputs are 256-entry code tables on the cache's
-  codes, and the cache append is a Concat of codes (dal/npu/code_moves.py, "codes" steps).
-  What is left: the linears (at one row on float32 blocks: dal/npu/blocked_groups.py
-  EXACT_GEMM_ROWS, half the weight bytes of the float64 path), the attention MatMuls, ~45 small
-  QuantizeLinear steps and the chains.
-- prefill (128 tokens): the MatMuls are about two thirds: the linears' exact float64 matmuls
-  (§5a's arithmetic needs float64, or float32 blocks combined in float64; onnxruntime multiplies
-  float32) and the attention products.
+  codes, and the cache append is a Concat of codes (dal/npu/code_moves.py, "codes" steps); the
+  SiLU island after its Cast to float16 is a 65,536-entry table (dal/npu/half_tables.py). What is
+  left: the chains, the linears (int8 weights: a quarter of the float32 blocks' bytes), the
+  attention MatMuls and ~45 small QuantizeLinear steps.
+- prefill (128 tokens): the float chains (softmax ~0.5 ms per layer: numpy's float32 exp and its
+  max over 128-element rows; RMSNorm ~0.25 ms each) and the linears (~4.3 ms for 28 calls: the
+  exact block sums and the float64 combine, 6 vector operations per 16 columns, row and block
+  against 8 vpdpbusd) lead, then the attention products (float64 matmuls of dequantized codes).
 - OpenBLAS: numpy's float64 matmul runs on OpenBLAS, whose own thread pool ignores dal.npu's
   ``threads=1``; the bench pins it (OPENBLAS_NUM_THREADS=1). A user of dal.npu.load(threads=1) on a
   busy machine without the pin meets a slower, more variable figure.
