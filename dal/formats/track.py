@@ -126,6 +126,33 @@ def fold_track_forward(weight: torch.Tensor, f: torch.Tensor, min_val, max_val, 
     return out, mask, (s, k_lo, k_hi, mode)
 
 
+def rows_track_fake_quantize(x: torch.Tensor, lay: tuple, min_val, max_val, batches_seen, ema, fmt: QFormat,
+                             symmetric: bool, qmin, qmax, scale, zero_point, need_mask: bool) -> Optional[tuple]:
+    """A quantizer with one scale per row of ``x`` (``lay = fused.layout(x.shape, gran)`` with
+    ``rows == param_mod``: per channel along axis 0, a weight's output channels): each row's min /
+    max (as ``dal_row_minmax``), its observer step (``track_qparams``) and its fused fake
+    quantization, in one C++ call (``dal_fold_track_forward`` without a fold factor). Returns
+    ``(out, mask, rows, row_len)`` for ``fused.KernelOutputFunction`` (mask None unless
+    ``need_mask``), or None with nothing written where ``dal_row_minmax`` or ``track_qparams``
+    would decline (NaN, a zero or non-finite extreme, ...)."""
+    lib = native.library()
+    rows, row_len = lay[0], lay[1]
+    if lib is None or not buffers_ok(min_val, max_val, batches_seen, scale, zero_point):
+        return None
+    s, k_lo, k_hi = torch.empty(rows), torch.empty(rows), torch.empty(rows)
+    out = torch.empty_like(x)
+    mask = torch.empty(rows * ((row_len + 7) // 8), dtype=torch.uint8) if need_mask else None
+    ok = lib.dal_fold_track_forward(x.data_ptr(), out.data_ptr(), mask.data_ptr() if need_mask else None, rows,
+                                    row_len, None, min_val.data_ptr(), max_val.data_ptr(), batches_seen.data_ptr(),
+                                    *step_args(ema, fmt, symmetric, qmin, qmax), scale.data_ptr(),
+                                    zero_point.data_ptr(), s.data_ptr(), k_lo.data_ptr(), k_hi.data_ptr(),
+                                    kernel_mode(fmt), False, torch.get_num_threads())
+    if not ok:
+        return None
+    bump_versions((min_val, max_val, batches_seen, scale, zero_point))  # written in place by the C++ step
+    return out, mask, rows, row_len
+
+
 def fixed_kernel_params(scale: torch.Tensor, zero_point: torch.Tensor, fmt: QFormat, qmin, qmax) -> tuple:
     """``kernel_params(scale, zero_point, ...)`` in one C++ call (fresh tensors, the scale copied:
     nothing a later step writes), falling back to the torch ops for other dtypes."""
@@ -146,8 +173,8 @@ def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin,
     """A quantizer's fake quantization of ``x`` by the C++ kernel (the straight-through
     estimator): with ``step`` (an observer's ``track_step()``, the QAT step of a min-max
     quantizer) its observer update and new scale first, as ``track_qparams``; without, the
-    fixed ``scale`` / ``zero_point``. One C++ call where it can (per tensor, or fixed
-    parameters), so the per-call cost is a few microseconds of Python.
+    fixed ``scale`` / ``zero_point``. One C++ call where it can (per tensor, one scale per row,
+    or fixed parameters), so the per-call cost is a few microseconds of Python.
 
     Returns the output (an autograd node whose backward is ``grad * mask`` when ``x`` needs a
     gradient), or None, having changed nothing, where the torch path must decide: no kernel,
@@ -179,6 +206,11 @@ def kernel_fake_quantize(x: torch.Tensor, gran: Granularity, fmt: QFormat, qmin,
         done = fixed_fake_quantize(x, lay, scale, zero_point, fmt, qmin, qmax, need)
     elif gran.axis is None:
         done = track_fake_quantize(x, *step, scale, zero_point, need) if zero_point.is_cpu else None
+    elif lay[0] == lay[3] == scale.numel() and zero_point.is_cpu and (gran.block_size or gran.normalized_axis(x.dim())
+                                                                       == 0):
+        # one row per scale, the rows scale_extremes takes: per channel along axis 0 (a weight's output
+        # channels), per group of the last axis
+        done = rows_track_fake_quantize(x, lay, *step, scale, zero_point, need)
     else:  # per channel / group: the range pass and the observer step, then the fused kernel
         rows = scale_extremes(x, gran)
         kp = None if rows is None else track_qparams(*rows, *step, scale, zero_point)

@@ -511,6 +511,8 @@ int dal_track_qparams(const float* blo, const float* bhi, int64_t n, float* min_
 // the extremes of w * f (as dal_row_minmax), that row's observer step and scale, then the row's
 // fold forward while it is still in L1, so W is read once instead of twice. Returns 0 with no
 // observer state or scale written (out and mask are then garbage) where either would decline.
+// f null: no fold (divide ignored): dal_row_minmax of w, dal_track_qparams, then dal_fq_forward of
+// each row with its parameters, in one call (a per-channel weight quantizer's QAT step).
 int dal_fold_track_forward(const float* w, float* out, uint8_t* mask, int64_t rows, int64_t row_len, const float* f,
                            float* min_val, float* max_val, int64_t* batches_seen, int ema, float c, int symmetric,
                            double qmin, double qmax, double zp_mid, double denom, int fp8, float* scale,
@@ -524,12 +526,14 @@ int dal_fold_track_forward(const float* w, float* out, uint8_t* mask, int64_t ro
 #pragma omp parallel for schedule(static) num_threads(nthreads) reduction(&& : ok) if (nthreads > 1 && rows * row_len > 65536)
     for (int64_t r = 0; r < rows; ++r) {
         if (!ok) continue;
-        float lo, hi, fr = f[r];
+        float lo, hi, fr = f ? f[r] : 1.0f;
         bool nan;
         minmax_span(w + r * row_len, row_len, &lo, &hi, &nan);
-        float a = fr * lo, b = fr * hi;
-        lo = fr > 0.0f ? a : b;
-        hi = fr > 0.0f ? b : a;
+        if (f) {
+            float a = fr * lo, b = fr * hi;
+            lo = fr > 0.0f ? a : b;
+            hi = fr > 0.0f ? b : a;
+        }
         if (!(fr != 0.0f && std::isfinite(fr) && !nan && std::isfinite(lo) && std::isfinite(hi) && lo != 0.0f &&
               hi != 0.0f && track_ok(t, lo, hi, min_val[r], max_val[r]))) {
             ok = 0;
@@ -538,8 +542,12 @@ int dal_fold_track_forward(const float* w, float* out, uint8_t* mask, int64_t ro
         new_min[r] = min_val[r];
         new_max[r] = max_val[r];
         track_one(t, lo, hi, &new_min[r], &new_max[r], &new_scale[r], &new_zp[r], s_out + r, k_lo + r, k_hi + r);
-        fold_span(w + r * row_len, out + r * row_len, mask ? mask + r * mask_row : nullptr, row_len, fr, s_out[r],
-                  k_lo[r], k_hi[r], mode, divide);
+        if (f)
+            fold_span(w + r * row_len, out + r * row_len, mask ? mask + r * mask_row : nullptr, row_len, fr, s_out[r],
+                      k_lo[r], k_hi[r], mode, divide);
+        else
+            fq_span(w + r * row_len, out + r * row_len, mask ? mask + r * mask_row : nullptr, 0, row_len, s_out[r],
+                    k_lo[r], k_hi[r], mode);
     }
     if (!ok) return 0;
     for (int64_t r = 0; r < rows; ++r) {
