@@ -164,7 +164,16 @@ def _member_fn(step, consts, opset):
         def softmax(ins):
             x = ins[0]
             x32 = _compute(x)
-            e = np.exp(x32 - x32.max(axis=axis, keepdims=True))
+            # torch's amax (15x numpy's max over 128-element rows): the same maximum, NaN
+            # propagated, an empty axis raises; only a zero's sign may differ, and x - (+-0)
+            # then differs only in a zero's sign, which exp maps to 1 either way (rank 0: numpy's
+            # max, as before)
+            if x32.ndim:
+                import torch
+                m = torch.from_numpy(np.ascontiguousarray(x32)).amax(dim=axis, keepdim=True).numpy()
+            else:
+                m = x32.max(axis=axis, keepdims=True)
+            e = np.exp(x32 - m)
             return (e / e.sum(axis=axis, keepdims=True, dtype=np.float64).astype(x32.dtype)).astype(x.dtype)
         return softmax
     # Sigmoid and data movement: ops_float's own function, constant inputs and attributes bound once
