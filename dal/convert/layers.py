@@ -113,7 +113,7 @@ class IntegerLayer(WrapsModule):
         # what every call would otherwise look up again, fixed at convert time like the integer
         # parameters above: the FP16 / BF16 region's dtype (fp16_region.py), and whether the layer has
         # a float bias (no int32 bias codes: a batched Linear's bias Add stays float, forward())
-        self.half = half_dtype(qat) if self.kind != "other" else None
+        self.half_region = half_dtype(qat) if self.kind != "other" else None
         self.float_bias = self.kind == "linear" and self.b_dq is not None and getattr(self, "bias_q", None) is None
 
     # ---- convert time ---------------------------------------------------------------------
@@ -196,7 +196,7 @@ class IntegerLayer(WrapsModule):
             return self._integer(x, plan)
         # export/SPEC.md §5a blocked linear with a float output: a MatMul in the file (no bias, or a
         # bias on rank > 2 inputs: MatMul + Add; a rank-2 Linear with a bias is a Gemm, a float island)
-        if self.blocked is not None and (self.b_dq is None or x.ndim > 2) and self.half is None:
+        if self.blocked is not None and (self.b_dq is None or x.ndim > 2) and self.half_region is None:
             self.ran.add(BLOCKED_FLOAT)
             return self._blocked_float(x)
         self.ran.add("float" if not plan.fused or self.why_not else
@@ -204,7 +204,7 @@ class IntegerLayer(WrapsModule):
         return self._float(x)
 
     def _float(self, x):
-        half = self.half
+        half = self.half_region
         if half is not None:  # an FP16 / BF16 region (export/SPEC.md §6), fp16_region.py
             return half_forward(self.qat, self.kind, self.w_dq, self.b_dq, x, half)
         q_in = self.qat.input_quant
