@@ -90,6 +90,8 @@ def recording(model: nn.Module, record: Optional[RunRecord]):
     hooks = []
     try:
         for mod in model.modules():
+            if isinstance(mod, torch.jit.ScriptModule):
+                continue  # no Python hooks on a scripted module; prepare keeps it as it is
             hooks.append(mod.register_forward_pre_hook(enter))
             hooks.append(mod.register_forward_hook(leave))
         yield record
