@@ -87,7 +87,11 @@ def carry_out(model: nn.Module, actions: ModelActions) -> None:
         if getattr(mod, "output_quant", None) is None and hasattr(mod, "output_quant"):
             mod.output_quant = make_quantizer(spec, None, f"{path}.output_quant")
     for path in actions.to_float:
-        set_submodule(model, path, model.get_submodule(path).to_float())
+        try:
+            mod = model.get_submodule(path)
+        except AttributeError:  # a rewritten parent (GraphModule) no longer holds what it never called
+            continue
+        set_submodule(model, path, mod.to_float())
     if actions.sparsity is not None:
         _sparsify(model, actions.sparsity)
     if actions.shared_scale:
