@@ -169,10 +169,11 @@ def _taps(plan: list, modules: dict, cap, resolve, gone: set) -> dict:
             if s.action == "functional":
                 taps[("site", s.path)] = (s.path, s.spec if _eligible(s.spec) else None)
             continue
-        if s.action == "quantize" and not s.node:
+        if s.action in ("quantize", "fp16") and not s.node:
             mod = modules.get(s.path)
-            if mod is not None:
-                taps[id(mod)] = (s.path, None if is_norm_act(mod) else (s.spec if _eligible(s.spec) else None))
+            if mod is not None:  # an FP16 module's output stays FP16: it returns the output, none is added
+                ok = s.action == "quantize" and not is_norm_act(mod) and _eligible(s.spec)
+                taps[id(mod)] = (s.path, s.spec if ok else None)
         elif s.action == "fuse":
             last = _chain_end(s, modules, cap)
             if last is not None:
