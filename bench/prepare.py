@@ -36,8 +36,7 @@ from results_file import write_result  # bench/results_file.py  # noqa: E402
 
 #: the functions of dal.prepare.api whose time and forwards are reported, in call order
 PHASES = ("_check_example_inputs", "_replace_operators", "capture", "capture_sites", "build_plan", "host_steps",
-          "check_plan", "check_constraints", "apply_plan", "_after_example_forward", "attach_sparsity",
-          "apply_constraints")
+          "check_plan", "check_constraints", "decide", "plan_actions", "apply_plan", "constraint_notes")
 
 
 def models():

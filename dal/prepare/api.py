@@ -2,9 +2,13 @@
 
 The flow is plan -> check -> apply (``plan.py``, ``check.py``, ``apply.py``): operator
 replacement first (it brings the hardware's own operators), then one capture of every
-module's own forward, one plan of (path, action, spec, reason) for every module and functional
-op, one check of the whole plan against the hardware model (every offender in one error,
-before anything but the replacement changed), and the plan carried out. The report is the plan.
+module's own forward (and, with example inputs, one recorded float forward, ``example_run``),
+one plan of (path, action, spec, reason) for every module and functional op, one check of the
+whole plan against the hardware model (every offender in one error, before anything but the
+replacement changed), the plan's model-wide actions decided (``actions.py``: output quantizers,
+sparsity, shared-scale groups, power-of-two scales, scales-only freezing, the detector guard),
+and the plan carried out. Nothing is installed after apply; the report is rendered from the
+plan (the accumulator and channel-alignment checks of the result add notes).
 """
 from __future__ import annotations
 
@@ -15,23 +19,20 @@ import torch
 from torch import nn
 
 from ..hardware.op_classes import OP_CLASSES as HW_OP_CLASSES
-from ..nn.base import QATModule
 from ..nn.modes import eval_mode
 from ..nn.registry import float_type_name, op_class_of
-from ..nn.spec import make_quantizer
-from ..nn.tree import set_submodule
 from ..quantizer import quantizer_states
 from ..replace.hf_attention import attach_quantizers
+from .actions import plan_actions, render
 from .apply import apply_plan
-from .boundary import guard, host_steps, is_detector
+from .boundary import host_steps, is_detector
 from .check import check_plan, refuse_host, refuse_nothing_quantized
-from .constraints import apply_constraints, check_constraints
+from .constraints import check_constraints, constraint_notes
+from .example_run import RunRecord, decide, recording
 from .handle import Prepared, attach
 from .plan import build_plan, capture
-from .report import LayerRow, PrepareReport, rows_from_plan
-from .scales_only import freeze_all_but_quantizers
+from .report import PrepareReport, rows_from_plan
 from .site_capture import capture_sites
-from .sparsity_step import attach_sparsity
 
 
 def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example_inputs=None,
@@ -47,20 +48,22 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
             NPU, an unfolded BatchNorm, an LSTM), is refused with every offender listed, each with
             its fix (a replacement rule such as ``lut_activation``, or a ``skip: true`` rule that
             keeps it off the NPU on purpose).
-        example_inputs: a tuple of example inputs; with them, QAT modules whose forward never
-            runs go back to float, and the layers producing the model's outputs are found.
+        example_inputs: a tuple of example inputs; with them, modules whose forward never runs
+            stay float, and the layers producing the model's outputs are found.
         quantize_outputs: those layers get output quantizers (None: the recipe's, default False:
             outputs feed the loss; README "When scales move"). The report's notes name them.
         inplace: modify ``model`` (default) or a deep copy.
         strict: raise for modules with parameters no QAT module handles and for ops the hardware
             has no engine for (report status "host": nonzero, integer compares, cumsum, ...).
 
-    Forwards: with ``example_inputs``, prepare runs the model twice — once in float before any
-    change (so bad inputs are named before anything is touched; the same forward finds the call
-    sites of forwards fx cannot trace) and once after the swap with every quantizer off (to find
-    the modules that never run and the output producers) — plus the forwards operator
-    replacement makes to validate its swaps, and a detector's zero batch (below). Without them,
-    none but that zero batch (``bench/prepare.py`` counts them).
+    Forwards: with ``example_inputs``, prepare runs the float model once, before anything is
+    swapped (eval, quantizers off, no grad): bad inputs are named before anything is touched;
+    the same forward finds the call sites of forwards fx cannot trace, and records
+    (``example_run``) the modules that never run (they stay float: their weights are used
+    functionally elsewhere) and the layers producing the outputs. Add the forwards operator
+    replacement makes (its input check first, two to validate its swaps, then this one after it)
+    and a detector's zero batch (below). Without them, none but that zero batch
+    (``bench/prepare.py`` counts them).
 
     Forwards torch.fx cannot trace (FeaturePyramidNetwork, heads over a list of levels) have their
     ``+ * @ cat`` quantized and every other op listed by call site (``call_sites``: one example
@@ -94,25 +97,23 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
                              for n, m in model.named_modules() if n)
     resolve = _resolver(rec)
     cap = capture(model)  # changes nothing (fx traces each forward; dal.nn.own_forward)
-    site_plan, site_notes = _sites(model, cap, resolve, example_inputs, checked)
+    run = RunRecord() if example_inputs is not None else None
+    site_plan, site_notes = _sites(model, cap, resolve, example_inputs, checked, run)
     plan = host_steps(model, build_plan(model, cap, resolve, site_plan))
     if hw is not None:
         plan = check_plan(plan, rec, hw, model)
         check_constraints(plan, rec, hw)
     _refuse_unknown(plan, strict, model, rec)
-    model = apply_plan(model, plan, cap)
-    report.rows = rows_from_plan(plan)
-    report.notes += site_notes
-    if is_detector(model):
-        guard(model)  # detector(images, targets): a wrong format is named in one line
-    if example_inputs is not None:
-        _after_example_forward(model, example_inputs, resolve, report, rec.quantize_outputs
-                               if quantize_outputs is None else bool(quantize_outputs))
-    attach_sparsity(model, rec, hw, report)
-    apply_constraints(model, hw, report)
-    if rec.train == "scales_only":  # recipe key train: scales_only (dal/prepare/scales_only.py)
-        freeze_all_but_quantizers(model)
-    attach(model, Prepared(rec, hw, report, plan))
+    # the float forward's verdicts (modules that never run, output producers) and the model-wide
+    # actions: the last decisions, all before anything is swapped
+    plan, to_float, outputs = decide(plan, model, cap, run, resolve, rec.quantize_outputs
+                                     if quantize_outputs is None else bool(quantize_outputs))
+    actions = plan_actions(model, plan, rec, hw, resolve, outputs, to_float)
+    model = apply_plan(model, plan, cap, actions)
+    report.rows, notes = render(rows_from_plan(plan), actions)
+    report.notes += site_notes + notes
+    constraint_notes(model, hw, report)  # read-only checks of the result (accumulators, alignment)
+    attach(model, Prepared(rec, hw, report, plan, actions))
     return model
 
 
@@ -129,19 +130,23 @@ def _inputs_checked_first(model, rec, example_inputs) -> tuple:
     return example_inputs, False
 
 
-def _sites(model, cap, resolve, example_inputs, checked: bool):
-    """``capture_sites`` with at most one float forward on the example inputs before apply: the
-    call-site discovery runs them only when some forward did not trace (``cap.untraced``), and then
-    it is also the check of the inputs (on failure a plain float forward names them, nothing
-    changed yet); otherwise, or for a detector (discovered on its own zero batch), the check is
-    its own forward. So prepare with ``example_inputs`` makes two forwards of the model (this one
-    and ``_after_example_forward``), plus a detector's zero batch and operator replacement's."""
+def _sites(model, cap, resolve, example_inputs, checked: bool, run: Optional[RunRecord]):
+    """``capture_sites`` with one float forward on the example inputs before apply, recorded into
+    ``run`` (``example_run``: which modules run, which produce the outputs). The call-site
+    discovery runs the example inputs only when some forward did not trace (``cap.untraced``),
+    and then it is also the check of the inputs and the record (on failure a plain float forward
+    names the inputs, nothing changed yet); otherwise, or for a detector (discovered on its own
+    zero batch), the check is that forward (after operator replacement, which checked the inputs
+    first: a forward of its own). So prepare with ``example_inputs`` makes one forward of the
+    model, plus a detector's zero batch and operator replacement's (and its input check)."""
     discover_on = example_inputs if cap.untraced else None
-    if not checked and (discover_on is None or is_detector(model)):
-        _check_example_inputs(model, example_inputs)
+    on_example = discover_on is not None and not is_detector(model)  # the discovery runs the example inputs
+    if example_inputs is not None and not on_example:
+        _check_example_inputs(model, example_inputs, run, changed=checked)
         checked = True
     try:
-        return capture_sites(model, cap, resolve, discover_on)
+        with recording(model, run if on_example else None):
+            return capture_sites(model, cap, resolve, discover_on, run.site_result if on_example else None)
     except Exception:
         if not checked:
             _check_example_inputs(model, example_inputs)  # raises naming the inputs if they are at fault
@@ -167,65 +172,18 @@ def _refuse_unknown(plan, strict: bool, model, rec) -> None:
                          f"module:\n{listing}")
 
 
-def _after_example_forward(model: nn.Module, example_inputs: tuple, resolve, report: PrepareReport,
-                           quantize_outputs: bool) -> None:
-    """One forward with every quantizer off (no observer counts the example, often zeros, as a
-    calibration batch, and nothing all-reduces under DDP): QAT modules that never run go back
-    to float (their weights are used functionally elsewhere). The QAT layers whose results are
-    the model's outputs get an output quantizer only when the recipe says ``quantize_outputs:
-    true`` (exported outputs are then integers); by default those outputs stay float, because
-    they feed the loss, and the report's notes name them either way."""
-    called, produced = set(), {}
-    hooks = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, QATModule):
-            hooks.append(mod.register_forward_pre_hook(lambda m, i: called.add(id(m))))
-            hooks.append(mod.register_forward_hook(
-                lambda m, i, o, name=name: produced.__setitem__(id(o), (name, m)) if torch.is_tensor(o) else None))
+def _check_example_inputs(model: nn.Module, example_inputs: tuple, run: Optional[RunRecord] = None,
+                          changed: bool = False) -> None:
+    """One float forward (eval, quantizers off, no grad) before anything is swapped, recorded
+    into ``run``: example inputs the model cannot take are named here, not as an error deep
+    inside a half-prepared model. ``changed``: operator replacement already changed the model."""
     try:
-        with quantizer_states(model, "off"), eval_mode(model), torch.no_grad():
-            out = model(*example_inputs)
-    finally:
-        for h in hooks:
-            h.remove()
-    rows = {r.name: i for i, r in enumerate(report.rows)}
-    for name, mod in list(model.named_modules()):
-        if name and isinstance(mod, QATModule) and mod.swappable and id(mod) not in called:
-            set_submodule(model, name, mod.to_float())
-            reason = "its forward never runs on the example inputs (weights used functionally); left in float"
-            if name in rows:
-                old = report.rows[rows[name]]
-                report.rows[rows[name]] = LayerRow(old.name, old.type_name, old.op_class, "float", reason)
-    outs = [out] if torch.is_tensor(out) else [o for o in (out if isinstance(out, (list, tuple)) else [])
-                                                if torch.is_tensor(o)]
-    names = []
-    for o in outs:
-        if id(o) not in produced:
-            continue
-        name, mod = produced[id(o)]
-        spec = resolve(name, float_type_name(mod), op_class_of(mod))
-        if getattr(mod, "output_quant", None) is None and hasattr(mod, "output_quant") and spec is not None \
-                and spec.input is not None and not spec.fallback_fp16:
-            if quantize_outputs:
-                mod.output_quant = make_quantizer(spec.input, None, f"{name}.output_quant")
-            names.append(name)
-    if names and quantize_outputs:
-        report.notes.append(f"output quantizer added to {', '.join(names)} (model outputs; recipe "
-                            "quantize_outputs: true)")
-    elif names:
-        report.notes.append(f"model outputs left in float: {', '.join(names)} (they feed the loss; recipe "
-                            "quantize_outputs: true quantizes them)")
-
-
-def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
-    """One float forward before anything changes: example inputs the model cannot take are named
-    here, not as an error deep inside a half-prepared model."""
-    try:
-        with eval_mode(model), torch.no_grad():
+        with recording(model, run), eval_mode(model), quantizer_states(model, "off"), torch.no_grad():
             model(*example_inputs)
     except Exception as err:
         shapes = [tuple(t.shape) if torch.is_tensor(t) else type(t).__name__ for t in example_inputs]
-        raise ValueError(f"prepare_qat: the float model fails on example_inputs {shapes} (nothing was changed): "
+        state = "after operator replacement" if changed else "nothing was changed"
+        raise ValueError(f"prepare_qat: the float model fails on example_inputs {shapes} ({state}): "
                          f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
 
 

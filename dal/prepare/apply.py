@@ -1,5 +1,8 @@
 """Carry out a checked plan: fuse Conv+BN(+ReLU) and quantize functional ops in the captured
-graphs, swap leaf modules for their QAT classes. Nothing here decides: the plan did."""
+graphs, swap leaf modules for their QAT classes, then the plan's model-wide actions (output
+quantizers, sparsity, shared scales, power-of-two scales, freezing, the detector guard:
+``actions.carry_out``). Nothing here decides: the plan did. What apply returns is the prepared
+model; prepare installs nothing after it."""
 from __future__ import annotations
 
 import torch
@@ -16,6 +19,7 @@ from ..nn.grid_sample import QGridSample, grid_sample_args
 from ..nn.scatter_add import QScatterAdd, scatter_call
 from ..nn.tree import has_instance_attribute, instance_attributes, replace_everywhere, set_submodule, slots_of
 from ..replace.rmsnorm import Fp16RMSNorm
+from .actions import ModelActions, carry_out
 from .call_sites import install
 from .fp16_island import Fp16Function, island_module
 from .functional_ops import cat_dim, rebuild
@@ -26,10 +30,11 @@ _FUNCTIONAL = {"add": QAdd, "mul": QMul, "matmul": QMatMul, "cat": QCat}
 _NORMS = {("quantize", nn.BatchNorm2d): QBatchNorm2d, **{("fp16", t): c for t, c in FP16_NORMS.items()}}
 
 
-def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
-    """Rewrite ``model`` per ``plan``; returns the root (a GraphModule when the root's own forward
-    was rewritten). Owners are rewritten deepest first, so a parent's rebuild sees its
-    children's final modules; leaves are swapped afterwards, by path."""
+def apply_plan(model: nn.Module, plan: list[Step], cap: Capture, actions: ModelActions = None) -> nn.Module:
+    """Rewrite ``model`` per ``plan`` and carry out ``actions``; returns the root (a GraphModule
+    when the root's own forward was rewritten). Owners are rewritten deepest first, so a parent's
+    rebuild sees its children's final modules; leaves are swapped afterwards, by path; the
+    model-wide actions run last, on the final modules."""
     by_owner: dict[str, list[Step]] = {}
     leaf_steps = [s for s in plan if s.action in ("quantize", "fp16") and s.site is None and not s.node]
     # The float leaves, found before the owners' rewrites: a GraphModule keeps only the names its
@@ -56,6 +61,8 @@ def apply_plan(model: nn.Module, plan: list[Step], cap: Capture) -> nn.Module:
             mod = model.get_submodule(step.path)
         replace_everywhere(slots, mod, _leaf_module(mod, step))
     stay_on_module_path(model)  # no fused TransformerEncoderLayer path past the quantizers (dal.nn.fast_path)
+    if actions is not None:
+        carry_out(model, actions)
     return model
 
 

@@ -166,11 +166,13 @@ def _wrapped_chain(fn) -> list:
 class _SiteMode(TorchFunctionMode):
     """Routes (or records) the calls made by one owner's own forward code."""
 
-    def __init__(self, owner: nn.Module, path: str, record: Optional[dict] = None, flow: Optional[list] = None):
+    def __init__(self, owner: nn.Module, path: str, record: Optional[dict] = None, flow: Optional[list] = None,
+                 on_result=None):
         super().__init__()
         self.codes = _owner_codes(owner)
         self.sites = getattr(owner, SITES_ATTR, None)
         self.path, self.record, self.counts, self.flow = path, record, {}, flow
+        self.on_result = on_result
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -206,7 +208,11 @@ class _SiteMode(TorchFunctionMode):
                 kind = None  # listed as the host op it is (values broadcast, a bool mask): torch runs it
             params = grid_sample_args(args, kwargs, func is torch.grid_sampler) if kind == "grid_sample" else \
                 (index_call(func, args, kwargs)[1][0], dim) if kind in ("scatter_add", "gather") else ()
-            self.record.setdefault((self.path, key), Site(self.path, key, kind, op, arity, dim, line, params))
+            site = self.record.setdefault((self.path, key), Site(self.path, key, kind, op, arity, dim, line, params))
+            if self.on_result is not None and kind is not None and (self.sites is None or key not in self.sites):
+                result = func(*args, **kwargs)
+                self.on_result(site.path, result)  # who returned what (dal.prepare.example_run)
+                return key, result
         if self.sites is not None and key in self.sites:
             if kind is not None:
                 return key, _route(kind, self.sites[key], func, args, kwargs)
@@ -309,15 +315,17 @@ def _exit(module, args, output):
     return None
 
 
-def discover(model: nn.Module, owners: list[str], run, flow: Optional[list] = None) -> list[Site]:
+def discover(model: nn.Module, owners: list[str], run, flow: Optional[list] = None, on_result=None) -> list[Site]:
     """Run ``run()`` (one float forward) with a recording mode around each owner's forward;
     return every classified call site of the owners' own code, in call order. With ``flow`` (a
-    list), every torch call of the owners' code is appended to it as a :class:`Call`, in order."""
+    list), every torch call of the owners' code is appended to it as a :class:`Call`, in order;
+    with ``on_result``, ``on_result(site path, result)`` is called for each call of a site that
+    gets a QAT module's kind (``+ * @ cat``, ...)."""
     record: dict = {}
     handles = []
 
     def pre(module, args, path):
-        mode = _SiteMode(module, path, record, flow)
+        mode = _SiteMode(module, path, record, flow, on_result)
         _running_modes(module).append(mode)
         mode.__enter__()
 

@@ -1,4 +1,5 @@
-"""What the chip forces beyond formats, applied by ``prepare_qat`` from the hardware model:
+"""What the chip forces beyond formats, from the hardware model (decided in prepare's plan,
+``actions.py``, carried out by ``apply_plan``; the checks run on the prepared model):
 
 * ``scale_constraint: power_of_two`` (weight_rules / activation_rules): every quantizer of that
   role gets ``constrain_power_of_two`` (rounding from the recipe's ``observer_args:
@@ -20,7 +21,6 @@ from ..hardware.op_classes import OP_CLASSES
 from ..quantizer import quantizers
 from ..recipe.errors import RecipeError
 from .accumulator_width import check_accumulators
-from .shared_scale import share_scales
 
 ROLES = ("input", "weight", "output")
 
@@ -82,20 +82,29 @@ def check_constraints(plan, recipe, hw) -> None:
         raise RecipeError(problems, what=f"recipe {recipe.name!r} for hardware {hw.name!r}")
 
 
-def apply_constraints(model: nn.Module, hw, report=None) -> None:
-    """Apply the hardware's scale constraint, shared-scale groups, accumulator check and
-    channel-alignment notes to a prepared ``model`` (see the module docstring)."""
-    if hw is None:
-        return
-    share_scales(model, hw.shared_scale, report)
+def power_of_two_roles(hw) -> tuple:
+    """The quantizer roles (``"weight"``, ``"input"``: every activation) whose scales ``hw`` keeps
+    2^k (``scale_constraint: power_of_two`` in its weight_rules / activation_rules)."""
+    return tuple(r for r in ("weight", "input") if _rule_of(hw, r).scale_constraint == "power_of_two")
+
+
+def constrain_power_of_two(model: nn.Module, roles) -> int:
+    """Give every scaled quantizer of ``model`` of a role in ``roles`` ``constrain_power_of_two``
+    (its recipe rounding, default ``cover``); returns how many."""
     constrained = 0
     for name, q in quantizers(model):
         role = "weight" if name.endswith("weight_quant") else "input"
-        if q.fmt.is_scaled and _rule_of(hw, role).scale_constraint == "power_of_two":
+        if q.fmt.is_scaled and role in roles:
             q.constrain_power_of_two(q.power_of_two or "cover")
             constrained += 1
-    if report is not None and constrained:
-        report.notes.append(f"power-of-two scales ({hw.name!r}): {constrained} quantizer(s) keep every scale 2^k")
+    return constrained
+
+
+def constraint_notes(model: nn.Module, hw, report=None) -> None:
+    """The read-only checks of a prepared ``model`` against ``hw``: the accumulator check (a
+    warning and a note per layer whose worst case overflows) and the channel-alignment notes."""
+    if hw is None:
+        return
     check_accumulators(model, hw, report)
     if report is not None:
         report.notes += alignment_notes(model, hw)

@@ -22,12 +22,14 @@ _WRAPPED = ("module", "_orig_mod")
 @dataclass
 class Prepared:
     """What ``prepare_qat`` decided: ``recipe`` (a ``dal.recipe.Recipe``), ``hardware`` (a
-    ``HardwareModel`` or None), ``report`` (the ``PrepareReport``, rendered from ``plan``)."""
+    ``HardwareModel`` or None), ``report`` (the ``PrepareReport``, rendered from ``plan`` and
+    ``actions``: the steps and the model-wide actions, ``dal.prepare.actions.ModelActions``)."""
 
     recipe: Any
     hardware: Any
     report: Any
     plan: list = field(default_factory=list, repr=False)
+    actions: Any = field(default=None, repr=False)
 
 
 def attach(model: nn.Module, handle: Prepared) -> nn.Module:

@@ -20,6 +20,11 @@ A :class:`Step` has an ``action``:
 * ``host`` — an op of a class the hardware model does not list (``HOST_OP_CLASSES``: nonzero,
   integer compares, gathers by index, cumsum, top-k, 3-D conv), decided by the hardware check, with
   its source line; ``strict=True`` refuses it.
+
+After the check, a float forward on the example inputs (``example_run``) turns the steps whose
+float module never runs into ``float`` steps, and the model-wide actions (output quantizers,
+sparsity, shared scales, power-of-two scales, scales-only freezing, the detector guard) are
+decided as ``actions.ModelActions``: apply carries out both, and the report renders both.
 """
 from __future__ import annotations
 

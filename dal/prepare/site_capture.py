@@ -23,9 +23,11 @@ from .deformable import deformable_roles, deformable_step
 from .plan import Capture, Step, site_steps
 
 
-def capture_sites(model: nn.Module, cap: Capture, resolve, example_inputs) -> tuple[list[Step], list[str]]:
+def capture_sites(model: nn.Module, cap: Capture, resolve, example_inputs,
+                  on_result=None) -> tuple[list[Step], list[str]]:
     """``(steps, notes)``: a plan step per call site of every untraced owner that runs on the
-    NPU, and one note per untraced owner saying what became of its functional ops."""
+    NPU, and one note per untraced owner saying what became of its functional ops.
+    ``on_result``: passed to ``call_sites.discover`` (who returned what, ``example_run``)."""
     owners, host = list(cap.untraced), []
     if is_detector(model):
         prefixes = npu_paths(model)
@@ -44,7 +46,7 @@ def capture_sites(model: nn.Module, cap: Capture, resolve, example_inputs) -> tu
                     for p, (t, msg) in cap.untraced.items()]
     flow: list = []
     with eval_mode(model), quantizer_states(model, "off"), torch.no_grad():
-        sites = discover(model, owners, run, flow)
+        sites = discover(model, owners, run, flow, on_result)
     # a scatter-add / gather no recipe rule quantizes is listed as the (host) float op it is, as in
     # a traced forward (plan._functional_steps); its call then runs unrouted
     sites = [dataclasses.replace(s, kind=None) if s.kind in ("scatter_add", "gather")

@@ -121,8 +121,10 @@ def _npu_side(path: str, npu: tuple) -> bool:
     return not npu or any(path == p or path.startswith(p + ".") for p in npu)
 
 
-def check_accounts(model: nn.Module, run, npu: tuple = ()) -> dict:
-    """Record ``run(float copy)``, prepare ``model``, compare; returns counts for the caller."""
+def check_accounts(model: nn.Module, run, npu: tuple = (), example_inputs=None) -> dict:
+    """Record ``run(float copy)``, prepare ``model`` (with ``example_inputs`` when given: the
+    report then also carries what prepare's own float forward decided), compare; returns counts
+    for the caller."""
     float_model = copy.deepcopy(model).eval()
     rec = Recorder(float_model)
     try:
@@ -130,7 +132,7 @@ def check_accounts(model: nn.Module, run, npu: tuple = ()) -> dict:
             run(float_model)
     finally:
         rec.close()
-    prepared = dal.prepare_qat(model, recipe="int8_balanced", hardware="a2000")
+    prepared = dal.prepare_qat(model, recipe="int8_balanced", hardware="a2000", example_inputs=example_inputs)
     report = dal.prepared(prepared).report
     rows = report.rows
     names = {r.name for r in rows}
@@ -211,6 +213,17 @@ def test_report_accounts_for_every_module_and_op_of_a_classifier(name):
     torch.manual_seed(0)
     x = torch.randn(shape)
     counts = check_accounts(make(), lambda m: m(x))
+    assert counts["leaves"] >= 3
+
+
+@pytest.mark.parametrize("name", ["MnistCNN", "mobilenet_v3_small"])
+def test_report_accounts_with_example_inputs(name):
+    """Prepared with example inputs (one float forward before apply decides which modules run and
+    which produce the outputs): the report, rendered from the plan, still accounts for everything."""
+    make, shape = CLASSIFIERS[name]
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    counts = check_accounts(make(), lambda m: m(x), example_inputs=(x,))
     assert counts["leaves"] >= 3
 
 
