@@ -18,7 +18,10 @@ kernels on integer-valued tensors, where they are exact by construction:
   below 0.5 (none is expected: the bound above makes each result exact).
 
 A grouped convolution whose full reduction exceeds the float32 bound runs in float64 on the CPU
-too. The caller turns the exact float64 sums into the requantizer's input.
+too, and so does every call while oneDNN is told to round float32 operands to bf16 / tf32
+(``torch.set_float32_matmul_precision`` below "highest", ``torch.backends.mkldnn[.conv|.matmul]
+.fp32_precision``): :func:`float32_is_ieee` is read per call, since a user's script may set it
+at any time. The caller turns the exact float64 sums into the requantizer's input.
 """
 from __future__ import annotations
 
@@ -31,6 +34,13 @@ from .errors import ConvertError
 
 #: integers up to this magnitude are exact in float32, and so is every sum that stays below it
 F32_EXACT = 2 ** 24
+
+
+def float32_is_ieee(op: str) -> bool:
+    """Whether torch's CPU float32 ``op`` ("matmul" or "conv") multiplies and adds in float32:
+    oneDNN's ``fp32_precision`` for it is "none" / "ieee" (torch resolves "none" from
+    ``torch.backends.mkldnn.fp32_precision``); "bf16" or "tf32" round the operands first."""
+    return getattr(torch.backends.mkldnn, op).fp32_precision in ("none", "ieee")
 
 
 def chunk_bounds(w_int: torch.Tensor, x_max: int) -> list[tuple[int, int]]:
@@ -61,7 +71,7 @@ def conv_exact(x_int: torch.Tensor, w32: torch.Tensor, chunks: list, stride, pad
     minus zero point [N, C, H, W] (zero padding is the zero point's code); ``w32``: float32
     weight codes minus zero point [O, C/g, kh, kw]; ``chunks`` from :func:`chunk_bounds`
     (``[]``: float64)."""
-    if x_int.is_cuda or not chunks:
+    if x_int.is_cuda or not chunks or not float32_is_ieee("conv"):
         return F.conv2d(x_int.double(), w32.double(), None, stride, padding, dilation, groups).round_()
     if len(chunks) == 1:
         return F.conv2d(x_int, w32, None, stride, padding, dilation, groups).round_().double()
@@ -74,7 +84,7 @@ def conv_exact(x_int: torch.Tensor, w32: torch.Tensor, chunks: list, stride, pad
 
 def linear_exact(x_int: torch.Tensor, w32: torch.Tensor, chunks: list) -> torch.Tensor:
     """``x_int @ w32.T`` exactly, as float64; ``w32`` [O, K], ``chunks`` slices of K."""
-    if x_int.is_cuda or not chunks:
+    if x_int.is_cuda or not chunks or not float32_is_ieee("matmul"):
         return torch.matmul(x_int.double(), w32.double().t()).round_()
     acc = None
     for k0, k1 in chunks:

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import torch
 
+from .accumulate import F32_EXACT, float32_is_ieee
+
 #: a block sum at or above this bound would make ``acc_b * s_b`` inexact in float64
 ACC_LIMIT = 2 ** 29
-#: integers up to this magnitude, and every sum of them that stays below it, are exact in float32
-F32_EXACT = 2 ** 24
 #: calls with fewer rows than this take the float32 block sums when they are exact (module doc):
 #: on the tiny Llama's decode step (one row, weights 256 x 256 .. 768) they read half the bytes of
 #: the float64 pre-scaled weight; at 128 rows (prefill) the one float64 matmul is faster
@@ -43,13 +43,6 @@ BLOCK_ROWS = 8
 #: the form (``IntegerModel.layer_forms``) of a blocked Linear whose output is read by anything but
 #: one or several quantizers: export/SPEC.md §5a's blocked linear with a float output
 BLOCKED_FLOAT = "blocked linear, float output (export/SPEC.md §5a)"
-
-
-def float32_matmul_is_ieee() -> bool:
-    """Whether torch's CPU float32 matmuls multiply and add in float32 (oneDNN's ``fp32_precision``
-    "none" / "ieee"; "bf16" or "tf32", which ``torch.set_float32_matmul_precision`` below "highest"
-    selects, round the operands first)."""
-    return torch.backends.mkldnn.matmul.fp32_precision in ("none", "ieee")
 
 
 def blocked_why_not(kind: str, has_bias: bool, in_bits: int, rq) -> str:
@@ -118,7 +111,7 @@ class BlockedWeights(torch.nn.Module):
         lead = xi.shape[:-1]
         w32 = self.w32
         if w32 is not None and xi.device.type == "cpu" and xi.numel() < BLOCK_ROWS * self.nb * self.block \
-                and float32_matmul_is_ieee():
+                and float32_is_ieee("matmul"):
             # float32 block sums (exact integers), times s_b and summed over b in float64: the exact t
             x = xi.float().reshape(-1, self.nb, self.block).transpose(0, 1)  # [nb, M, B]
             t = torch.bmm(x, w32).double().mul_(self.s_w3).sum(0)
