@@ -67,7 +67,7 @@ class MatMulForm(WrapsModule):
     def __init__(self, qat: nn.Module, path: str):
         super().__init__()
         self.qat, self.path = qat, path
-        self.half = half_operands(list(qat.input_quants))
+        self.half_operands = half_operands(list(qat.input_quants))
 
     def forward(self, a, b):
         with dispatch_off():  # no op here is one NPUFloatOps replaces (float_ops.py, quant_calls.py)
@@ -77,8 +77,9 @@ class MatMulForm(WrapsModule):
         q = self.qat
         qs = list(q.input_quants)  # one per operand, or none (the operand is used as it is)
         a, b = (qs[0](a), qs[1](b)) if len(qs) == 2 else (a, b)
-        if self.half is not None:  # operands already on the T grid: the casts are exact
-            y = round_once(torch.matmul(a.to(self.half).double(), b.to(self.half).double()), self.half).float()
+        if self.half_operands is not None:  # operands already on the T grid: the casts are exact
+            t = self.half_operands
+            y = round_once(torch.matmul(a.to(t).double(), b.to(t).double()), t).float()
         else:
             y = torch.matmul(a.double(), b.double()).float()
         return q.output_quant(y) if q.output_quant is not None else y
