@@ -19,6 +19,7 @@ from .fused import FusedFakeQuantizeFunction, eligible
 from .granularity import PER_TENSOR, Granularity
 from .qformat import get_format
 from .qparams import code_range
+from .track import fixed_kernel_params
 
 
 def _prepare(x, fmt, scale, zero_point, granularity, narrow_range):
@@ -115,6 +116,8 @@ def fake_quantize(x: torch.Tensor, fmt, scale=None, zero_point=None, granularity
     elif not isinstance(zero_point, torch.Tensor):
         zero_point = torch.as_tensor(zero_point, device=x.device)
     if eligible(x, scale, zero_point, fmt, gran):
-        # Same bits as the eager function below, in one pass over memory (see fused.py).
-        return FusedFakeQuantizeFunction.apply(x, scale, zero_point, fmt, gran, qmin, qmax)
+        # Same bits as the eager function below, in one pass over memory (see fused.py); the kernel's
+        # bounds from one C++ call (fixed_kernel_params) rather than ~10 small torch ops.
+        return FusedFakeQuantizeFunction.apply(x, scale, zero_point, fmt, gran, qmin, qmax,
+                                               fixed_kernel_params(scale, zero_point, fmt, qmin, qmax))
     return FakeQuantizeFunction.apply(x, scale, zero_point, fmt, gran, qmin, qmax, grad_scale)

@@ -159,7 +159,7 @@ def fixed_kernel_params(scale: torch.Tensor, zero_point: torch.Tensor, fmt: QFor
     lib = native.library()
     n = scale.numel()
     if lib is None or not _f32(scale, n) or zero_point.dtype != torch.int32 or zero_point.numel() != n \
-            or not zero_point.is_contiguous():
+            or not zero_point.is_contiguous() or not zero_point.is_cpu:
         s, lo, hi, mode = kernel_params(scale, zero_point, fmt, qmin, qmax)
         return s.clone(), lo, hi, mode
     s, k_lo, k_hi = torch.empty(n), torch.empty(n), torch.empty(n)
