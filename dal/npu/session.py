@@ -32,6 +32,7 @@ from .graph import Graph, load_model
 from .metadata import read_requantizer, read_sparse24
 from .ranks import rank4_names
 from .dispatch import NAMES as dispatch_names, resolve as resolve_kernel
+from .torch_threads import torch_threads
 from .validate import check_claimed_types, check_quant_nodes, precheck
 
 
@@ -359,8 +360,10 @@ class Session:
 
         Python's cyclic garbage collector is paused for the run (a run makes no reference
         cycles; a full collection would walk every torch object) and restored in ``finally``
-        if the caller had it on."""
-        with gc_paused():
+        if the caller had it on; torch's intra-op thread count is the session's ``threads``
+        for the run and restored after (torch_threads.py: a torch call inside a step never
+        uses more threads than the session was given)."""
+        with gc_paused(), torch_threads(self.threads):
             env = self._steps_on(self._feed(inputs), return_intermediates, return_intermediates)
         consts = self.graph.consts
         outs = [env[o] if o in env else consts[o] for o in self.graph.outputs]
@@ -376,7 +379,7 @@ class Session:
         connected float nodes run as one step (op "FloatChain"), "node"), ms, share (of the sum)}. The steps run exactly as in ``run``."""
         plan = self._fetch_plan(False)
         times = [[] for _ in plan]
-        with gc_paused():  # as in run
+        with gc_paused(), torch_threads(self.threads):  # as in run
             for _ in range(max(1, repeat)):
                 self._steps_on(self._feed(inputs), False, False, lambda k, t: times[k].append(t))
         rows = [{"node": st.node_name, "op": st.node.op_type, "kind": st.kind,
@@ -389,6 +392,10 @@ class Session:
     def run_layerwise(self, values: dict) -> dict:
         """Run every step on the given tensor values (e.g. an oracle's intermediates) instead of
         its own upstream results; returns what each step computes. Isolates per-layer parity."""
+        with torch_threads(self.threads):
+            return self._layerwise(values)
+
+    def _layerwise(self, values: dict) -> dict:
         out = self._public(dict(self._folded))
         consts = {**self.graph.consts, **self._folded}
         for step in self._plain:
@@ -407,6 +414,10 @@ class Session:
         every value this session computed itself. Forcing the quantized tensors only makes each
         row "one layer from the same quantized inputs": the layer's own float arithmetic still
         runs here, and a near-tie flip upstream cannot cascade into it."""
+        with torch_threads(self.threads):
+            return self._teacher_forced(inputs, reference)
+
+    def _teacher_forced(self, inputs, reference: dict) -> dict:
         env, own = self._feed(inputs), {}
         for step in self._plain:
             out = self._exec(step, self._ins(step, env, {}), True)
