@@ -21,6 +21,7 @@ from ..nn.norm import QBatchNorm2d
 from ..quantizer import FakeQuantizer
 from .accumulate import OVERFLOWS
 from .blocked_linear import BLOCKED_FLOAT
+from .codes_boundary import integer_boundary
 from .errors import ConvertError
 from .float_ops import NPUFloatOps
 from .forms import swap_forms
@@ -306,6 +307,7 @@ def convert(model: nn.Module, example_inputs: Optional[tuple] = None, opset: Opt
         parent = net.get_submodule(parent_path) if parent_path else net
         layers[path] = IntegerLayer(mod, path, rq)
         _swap(parent, name, layers[path])
+    integer_boundary(net)  # a decoder file's codes boundary outside the dispatch (codes_boundary.py)
     im = IntegerModel(net, layers, rq, swap_forms(net, opset, _swap), opset, explicit)
     if example_inputs is not None:
         args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)

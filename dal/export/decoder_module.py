@@ -153,8 +153,9 @@ class CodesStep(nn.Module):
                 raise ValueError(f"decode step: {name} must be [B, kv_heads, {length}, head_dim] (cache length "
                                  f"{length}), got {list(c.shape)}")
 
-    def forward(self, input_ids, position_ids, mask, *past):
-        from ..formats import dequantize, quantize
+    def codes_in(self, past: tuple) -> list:
+        """The ``past`` codes (checked in decode) dequantized as DequantizeLinear does: ``(c - zp) * s``."""
+        from ..formats import dequantize
         qs = self._quantizers()
         if self.step.decode:
             self._check_past(qs, past)
@@ -162,9 +163,16 @@ class CodesStep(nn.Module):
         for q, c in zip(qs, past):
             s, zp = q.effective_qparams()
             floats.append(dequantize(c, q.fmt, s.float(), zp, q.granularity))
-        out = self.step(input_ids, position_ids, mask, *floats)
+        return floats
+
+    def codes_out(self, out: tuple) -> tuple:
+        """``(logits, codes of key_0, value_0, ...)``: the step's KV outputs quantized (QuantizeLinear)."""
+        from ..formats import quantize
         codes = []
-        for q, t in zip(qs, out[1:]):
+        for q, t in zip(self._quantizers(), out[1:]):
             s, zp = q.effective_qparams()
             codes.append(quantize(t, q.fmt, s.float(), zp, q.granularity))
         return (out[0], *codes)
+
+    def forward(self, input_ids, position_ids, mask, *past):
+        return self.codes_out(self.step(input_ids, position_ids, mask, *self.codes_in(past)))
