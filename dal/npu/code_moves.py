@@ -26,6 +26,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from .byte_tables import ByteTable
+
 #: the data movement ops a pattern's M may hold (each with constant non-data inputs)
 MOVES = frozenset({"Unsqueeze", "Expand", "Reshape", "Transpose", "Squeeze", "Slice"})
 
@@ -42,6 +44,7 @@ class CodeMoves:
         self.inputs, self.outputs, self.extra_outputs = [first.inputs[0]], list(parts[-1].outputs), []
         self.node, self.node_name = parts[-1].node, parts[-1].node_name
         self.dtype = first.dtype
+        self.lookup = ByteTable(table).lookup  # C++ for large tensors (byte_tables.py)
 
     def run(self, ins, threads, want_extra=False):
         x = ins[0]
@@ -52,7 +55,7 @@ class CodeMoves:
                     v = fn(ctx, [v] + fixed, attrs)[0]
             except Exception:  # e.g. shapes that do not broadcast: the steps name their node
                 return self._one_by_one(ins, threads)
-            return {self.outputs[0]: np.take(self.table, v)}
+            return {self.outputs[0]: self.lookup(v)}
         return self._one_by_one(ins, threads)
 
     def _one_by_one(self, ins, threads):

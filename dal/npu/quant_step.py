@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .byte_tables import ByteTable
+
 _OUT = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2}
 
 
@@ -95,6 +97,7 @@ class DequantStep:
         # instead of four numpy passes (the graph's last DequantizeLinear at batch 1)
         codes = np.arange(256, dtype=np.uint8).view(self.dtype)
         self.table = self._formula(codes)
+        self.lookup = ByteTable(self.table).lookup  # C++ for large tensors (byte_tables.py)
 
     def _formula(self, x):
         return np.asarray((x.astype(np.int64) - self.zp).astype(np.float32) * self.scale)
@@ -103,7 +106,7 @@ class DequantStep:
         x = ins[0]
         if not isinstance(x, np.ndarray) or x.dtype != self.dtype:
             return self.fallback.run(ins, threads, want_extra)
-        return {self.outputs[0]: np.asarray(np.take(self.table, x.view(np.uint8)))}
+        return {self.outputs[0]: self.lookup(x.view(np.uint8))}
 
 
 def match_dequant(g, node, fallback):

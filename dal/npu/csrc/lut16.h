@@ -8,4 +8,8 @@ namespace dal_npu {
 // [65536]; float32 of H's shape.
 torch::Tensor lut16(const torch::Tensor& H, const torch::Tensor& table);
 
+// out = table[byte of C]: C contiguous uint8 (or int8) codes of any shape, table float32 [256];
+// float32 of C's shape.
+torch::Tensor lut8(const torch::Tensor& C, const torch::Tensor& table);
+
 }  // namespace dal_npu

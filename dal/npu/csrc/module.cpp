@@ -24,6 +24,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gap_codes_mean", &dal_npu::gap_codes_mean, "per-channel means of a code table (GlobalAveragePool)");
   m.def("blocked_gemm", &dal_npu::blocked_gemm, "blocked linear: exact per-block int32 sums, float64 combine");
   m.def("lut16", &dal_npu::lut16, "float32 table lookup by 16-bit patterns");
+  m.def("lut8", &dal_npu::lut8, "float32 table lookup by 8-bit codes");
   m.def("cpu_supports_isa", &dal_npu::cpu_supports_isa, "this CPU runs kernel variant isa (cpuid)");
   m.def("best_isa", &dal_npu::best_isa, "the fastest kernel variant this CPU runs");
   m.def("isa_name", [](int64_t isa) { return std::string(dal_npu::isa_name(isa)); }, "name of a kernel variant");

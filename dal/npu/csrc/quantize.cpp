@@ -7,7 +7,8 @@
 // (exact integers in float32) and zp is added after, which equals numpy's float64
 // clip(r + zp): for |r| < 2^53 that sum is exact, beyond it both clamp to the same bound.
 // The AVX2 form does the same IEEE operations in the same order (vdivps, vroundps to nearest
-// even), so both forms are bit-identical. NaN has no code: the call is refused (the caller
+// even), so both forms are bit-identical; in the flat (not pixel-major) layout it narrows the
+// codes to bytes in registers (quant_avx2_bytes) instead of through an int32 buffer. NaN has no code: the call is refused (the caller
 // then runs quant.py, which defines what NaN becomes).
 #include <immintrin.h>
 
@@ -54,6 +55,30 @@ DAL_TARGET_AVX2 bool quant_avx2(const float* x, int64_t n, float s, float lo, fl
   return (_mm256_movemask_ps(bad) != 0) | quant_scalar(x + i, n - i, s, lo, hi, zp, q + i);
 }
 
+// quant_avx2's operations, the int32 codes narrowed to bytes in registers and stored: each code is
+// already in [qmin, qmax] (int8 or uint8), so the saturating packs (int32 -> int16 -> int8 / uint8)
+// change none of them and the bytes are the codes' low bytes, as the scalar store writes them
+template <bool U8>
+DAL_TARGET_AVX2 bool quant_avx2_bytes(const float* x, int64_t n, float s, float lo, float hi, int32_t zp, uint8_t* o) {
+  const __m256 vs = _mm256_set1_ps(s), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+  const __m256i vz = _mm256_set1_epi32(zp);
+  __m256 bad = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 r = _mm256_div_ps(_mm256_loadu_ps(x + i), vs);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(r, r, _CMP_UNORD_Q));
+    r = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_min_ps(_mm256_max_ps(r, vlo), vhi);
+    const __m256i v = _mm256_add_epi32(_mm256_cvtps_epi32(r), vz);
+    const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(o + i), U8 ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w));
+  }
+  int32_t q[8];
+  const bool tail = quant_scalar(x + i, n - i, s, lo, hi, zp, q);
+  for (int64_t j = 0; j < n - i; ++j) o[i + j] = static_cast<uint8_t>(q[j]);
+  return (_mm256_movemask_ps(bad) != 0) | tail;
+}
+
 }  // namespace
 
 torch::Tensor quantize_codes(const torch::Tensor& X, double scale, int64_t zp, int64_t out_code, bool nhwc,
@@ -89,6 +114,12 @@ torch::Tensor quantize_codes(const torch::Tensor& X, double scale, int64_t zp, i
         const int64_t y = r % H, n = r / H;
         const float* xs = nhwc ? x + ((n * C + c) * H + y) * W : x + r * W;
         const int64_t len = nhwc ? W : std::min(W, numel - r * W);
+        if (!nhwc && isa_has_avx2(v)) {  // the codes straight to their bytes
+          const bool b = out_code == 1 ? quant_avx2_bytes<true>(xs, len, s, lo, hi, z, o + r * W)
+                                       : quant_avx2_bytes<false>(xs, len, s, lo, hi, z, o + r * W);
+          nan = nan || b;
+          continue;
+        }
         const bool b = isa_has_avx2(v) ? quant_avx2(xs, len, s, lo, hi, z, q.data())
                                        : quant_scalar(xs, len, s, lo, hi, z, q.data());
         nan = nan || b;
