@@ -90,7 +90,11 @@ NOTES = """
   against 8 vpdpbusd) lead, then the attention products (float64 matmuls of dequantized codes).
 - OpenBLAS: numpy's float64 matmul runs on OpenBLAS, whose own thread pool ignores dal.npu's
   ``threads=1``; the bench pins it (OPENBLAS_NUM_THREADS=1). A user of dal.npu.load(threads=1) on a
-  busy machine without the pin meets a slower, more variable figure.
+  busy machine without the pin meets a slower, more variable figure. torch's own intra-op pool (the
+  chains' float16 Casts and softmax row maximum) is held at the session's ``threads`` during a run
+  (dal/npu/torch_threads.py; unpinned it made a loaded machine's prefill 4-7x slower).
+- QuantizeLinear (C++, codes packed to bytes in registers) and the scalar DequantizeLinear / moves
+  tables (a C++ 256-entry lookup from 4096 codes on, dal/npu/byte_tables.py) are ~1.2 ms of prefill.
 - onnxruntime 1.32 refuses these files at its default level (see ORT_OFF in the bench): a graph
   optimizer bug, not a dal export error (the files load at ORT_ENABLE_BASIC and pass
   onnx.checker full_check); the bench's peer is onnxruntime with one of the two interacting
