@@ -28,7 +28,6 @@ plus an INT8 KV-cache rule on the a2000; decode: one token at position 128 with 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
