@@ -29,7 +29,7 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock
 
 from cpu import cpu_flags  # bench/cpu.py
-from qat_step import dal_model  # bench/qat_step.py
+from qat_step import dal_model, step_fn  # bench/qat_step.py
 
 
 def scale_floor(x: torch.Tensor) -> torch.Tensor:
@@ -94,21 +94,13 @@ def main() -> None:
     y = torch.randint(0, 1000, (8,))
     quant = scale_floor if args.floor == "scale" else plain_fake_quant
 
-    def step_fn(model):
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-        return step
-
-    steps = {"eager float": step_fn(torchvision.models.resnet18(weights=None).train()),
-             f"eager floor ({args.floor})": step_fn(floor_model(quant)),
-             "eager dal": step_fn(dal_model("resnet18", x)),
-             "compiled float": step_fn(torch.compile(torchvision.models.resnet18(weights=None).train())),
-             f"compiled floor ({args.floor})": step_fn(torch.compile(floor_model(quant))),
-             "compiled dal": step_fn(torch.compile(dal_model("resnet18", x)))}
+    models = {"eager float": torchvision.models.resnet18(weights=None).train(),
+              f"eager floor ({args.floor})": floor_model(quant),
+              "eager dal": dal_model("resnet18", x),
+              "compiled float": torch.compile(torchvision.models.resnet18(weights=None).train()),
+              f"compiled floor ({args.floor})": torch.compile(floor_model(quant)),
+              "compiled dal": torch.compile(dal_model("resnet18", x))}
+    steps = {k: step_fn(m, x, y) for k, m in models.items()}
     for step in steps.values():
         step()
         step()

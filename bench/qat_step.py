@@ -31,7 +31,8 @@ import torchvision
 from cpu import cpu_flags as _cpu_flags  # bench/cpu.py
 
 
-def _step_fn(model, x, y):
+def step_fn(model, x, y):
+    """One SGD step (lr 1e-3, momentum 0.9) of ``model`` on ``(x, y)`` with cross-entropy; returns the loss."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
 
     def step():
@@ -78,13 +79,13 @@ def _models(arch: str, size: int, batch: int, backend: str | None = None) -> dic
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao's deprecation notices
         torch.ao.quantization.prepare_qat(ao_model.train(), inplace=True)
-    steps = {"float": _step_fn(getattr(torchvision.models, arch)(weights=None).train(), x, y),
-             "dal": _step_fn(qat(), x, y), "torch.ao": _step_fn(ao_model, x, y)}
+    steps = {"float": step_fn(getattr(torchvision.models, arch)(weights=None).train(), x, y),
+             "dal": step_fn(qat(), x, y), "torch.ao": step_fn(ao_model, x, y)}
     if backend:
         opts = {"options": {"layout_optimization": False}} if not LAYOUT_OPTIMIZATION else {}
-        steps["compiled float"] = _step_fn(torch.compile(getattr(torchvision.models, arch)(weights=None).train(),
+        steps["compiled float"] = step_fn(torch.compile(getattr(torchvision.models, arch)(weights=None).train(),
                                                          backend=backend, **opts), x, y)
-        steps["compiled dal"] = _step_fn(torch.compile(qat(), backend=backend, **opts), x, y)
+        steps["compiled dal"] = step_fn(torch.compile(qat(), backend=backend, **opts), x, y)
     return steps
 
 

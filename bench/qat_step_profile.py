@@ -20,9 +20,8 @@ import collections
 import time
 
 import torch
-import torch.nn.functional as F
 
-from qat_step import CASES, dal_model  # bench/qat_step.py
+from qat_step import CASES, dal_model, step_fn  # bench/qat_step.py
 
 
 def main() -> None:
@@ -39,14 +38,7 @@ def main() -> None:
     x = torch.randn(args.batch, 3, size, size)
     y = torch.randint(0, 1000, (args.batch,))
     model = dal_model(arch, x)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
+    step = step_fn(model, x, y)
 
     for _ in range(2):
         step()
