@@ -6,8 +6,7 @@
 as large as eight times the codes); csrc/lut16.cpp ``lut8`` reads each byte and copies its table
 entry, so both give the table's entries themselves, bit for bit (NaN payloads included). Used by
 the scalar DequantizeLinear (quant_step.DequantStep) and the requantized moves
-(code_moves.CodeMoves): on the tiny Llama prefill's [1, 4, 128, 128] codes ~65 us -> ~15 us.
-Below :data:`LARGE` elements, without a build, or for a table that is not float32 [256], the
+(code_moves.CodeMoves); bench/results/llm_npu.md has the timings. Below :data:`LARGE` elements, without a build, or for a table that is not float32 [256], the
 numpy lookup runs.
 """
 from __future__ import annotations

@@ -2,12 +2,10 @@
 
 Some steps call torch on numpy memory (the float32 <-> float16 Casts, the softmax row maximum,
 the fused chains' members): those calls run on torch's own intra-op pool, whose size is
-``torch.get_num_threads()`` (by default the machine's cores), not ``dal.npu.load(threads=...)``.
-On a loaded machine a two-thread torch reduction of a [1, 4, 128, 128] attention waits for a
-descheduled worker: measured on the tiny Llama prefill (bench/llm_npu.py's files, 2 CPUs, load
-~5), the four softmax chains took 36-61 ms each with torch at its default 2 threads against
-0.35-0.48 ms at 1. Inside :func:`torch_threads` (``Session.run``, ``profile``, ``run_layerwise``,
-``run_teacher_forced``) torch's count is ``threads``; the caller's count is restored on exit,
+``torch.get_num_threads()`` (by default the machine's cores), not ``dal.npu.load(threads=...)``:
+on a loaded machine a multi-threaded torch reduction waits for a descheduled worker
+(bench/results/llm_npu.md). Inside :func:`torch_threads` (``Session.run``, ``profile``,
+``run_layerwise``, ``run_teacher_forced``) torch's count is ``threads``; the caller's count is restored on exit,
 also when a step raises. The count is process-wide state: another Python thread calling torch
 during a run sees ``threads`` too. No result depends on it (every torch call a step makes is
 exact or elementwise, hence independent of how it is split).
