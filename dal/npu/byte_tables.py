@@ -6,8 +6,8 @@
 as large as eight times the codes); csrc/lut16.cpp ``lut8`` reads each byte and copies its table
 entry, so both give the table's entries themselves, bit for bit (NaN payloads included). Used by
 the scalar DequantizeLinear (quant_step.DequantStep) and the requantized moves
-(code_moves.CodeMoves); bench/results/llm_npu.md has the timings. Below :data:`LARGE` elements, without a build, or for a table that is not float32 [256], the
-numpy lookup runs.
+(code_moves.CodeMoves); bench/results/llm_npu.md has the timings. Below :data:`LARGE`
+elements, without a build, or for a table that is not float32 [256], the numpy lookup runs.
 """
 from __future__ import annotations
 

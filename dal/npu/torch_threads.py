@@ -2,8 +2,8 @@
 
 Some steps call torch on numpy memory (the float32 <-> float16 Casts, the softmax row maximum,
 the fused chains' members): those calls run on torch's own intra-op pool, whose size is
-``torch.get_num_threads()`` (by default the machine's cores), not ``dal.npu.load(threads=...)``:
-on a loaded machine a multi-threaded torch reduction waits for a descheduled worker
+``torch.get_num_threads()`` (by default the machine's cores), not
+``dal.npu.load(threads=...)``: on a loaded machine a multi-threaded torch reduction waits for a descheduled worker
 (bench/results/llm_npu.md). Inside :func:`torch_threads` (``Session.run``, ``profile``,
 ``run_layerwise``, ``run_teacher_forced``) torch's count is ``threads``; the caller's count is restored on exit,
 also when a step raises. The count is process-wide state: another Python thread calling torch
