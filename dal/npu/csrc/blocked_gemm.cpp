@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "isa.h"
+#include "quantize.h"
 
 namespace dal_npu {
 
@@ -242,36 +243,6 @@ DAL_TARGET_AVX512VNNI void u8_avx512(const uint8_t* x, int64_t ldx, const int8_t
 
 // ---- requantizer of v (ONNX QuantizeLinear, as blocked_groups.py's BlockedStep.run) ---------
 
-// q = clamp(rint(v / ys), lo - zy, hi - zy) + zy; false when some v / ys is NaN
-bool requant_portable(const float* v, int64_t n, float ys, float lo, float hi, int32_t zy, int32_t* q) {
-  bool nan = false;
-  for (int64_t i = 0; i < n; ++i) {
-    float r = v[i] / ys;
-    if (std::isnan(r)) {
-      nan = true;
-      r = 0.0f;
-    }
-    r = std::min(std::max(std::nearbyint(r), lo), hi);
-    q[i] = static_cast<int32_t>(r) + zy;
-  }
-  return !nan;
-}
-
-DAL_TARGET_AVX2 bool requant_avx2(const float* v, int64_t n, float ys, float lo, float hi, int32_t zy, int32_t* q) {
-  const __m256 vs = _mm256_set1_ps(ys), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
-  const __m256i vz = _mm256_set1_epi32(zy);
-  __m256 bad = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 r = _mm256_div_ps(_mm256_loadu_ps(v + i), vs);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(r, r, _CMP_UNORD_Q));
-    r = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm256_min_ps(_mm256_max_ps(r, vlo), vhi);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_add_epi32(_mm256_cvtps_epi32(r), vz));
-  }
-  return _mm256_movemask_ps(bad) == 0 && requant_portable(v + i, n - i, ys, lo, hi, zy, q + i);
-}
-
 template <typename XT, typename WT>
 struct Kernels {
   TileFn<XT, WT> fn[RMAX + 1];
@@ -410,9 +381,9 @@ std::vector<torch::Tensor> blocked_gemm(const torch::Tensor& X, int64_t zx, cons
     const int32_t z = static_cast<int32_t>(zy.data_ptr<int64_t>()[r]);
     const float l = float(lo.data_ptr<int64_t>()[r] - z), h = float(hi.data_ptr<int64_t>()[r] - z);
     const float s = ys.data_ptr<float>()[r];
-    const bool ok = v >= kAvx2 ? requant_avx2(vp, M * N, s, l, h, z, q.data())
-                               : requant_portable(vp, M * N, s, l, h, z, q.data());
-    TORCH_CHECK(ok, "blocked_gemm: v / ys is NaN");
+    const bool nan = v >= kAvx2 ? quant_avx2(vp, M * N, s, l, h, z, q.data())  // QuantizeLinear (quantize.h)
+                                : quant_scalar(vp, M * N, s, l, h, z, q.data());
+    TORCH_CHECK(!nan, "blocked_gemm: v / ys is NaN");
     auto o = torch::empty({M, N}, torch::dtype(oc == 1 ? torch::kUInt8 : torch::kInt8));
     if (oc == 1) {
       uint8_t* d = o.data_ptr<uint8_t>();

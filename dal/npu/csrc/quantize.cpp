@@ -19,12 +19,11 @@
 
 #include "isa.h"
 #include "qconv.h"
+#include "quantize.h"
 
 namespace dal_npu {
 
-namespace {
-
-// codes of x[0..n) into q[0..n); true when some x / s is NaN
+// codes of x[0..n) into q[0..n) (quantize.h); true when some x / s is NaN
 bool quant_scalar(const float* x, int64_t n, float s, float lo, float hi, int32_t zp, int32_t* q) {
   bool nan = false;
   for (int64_t i = 0; i < n; ++i) {
@@ -40,24 +39,21 @@ bool quant_scalar(const float* x, int64_t n, float s, float lo, float hi, int32_
   return nan;
 }
 
-DAL_TARGET_AVX2 bool quant_avx2(const float* x, int64_t n, float s, float lo, float hi, int32_t zp, int32_t* q) {
-  const __m256 vs = _mm256_set1_ps(s), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
-  const __m256i vz = _mm256_set1_epi32(zp);
-  __m256 bad = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 r = _mm256_div_ps(_mm256_loadu_ps(x + i), vs);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(r, r, _CMP_UNORD_Q));
-    r = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm256_min_ps(_mm256_max_ps(r, vlo), vhi);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_add_epi32(_mm256_cvtps_epi32(r), vz));
-  }
-  return (_mm256_movemask_ps(bad) != 0) | quant_scalar(x + i, n - i, s, lo, hi, zp, q + i);
+namespace {
+
+// the codes of x[0..8) as int32 lanes: quant_scalar's IEEE operations in its order (vdivps,
+// vroundps to nearest even, max / min, + zp); NaN lanes of x / s are or-ed into bad
+DAL_TARGET_AVX2 inline __m256i quant_avx2_lanes(const float* x, __m256 vs, __m256 vlo, __m256 vhi, __m256i vz, __m256& bad) {
+  __m256 r = _mm256_div_ps(_mm256_loadu_ps(x), vs);
+  bad = _mm256_or_ps(bad, _mm256_cmp_ps(r, r, _CMP_UNORD_Q));
+  r = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  r = _mm256_min_ps(_mm256_max_ps(r, vlo), vhi);
+  return _mm256_add_epi32(_mm256_cvtps_epi32(r), vz);
 }
 
-// quant_avx2's operations, the int32 codes narrowed to bytes in registers and stored: each code is
-// already in [qmin, qmax] (int8 or uint8), so the saturating packs (int32 -> int16 -> int8 / uint8)
-// change none of them and the bytes are the codes' low bytes, as the scalar store writes them
+// quant_avx2's codes narrowed to bytes in registers and stored: each code is already in
+// [qmin, qmax] (int8 or uint8), so the saturating packs (int32 -> int16 -> int8 / uint8) change
+// none of them and the bytes are the codes' low bytes, as the scalar store writes them
 template <bool U8>
 DAL_TARGET_AVX2 bool quant_avx2_bytes(const float* x, int64_t n, float s, float lo, float hi, int32_t zp, uint8_t* o) {
   const __m256 vs = _mm256_set1_ps(s), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
@@ -65,11 +61,7 @@ DAL_TARGET_AVX2 bool quant_avx2_bytes(const float* x, int64_t n, float s, float 
   __m256 bad = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m256 r = _mm256_div_ps(_mm256_loadu_ps(x + i), vs);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(r, r, _CMP_UNORD_Q));
-    r = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm256_min_ps(_mm256_max_ps(r, vlo), vhi);
-    const __m256i v = _mm256_add_epi32(_mm256_cvtps_epi32(r), vz);
+    const __m256i v = quant_avx2_lanes(x + i, vs, vlo, vhi, vz, bad);
     const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(o + i), U8 ? _mm_packus_epi16(w, w) : _mm_packs_epi16(w, w));
   }
@@ -80,6 +72,17 @@ DAL_TARGET_AVX2 bool quant_avx2_bytes(const float* x, int64_t n, float s, float 
 }
 
 }  // namespace
+
+// quant_scalar's codes, eight lanes at a time (quantize.h)
+DAL_TARGET_AVX2 bool quant_avx2(const float* x, int64_t n, float s, float lo, float hi, int32_t zp, int32_t* q) {
+  const __m256 vs = _mm256_set1_ps(s), vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+  const __m256i vz = _mm256_set1_epi32(zp);
+  __m256 bad = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), quant_avx2_lanes(x + i, vs, vlo, vhi, vz, bad));
+  return (_mm256_movemask_ps(bad) != 0) | quant_scalar(x + i, n - i, s, lo, hi, zp, q + i);
+}
 
 torch::Tensor quantize_codes(const torch::Tensor& X, double scale, int64_t zp, int64_t out_code, bool nhwc,
                              int64_t nthreads, int64_t isa) {
