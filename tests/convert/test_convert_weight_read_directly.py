@@ -4,21 +4,11 @@ dal.convert cannot compute it as the NPU's float island: a ConvertError naming t
 dal.verify's integer row says so, where it used to stop on an AttributeError deep in the parent."""
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 import dal
 from dal.convert import ConvertError
 from export_common import prepared
-
-
-class ReadsWeight(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc, self.out = nn.Linear(8, 8), nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.out(F.linear(x, self.fc.weight, self.fc.bias))
+from parent_reads_weight import ReadsWeight
 
 
 @pytest.mark.parametrize("hardware", ["a2000", "generic_int8"])

@@ -2,20 +2,11 @@
 stays float, decided before apply from the float forward (dal.prepare.example_run): prepare never
 builds its QAT module, and a QAT module already in the model is given back as float by apply."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import dal
 from dal.nn.base import QATModule
-
-
-class ReadsWeight(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc, self.out = nn.Linear(8, 8), nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.out(F.linear(x, self.fc.weight, self.fc.bias))
+from parent_reads_weight import ReadsWeight
 
 
 def test_a_planned_layer_that_never_runs_is_never_built(monkeypatch):

@@ -11,13 +11,13 @@ power-of-two scales, scales-only freezing, and a detector's argument guard.
 """
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import dal
 import dal.prepare.api as api
 from dal.prepare.handle import ATTR
 from dal_examples.zoo import MnistCNN
+from parent_reads_weight import ReadsWeight
 
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -35,17 +35,6 @@ def snapshot(model: nn.Module) -> dict:
                      tuple(sorted((k, v if isinstance(v, _PLAIN) else type(v).__name__)
                                   for k, v in vars(m).items() if k != ATTR and not k.startswith("_"))))
     return out
-
-
-class ReadsWeight(nn.Module):
-    """``fc``'s forward never runs: its parent computes with its weight."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc, self.out = nn.Linear(8, 8), nn.Linear(8, 4)
-
-    def forward(self, x):
-        return self.out(F.linear(x, self.fc.weight, self.fc.bias))
 
 
 class CatNet(nn.Module):
