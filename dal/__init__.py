@@ -52,7 +52,7 @@ _LAZY = {
 }
 
 _SUBMODULES = {"formats", "observers", "quantizer", "hardware", "recipe", "nn", "sparsity", "replace",
-               "prepare", "calibration", "export", "npu", "verification", "analysis", "distill", "preprocess",
+               "prepare", "calibration", "export", "npu", "ops", "verification", "analysis", "distill", "preprocess",
                "cost", "ptq"}
 
 

@@ -1,0 +1,36 @@
+"""Element-wise binary ops on two tensors: the NPU's requantizing adder and multiplier."""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .op import Op
+
+ADD = Op(
+    name="add",
+    op_class="add",
+    handling="functional",
+    functions=(operator.add, operator.iadd, torch.add),
+    methods=("add", "add_", "__add__", "__radd__", "__iadd__"),
+    qat_module="dal.nn.functional:QAdd",
+    onnx=("Add",),
+    spec="",
+    integer_form=None,
+    cost="vector",
+)
+
+MUL = Op(
+    name="mul",
+    op_class="mul",
+    handling="functional",
+    functions=(operator.mul, operator.imul, torch.mul),
+    methods=("mul", "mul_", "__mul__", "__rmul__", "__imul__"),
+    qat_module="dal.nn.functional:QMul",
+    onnx=("Mul",),
+    spec="",
+    integer_form=None,
+    cost="vector",
+)
+
+OPS: tuple[Op, ...] = (ADD, MUL)
