@@ -1,6 +1,21 @@
-"""reshape ops (filled by the registry migration)."""
+"""Concatenation and the reshape-likes: ops that move codes without changing them."""
 from __future__ import annotations
+
+import torch
 
 from .op import Op
 
-OPS: tuple[Op, ...] = ()
+CAT = Op(
+    name="cat",
+    op_class="cat",
+    handling="functional",
+    functions=(torch.cat, torch.concat, torch.concatenate),
+    methods=(),
+    qat_module="dal.nn.functional:QCat",
+    onnx=("Concat",),
+    spec="",
+    integer_form=None,
+    cost="vector",
+)
+
+OPS: tuple[Op, ...] = (CAT,)

@@ -1,6 +1,23 @@
-"""sampling ops (filled by the registry migration)."""
+"""Sampling at computed positions: ``F.grid_sample`` (export/SPEC.md §5b) and deformable
+attention's sampling arithmetic (§5g)."""
 from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
 
 from .op import Op
 
-OPS: tuple[Op, ...] = ()
+GRID_SAMPLE = Op(
+    name="grid_sample",
+    op_class="grid_sample",
+    handling="functional",
+    functions=(F.grid_sample, torch.grid_sampler),
+    methods=(),
+    qat_module="dal.nn.grid_sample:QGridSample",
+    onnx=("GridSample",),
+    spec="§5b",
+    integer_form=None,
+    cost=None,
+)
+
+OPS: tuple[Op, ...] = (GRID_SAMPLE,)
