@@ -110,9 +110,8 @@ class Session:
                  kernel: str | None = None, fuse_chains: bool = True):
         if semantics not in ("integer", "onnx"):
             raise NPUError(f"semantics must be 'integer' or 'onnx', got {semantics!r}")
-        from . import ops_cast, ops_einsum, ops_float, ops_nn, ops_quant, ops_reduce, ops_topk, ops_trig  # noqa: F401
-        from . import ops_dense  # noqa: F401  (after ops_nn: its Resize adds linear to the nearest kernel)
-        from . import ops_grid, ops_scatter  # noqa: F401  (GridSample §5b; Gather*, Scatter* §5c-d: export/SPEC.md)
+        from .op_table import kernels
+        node_kernels = kernels()  # every ops_* module's kernels (op_table.py)
         from .fused_codes import match as match_codes
         from .integer_groups import match
         from .group_post import group_step
@@ -171,7 +170,7 @@ class Session:
                     absorbed.update(id(c) for c in one.absorbed)
                 if cstep is not None:
                     continue
-            fn = ops_float.OPS.get(n.op_type)
+            fn = node_kernels.get(n.op_type)
             if fn is None:
                 raise UnsupportedNode(n, self._in_types(n), "no implementation for this op type")
             node_step = NodeStep(g, n, fn)
