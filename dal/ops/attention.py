@@ -16,9 +16,10 @@ MATMUL = Op(
     methods=("matmul", "__matmul__", "bmm"),
     qat_module="dal.nn.functional:QMatMul",
     onnx=("MatMul",),
-    spec="",
+    spec="§5a",
     integer_form=None,
     cost="matrix",
+    fp16_region=("compute",),
 )
 
 OPS: tuple[Op, ...] = (MATMUL,)

@@ -15,9 +15,10 @@ ADD = Op(
     methods=("add", "add_", "__add__", "__radd__", "__iadd__"),
     qat_module="dal.nn.functional:QAdd",
     onnx=("Add",),
-    spec="",
+    spec="§5a",
     integer_form=None,
     cost="vector",
+    fp16_region=("compute", "tail"),
 )
 
 MUL = Op(
@@ -28,9 +29,10 @@ MUL = Op(
     methods=("mul", "mul_", "__mul__", "__rmul__", "__imul__"),
     qat_module="dal.nn.functional:QMul",
     onnx=("Mul",),
-    spec="",
+    spec="§5a",
     integer_form=None,
     cost="vector",
+    fp16_region=("compute", "tail"),
 )
 
 OPS: tuple[Op, ...] = (ADD, MUL)

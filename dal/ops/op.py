@@ -20,6 +20,11 @@ from typing import Any, Callable, Optional, Union
 #: lookup table where the hardware model allows it), ``host`` (an op class no NPU engine runs).
 HANDLINGS = ("quantize", "functional", "passthrough", "float", "host")
 
+#: an op's parts in an FP16 / BF16 region of the export (export/SPEC.md §6): ``compute`` (its
+#: ``onnx`` nodes compute in the region's format when their float inputs are in it), ``tail`` (a
+#: region extends through its nodes when their other inputs are constants: a fused activation)
+FP16_ROLES = ("compute", "tail")
+
 #: the engine the cost model charges: ``matrix`` (MACs), ``vector`` (element-wise passes),
 #: ``free`` (folded away or exact on codes: no cycles of its own).
 COST_CLASSES = ("matrix", "vector", "free")
@@ -47,7 +52,9 @@ class Op:
       float semantics equal torch's);
     - ``cost``: one of :data:`COST_CLASSES`, or None when the cost model does not charge it;
     - ``function``: the function name hardware models use in ``fp16_ops`` / ``lut_ops``
-      (``"silu"``), when it differs from ``name`` or matters.
+      (``"silu"``), when it differs from ``name`` or matters;
+    - ``fp16_region``: its parts in an FP16 / BF16 region of the export, members of
+      :data:`FP16_ROLES` (``("compute", "tail")`` for ``add``), read by dal/export/casts.py.
     """
 
     name: str
@@ -62,6 +69,7 @@ class Op:
     integer_form: Ref = None
     cost: Optional[str] = None
     function: str = ""
+    fp16_region: tuple = ()
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -70,10 +78,12 @@ class Op:
             raise ValueError(f"Op {self.name!r}: handling={self.handling!r} is not one of {', '.join(HANDLINGS)}")
         if self.cost is not None and self.cost not in COST_CLASSES:
             raise ValueError(f"Op {self.name!r}: cost={self.cost!r} is not one of {', '.join(COST_CLASSES)}")
-        for field in ("functions", "methods", "modules", "onnx"):
+        for field in ("functions", "methods", "modules", "onnx", "fp16_region"):
             value = getattr(self, field)
             if not isinstance(value, tuple):
                 raise TypeError(f"Op {self.name!r}: {field} must be a tuple, got {type(value).__name__}")
+        if any(r not in FP16_ROLES for r in self.fp16_region):
+            raise ValueError(f"Op {self.name!r}: fp16_region={self.fp16_region!r}: members are {', '.join(FP16_ROLES)}")
         if any(not isinstance(m, str) for m in self.methods):
             raise TypeError(f"Op {self.name!r}: methods are Tensor method names (str), got {self.methods!r}")
         if any(not isinstance(m, type) for m in self.modules):

@@ -13,9 +13,10 @@ CAT = Op(
     methods=(),
     qat_module="dal.nn.functional:QCat",
     onnx=("Concat",),
-    spec="",
+    spec="§5a",
     integer_form=None,
     cost="vector",
+    fp16_region=("compute",),
 )
 
 OPS: tuple[Op, ...] = (CAT,)
