@@ -1,24 +1,70 @@
-"""Registry of QAT modules: float module type -> QAT class (a dict plus a decorator)."""
+"""The QAT module of a float module type, read from the op registry (:mod:`dal.ops`).
+
+One store: an op of :mod:`dal.ops` with ``handling="quantize"``, float ``modules`` and a
+``qat_module`` maps each of those types to that QAT class (dal.nn's own drop-ins are declared
+by the family files, a user's by ``@dal.ops.register``). :data:`QAT_MODULES` and
+:data:`OP_CLASSES` are read-only views of it; :func:`register_qat_module` registers through it.
+"""
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from collections.abc import Mapping
+from typing import Callable, Iterator
 
 from torch import nn
 
+from .. import ops as _ops
 from .adopt import float_class_of
 
-#: float type -> QAT class
-QAT_MODULES: dict[type, type] = {}
+
+def _quantize_op(float_type):
+    """The registry's op that swaps ``float_type`` for a QAT module, or None."""
+    op = _ops.by_module(float_type) if isinstance(float_type, type) else None
+    return op if op is not None and op.handling == "quantize" and op.qat_module is not None else None
+
+
+class _ModuleView(Mapping):
+    """float type -> ``value(op)`` for every float type of a quantize op of the registry (live)."""
+
+    def __init__(self, value: Callable, doc: str):
+        self._value, self.__doc__ = value, doc
+
+    def __getitem__(self, float_type):
+        op = _quantize_op(float_type)
+        if op is None:
+            raise KeyError(float_type)
+        return self._value(op)
+
+    def __contains__(self, float_type) -> bool:
+        return _quantize_op(float_type) is not None
+
+    def __iter__(self) -> Iterator[type]:
+        return iter([t for op in _ops.all_ops() for t in op.modules if _quantize_op(t) is op])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"{{{', '.join(f'{t.__name__}: {self[t]!r}' for t in self)}}}"
+
+
+#: float type -> QAT class (a read-only view of :mod:`dal.ops`)
+QAT_MODULES: Mapping = _ModuleView(lambda op: op.resolve("qat_module"), "float type -> QAT class")
 #: float type -> hardware op class ("conv", "linear", ...) used to match recipes and hardware
-OP_CLASSES: dict[type, str] = {}
+OP_CLASSES: Mapping = _ModuleView(lambda op: op.op_class, "float type -> hardware op class")
 
 
 def register_qat_module(float_type: type, op_class: str = "custom") -> Callable[[type], type]:
-    """Register ``cls`` as the QAT version of ``float_type``.
+    """Register ``cls`` as the QAT version of ``float_type``: ``dal.ops.register(float_type,
+    op_class=op_class, handling="quantize")`` under the name ``"<module>.<qualname>"`` of
+    ``float_type``, for a class derived from :class:`dal.nn.QATModule`.
 
     The class needs ``from_float(mod, spec, name) -> module`` and ``to_float() -> module``;
     ``op_class`` names the hardware operator class its recipe rules and hardware checks use.
+    Registering ``float_type`` again with this function replaces the earlier class; a family
+    file's op that already declares this very class (``qat_module="<module>:<class>"``) is kept
+    as it is; a type another op matches is refused, naming both. ``@dal.ops.register`` is the
+    fuller form (export, convert and cost fields too).
 
         @dal.register_qat_module(MyAttention, op_class="matmul")
         class QMyAttention(MyAttention): ...
@@ -33,9 +79,13 @@ def register_qat_module(float_type: type, op_class: str = "custom") -> Callable[
             raise TypeError(f"{getattr(cls, '__name__', cls)} cannot be registered for {float_type.__name__}: a QAT "
                             f"class derives from dal.nn.QATModule (class Q{float_type.__name__}(dal.nn.QATModule, "
                             f"{float_type.__name__}): ...), which gives it from_float / to_float / quantizers")
-        QAT_MODULES[float_type] = cls
-        OP_CLASSES[float_type] = op_class
-        return cls
+        name = f"{float_type.__module__}.{float_type.__qualname__}"
+        op = _ops.by_module(float_type)
+        if op is not None and op.qat_module == f"{cls.__module__}:{cls.__qualname__}":
+            return cls  # the family file declares this class for float_type already
+        if op is not None and op.name == name:
+            _ops.unregister(name)  # this function registered float_type before: the new class replaces it
+        return _ops.register(float_type, name=name, op_class=op_class, handling="quantize")(cls)
     return wrap
 
 

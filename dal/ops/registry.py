@@ -21,6 +21,7 @@ _BY_FUNCTION: dict[Any, Op] = {}
 _BY_METHOD: dict[str, Op] = {}
 _BY_MODULE: dict[type, Op] = {}
 _LOADED: list[bool] = []
+_USER: set[str] = set()  # names of the ops register() added (unregister may remove them)
 
 
 def _load() -> None:
@@ -32,7 +33,7 @@ def _load() -> None:
             _add(op, f"dal/ops/{family}.py")
 
 
-def _add(op: Op, origin: str) -> Op:
+def _add(op: Op, origin: str, user: bool = False) -> Op:
     if not isinstance(op, Op):
         raise TypeError(f"{origin}: dal.ops registers Op instances, got {type(op).__name__}")
     if op.name in _OPS and _OPS[op.name] is not op:
@@ -47,37 +48,65 @@ def _add(op: Op, origin: str) -> Op:
     _OPS[op.name] = op
     for table, key, _ in claims:
         table[key] = op
+    if user:
+        _USER.add(op.name)
     return op
 
 
 def register(op_or_type=None, **fields) -> Any:
-    """Register an operator with every stage of dal.
+    """Register an operator with every stage of dal (prepare, export, convert, cost).
 
     - ``register(Op(...))`` registers the op and returns it;
     - ``@register(MyModule, op_class=..., onnx=..., cost=..., ...)`` on a QAT class registers an
       op matching the float module type ``MyModule`` whose QAT module is the decorated class
-      (``handling="quantize"``, ``name`` defaults to the type's name); the remaining keyword
-      arguments are :class:`Op` fields. Returns the class.
+      (``handling="quantize"``, ``name`` defaults to the type's name, ``op_class`` to
+      ``"custom"``); the remaining keyword arguments are :class:`Op` fields. The class needs
+      ``from_float(mod, spec, name)`` and ``to_float()`` (``dal.nn.QATModule`` gives both).
+      Returns the class.
 
-    A pattern (function, method, module type) already matched by another op is refused by name.
+    A pattern (function, method, module type) already matched by another op is refused, naming
+    both ops; so is a second op of the same name. :func:`unregister` removes a user's op.
     """
     if isinstance(op_or_type, Op):
         if fields:
             raise TypeError(f"register(Op) takes no keyword fields, got {sorted(fields)}")
         _load()
-        return _add(op_or_type, "dal.ops.register")
+        return _add(op_or_type, "dal.ops.register", user=True)
     if not isinstance(op_or_type, type):
         raise TypeError(f"dal.ops.register takes an Op or a float module type, got {op_or_type!r}")
     float_type = op_or_type
 
     def wrap(cls):
+        where = f"dal.ops.register({float_type.__qualname__})"
+        missing = [m for m in ("from_float", "to_float") if not callable(getattr(cls, m, None))]
+        if not isinstance(cls, type) or missing:
+            raise TypeError(f"{where}: decorates a QAT class with from_float / to_float (derive it from "
+                            f"dal.nn.QATModule); {getattr(cls, '__name__', cls)!r} lacks {', '.join(missing) or 'a type'}")
         fields.setdefault("name", float_type.__name__)
         fields.setdefault("handling", "quantize")
         fields.setdefault("op_class", "custom")
         _load()
-        _add(Op(modules=(float_type,), qat_module=cls, **fields), f"dal.ops.register({float_type.__qualname__})")
+        _add(Op(modules=(float_type,), qat_module=cls, **fields), where, user=True)
         return cls
     return wrap
+
+
+def unregister(name: str) -> Op:
+    """Remove the user's op ``name`` (registered by :func:`register`) and its patterns; return it.
+
+    The family files' ops cannot be removed (ValueError); an unknown name is a KeyError. Stages
+    that cached a table derived from the registry keep it: unregister is for tests and sessions
+    that register an op for a while (``try: ... finally: dal.ops.unregister("ClampScale")``)."""
+    op = get(name)
+    if name not in _USER:
+        raise ValueError(f"op {name!r} is declared by a dal/ops family file; only ops added by "
+                         f"dal.ops.register can be unregistered")
+    _USER.discard(name)
+    del _OPS[name]
+    for table in (_BY_FUNCTION, _BY_METHOD, _BY_MODULE):
+        for key in [k for k, v in table.items() if v is op]:
+            del table[key]
+    return op
 
 
 def get(name: str) -> Op:
