@@ -1,6 +1,40 @@
-"""islands ops (filled by the registry migration)."""
+"""Softmax and log-softmax (op class ``softmax``): float ops of the vector engine, FP16
+islands where it computes in fp16 (dal.prepare.fp16_island)."""
 from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 from .op import Op
 
-OPS: tuple[Op, ...] = ()
+
+SOFTMAX = Op(
+    name="softmax",
+    op_class="softmax",
+    handling="float",
+    functions=(F.softmax, torch.softmax),
+    methods=("softmax",),
+    modules=(nn.Softmax,),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+)
+
+LOG_SOFTMAX = Op(
+    name="log_softmax",
+    op_class="softmax",
+    handling="float",
+    functions=(F.log_softmax,),
+    methods=(),
+    modules=(nn.LogSoftmax,),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+)
+
+OPS: tuple[Op, ...] = (SOFTMAX, LOG_SOFTMAX)

@@ -1,6 +1,116 @@
-"""normalization ops (filled by the registry migration)."""
+"""Normalisations: float ops of the vector engine unless folded into the conv before them.
+
+``op_class`` is a hardware op class where hardware models name one (``layernorm``); the
+others are ``custom`` (no hardware model lists batch, group or instance norm: prepare calls
+them ``norm``). ``qat_module``: dal.nn's form of the layer where it has one (QBatchNorm2d, a
+quantized per-channel affine; the FP16 group / instance norms). ``rmsnorm`` is found by what
+a module computes (dal.prepare.whole_modules), so it matches no pattern."""
 from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import nn
 
 from .op import Op
 
-OPS: tuple[Op, ...] = ()
+
+BATCHNORM2D = Op(
+    name="batchnorm2d",
+    op_class="custom",
+    handling="float",
+    functions=(),
+    methods=(),
+    modules=(nn.BatchNorm2d,),
+    qat_module="dal.nn.norm:QBatchNorm2d",
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+    function="batchnorm",
+)
+
+BATCHNORM = Op(
+    name="batchnorm",
+    op_class="custom",
+    handling="float",
+    functions=(F.batch_norm,),
+    methods=(),
+    modules=(nn.BatchNorm1d, nn.BatchNorm3d),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+)
+
+LAYERNORM = Op(
+    name="layernorm",
+    op_class="layernorm",
+    handling="float",
+    functions=(F.layer_norm,),
+    methods=(),
+    modules=(nn.LayerNorm,),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+)
+
+GROUPNORM = Op(
+    name="groupnorm",
+    op_class="custom",
+    handling="float",
+    functions=(F.group_norm,),
+    methods=(),
+    modules=(nn.GroupNorm,),
+    qat_module="dal.nn.norm:Fp16GroupNorm",
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+)
+
+INSTANCENORM2D = Op(
+    name="instancenorm2d",
+    op_class="custom",
+    handling="float",
+    functions=(),
+    methods=(),
+    modules=(nn.InstanceNorm2d,),
+    qat_module="dal.nn.norm:Fp16InstanceNorm2d",
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+    function="instancenorm",
+)
+
+INSTANCENORM = Op(
+    name="instancenorm",
+    op_class="custom",
+    handling="float",
+    functions=(F.instance_norm,),
+    methods=(),
+    modules=(nn.InstanceNorm1d,),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+)
+
+RMSNORM = Op(
+    name="rmsnorm",
+    op_class="custom",
+    handling="float",
+    functions=(),
+    methods=(),
+    modules=(),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+)
+
+OPS: tuple[Op, ...] = (BATCHNORM2D, BATCHNORM, LAYERNORM, GROUPNORM, INSTANCENORM2D, INSTANCENORM, RMSNORM)

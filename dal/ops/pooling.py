@@ -1,6 +1,71 @@
-"""pooling ops (filled by the registry migration)."""
+"""Pooling (op class ``pool``): max pooling selects a code (exact on codes: passthrough);
+average pooling and ``mean`` average on the vector engine (``function="average"``). Power-average
+pooling (LPPool) is a type recipes name that dal has no form for (``qat_module`` None)."""
 from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 from .op import Op
 
-OPS: tuple[Op, ...] = ()
+
+MAX_POOL = Op(
+    name="max_pool",
+    op_class="pool",
+    handling="passthrough",
+    functions=(F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d),
+    methods=(),
+    modules=(nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+)
+
+AVG_POOL = Op(
+    name="avg_pool",
+    op_class="pool",
+    handling="float",
+    functions=(F.avg_pool2d, F.adaptive_avg_pool2d, F.adaptive_avg_pool1d),
+    methods=(),
+    modules=(nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+    function="average",
+)
+
+MEAN = Op(
+    name="mean",
+    op_class="pool",
+    handling="float",
+    functions=(torch.mean,),
+    methods=("mean",),
+    modules=(),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+    function="average",
+)
+
+LP_POOL = Op(
+    name="lp_pool",
+    op_class="pool",
+    handling="quantize",
+    functions=(),
+    methods=(),
+    modules=(nn.LPPool1d, nn.LPPool2d, nn.LPPool3d),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+)
+
+OPS: tuple[Op, ...] = (MAX_POOL, AVG_POOL, MEAN, LP_POOL)

@@ -1,9 +1,11 @@
 """Sampling at computed positions: ``F.grid_sample`` (export/SPEC.md §5b) and deformable
-attention's sampling arithmetic (§5g)."""
+attention's sampling arithmetic (§5g); resizing (``F.interpolate``, ``nn.Upsample``: op class
+``resize``; a nearest resize copies codes, the other modes are float ops)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .op import Op
 
@@ -20,4 +22,18 @@ GRID_SAMPLE = Op(
     cost=None,
 )
 
-OPS: tuple[Op, ...] = (GRID_SAMPLE,)
+RESIZE = Op(
+    name="resize",
+    op_class="resize",
+    handling="float",
+    functions=(F.interpolate,),
+    methods=(),
+    modules=(nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d),
+    qat_module=None,
+    onnx=(),
+    spec="",
+    integer_form=None,
+    cost=None,
+)
+
+OPS: tuple[Op, ...] = (GRID_SAMPLE, RESIZE)
