@@ -9,6 +9,11 @@ the layer before them, as in ``dal.cost.choices``. A node's output feeding a Qua
 is stored in that Q's type, else in its input format. 2:4 weights are those whose codes have at
 most 2 non-zero values in every group of 4 along the reduction axis (checked on the codes).
 
+Which node types are layers, and of which op class, comes from the op registry: a node type
+belongs to an op of :mod:`dal.ops` (its ``onnx`` field), and that op's ``cost`` says whether it is
+a matrix layer, a vector layer or free (``dal.cost.op_costs.onnx_node_ops``); vector ops exact on
+codes (``handling="passthrough"``) are the ones that take the format of the layer before them.
+
 Layer names are the module paths dal's exporter writes into Q/DQ node names
 (``stem.0.weight_quant/DequantizeLinear`` -> ``stem.0``), else the ONNX node name. Node types
 and MAC counts follow ``dal.cost.torch_graph``:
@@ -25,15 +30,10 @@ from typing import Optional
 import numpy as np
 
 from ..formats import FP16, get_format
+from .op_costs import onnx_classes, onnx_passthrough
 from .roofline import Choice, LayerGeom
 
 ELEM_FORMATS = {2: "uint8", 3: "int8", 5: "int16", 10: "fp16", 17: "fp8_e4m3", 19: "fp8_e5m2", 21: "uint4", 22: "int4"}
-MATRIX_OPS = {"Conv": "conv", "ConvTranspose": "conv_transpose", "Gemm": "linear", "MatMul": "matmul"}
-VECTOR_OPS = {"Add": "add", "Mul": "mul", "Concat": "cat", "MaxPool": "pool", "AveragePool": "pool",
-              "GlobalAveragePool": "pool", "GlobalMaxPool": "pool", "Softmax": "softmax",
-              "LayerNormalization": "layernorm", "Resize": "resize", "Sigmoid": "activation", "Tanh": "activation",
-              "Gelu": "activation", "HardSwish": "activation", "HardSigmoid": "activation", "Exp": "activation"}
-PASSTHROUGH = ("MaxPool", "GlobalMaxPool")
 
 
 class _Graph:
@@ -170,9 +170,10 @@ def onnx_layers(path, hardware=None):
     meta_hw = g.meta.get("dal.hardware") or None
     hw = load_hardware(hardware if hardware is not None else meta_hw) if (hardware or meta_hw) else None
     geoms, choices, previous = [], {}, None
+    matrix_ops, vector_ops, passthrough = onnx_classes("matrix"), onnx_classes("vector"), onnx_passthrough()
     for node in g.nodes:
-        if node.op_type in MATRIX_OPS:
-            geom, w = _matrix(g, node, MATRIX_OPS[node.op_type])
+        if node.op_type in matrix_ops:
+            geom, w = _matrix(g, node, matrix_ops[node.op_type])
             x = g.fmt(node.input[0])
             wf = g.fmt(w) if w is not None else None
             if x is None and wf is None:
@@ -182,15 +183,15 @@ def onnx_layers(path, hardware=None):
                 sparse = (w is not None and hw is not None and hw.supports_sparsity(geom.op_class, "2:4")
                           and is_24(g.weight_codes(w), g.sparse_axis(w)))
                 choice = Choice(wf, x, g.out_fmt(node.output[0]) or x, sparse=sparse)
-        elif node.op_type in VECTOR_OPS:
-            op_class = VECTOR_OPS[node.op_type]
+        elif node.op_type in vector_ops:
+            op_class = vector_ops[node.op_type]
             data = [i for i in node.input if i and i not in g.inits and g.producer.get(i, node).op_type != "Constant"]
             geom = LayerGeom(_layer_name(g, node, None), op_class, 0, 0, sum(g.numel(i) for i in data),
                              g.numel(node.output[0]), type_name=node.op_type)
             x = next((f for f in (g.fmt(i) for i in data) if f is not None), None)
             if x is not None:
                 choice = Choice(None, x, g.out_fmt(node.output[0]) or x)
-            elif node.op_type in PASSTHROUGH and previous is not None:
+            elif node.op_type in passthrough and previous is not None:
                 choice = Choice(None, previous.output, previous.output)
             else:
                 choice = _float_choice(hw, op_class, False)

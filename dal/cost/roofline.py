@@ -27,9 +27,7 @@ from typing import Optional
 
 from ..formats import get_format
 from ..formats.qformat import QFormat
-
-MATRIX_CLASSES = ("conv", "conv_transpose", "linear", "matmul", "embedding")
-
+from .op_costs import matrix_classes
 
 @dataclass(frozen=True)
 class LayerGeom:
@@ -49,7 +47,8 @@ class LayerGeom:
 
     @property
     def is_matrix(self) -> bool:
-        return self.op_class in MATRIX_CLASSES
+        """On the matrix engine: an op class of the ops whose ``cost`` is ``"matrix"`` (dal.ops)."""
+        return self.op_class in matrix_classes()
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,10 @@ moves) with hooks on the modules that cost time:
   derive from them), ``QMatMul`` and float ``nn.MultiheadAttention`` (projections + both
   attention products), ``Embedding`` (a gather: no MACs);
 - element-wise layers: ``QAdd`` / ``QMul`` / ``QCat``, pooling, softmax, layer norm, resize and
-  non-linear activations. ReLU / ReLU6 / clipping cost nothing: they fold into the producer's
-  requantizer (a clip of its output range). Reshapes and dropout are free too.
+  non-linear activations, and any module whose op in :mod:`dal.ops` has ``cost="vector"`` (a
+  user's ``@dal.ops.register`` op: its input and output elements). ReLU / ReLU6 / clipping cost
+  nothing: they fold into the producer's requantizer (a clip of its output range). Reshapes and
+  dropout are free too (``cost="free"``).
 
 MAC counts, from the shapes seen (``K`` = kernel elements, ``g`` = groups):
 
@@ -30,13 +32,13 @@ import torch
 from torch import nn
 
 from ..hardware.op_classes import ACTIVATION_OF_TYPE, op_class_of_type
+from ..nn.adopt import float_class_of
 from ..nn.modes import eval_mode
 from ..nn.registry import op_class_of
 from ..quantizer import quantizer_states
+from .op_costs import free_activations, module_cost, vector_classes
 from .roofline import LayerGeom
 
-FREE_ACTIVATIONS = ("relu", "relu6", "hardtanh")
-VECTOR_CLASSES = ("add", "mul", "cat", "pool", "activation", "softmax", "layernorm", "resize")
 
 
 def _tensors(x) -> list[torch.Tensor]:
@@ -54,7 +56,14 @@ def _numel(x) -> int:
 
 
 def op_class_for(mod: nn.Module) -> Optional[str]:
-    """The op class the cost model times ``mod`` as, or None when it is free or not a layer."""
+    """The op class the cost model times ``mod`` as, or None when it is free or not a layer.
+
+    Convolutions, linear layers, embeddings and ``nn.MultiheadAttention`` by type (their QAT
+    modules and fusions derive from them); any other module by the ``cost`` of its op in
+    :mod:`dal.ops` (``dal.cost.op_costs``: ``"free"`` -> None, else the op's class), a user's
+    ``@dal.ops.register`` op included; failing that, by its op class: charged when some op of
+    that class is a vector op or when it is ``matmul``, free for the activations whose ops
+    cost nothing (relu, relu6, hardtanh)."""
     if isinstance(mod, nn.MultiheadAttention):
         return "linear"
     if isinstance(mod, nn.modules.conv._ConvNd):
@@ -63,12 +72,15 @@ def op_class_for(mod: nn.Module) -> Optional[str]:
         return "linear"
     if isinstance(mod, nn.Embedding):
         return "embedding"
+    own = module_cost(mod, float_class_of(mod))
+    if own is not None:
+        return None if own[0] == "free" else own[1]
     cls = op_class_of(mod)
     if cls == "custom":
         cls = op_class_of_type(type(mod).__name__)
-    if cls == "activation" and ACTIVATION_OF_TYPE.get(type(mod).__name__) in FREE_ACTIVATIONS:
+    if cls == "activation" and ACTIVATION_OF_TYPE.get(type(mod).__name__) in free_activations():
         return None
-    return cls if cls in VECTOR_CLASSES + ("matmul",) else None
+    return cls if cls in vector_classes() or cls == "matmul" else None
 
 
 def _attention(mod: nn.MultiheadAttention, args, out_elems: int) -> dict:

@@ -8,7 +8,7 @@
 """
 from .op import COST_CLASSES, HANDLINGS, Op, resolve_ref
 from .registry import (all_ops, by_function, by_method, by_module, functions_of, get, methods_of, modules_of,
-                       register, select, unregister)
+                       register, select, unregister, version)
 
 __all__ = ["COST_CLASSES", "HANDLINGS", "Op", "all_ops", "by_function", "by_method", "by_module", "functions_of",
-           "get", "methods_of", "modules_of", "register", "resolve_ref", "select", "unregister"]
+           "get", "methods_of", "modules_of", "register", "resolve_ref", "select", "unregister", "version"]

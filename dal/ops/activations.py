@@ -26,7 +26,7 @@ RELU = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
     function="relu",
 )
 
@@ -41,7 +41,7 @@ RELU6 = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
     function="relu6",
 )
 
@@ -56,7 +56,7 @@ HARDTANH = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 LEAKY_RELU = Op(
@@ -70,7 +70,7 @@ LEAKY_RELU = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="leaky_relu",
 )
 
@@ -85,7 +85,7 @@ PRELU = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="prelu",
 )
 
@@ -100,7 +100,7 @@ ELU = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="elu",
 )
 
@@ -115,7 +115,7 @@ SELU = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="selu",
 )
 
@@ -127,10 +127,10 @@ GELU = Op(
     methods=(),
     modules=(nn.GELU,),
     qat_module=None,
-    onnx=(),
+    onnx=("Gelu",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="gelu",
 )
 
@@ -145,7 +145,7 @@ SILU = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="silu",
 )
 
@@ -157,10 +157,10 @@ SIGMOID = Op(
     methods=("sigmoid",),
     modules=(nn.Sigmoid,),
     qat_module=None,
-    onnx=(),
+    onnx=("Sigmoid",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="sigmoid",
 )
 
@@ -172,10 +172,10 @@ TANH = Op(
     methods=("tanh",),
     modules=(nn.Tanh,),
     qat_module=None,
-    onnx=(),
+    onnx=("Tanh",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="tanh",
 )
 
@@ -187,10 +187,10 @@ HARDSWISH = Op(
     methods=(),
     modules=(nn.Hardswish,),
     qat_module=None,
-    onnx=(),
+    onnx=("HardSwish",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="hardswish",
 )
 
@@ -202,10 +202,10 @@ HARDSIGMOID = Op(
     methods=(),
     modules=(nn.Hardsigmoid,),
     qat_module=None,
-    onnx=(),
+    onnx=("HardSigmoid",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="hardsigmoid",
 )
 
@@ -220,7 +220,7 @@ MISH = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="mish",
 )
 
@@ -235,7 +235,7 @@ SOFTPLUS = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="softplus",
 )
 
@@ -247,10 +247,10 @@ EXP = Op(
     methods=("exp",),
     modules=(),
     qat_module=None,
-    onnx=(),
+    onnx=("Exp",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="exp",
 )
 
@@ -265,7 +265,7 @@ LOG = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="log",
 )
 
@@ -280,7 +280,7 @@ SQRT = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="sqrt",
 )
 
@@ -295,7 +295,7 @@ RSQRT = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="rsqrt",
 )
 
@@ -310,7 +310,7 @@ RECIPROCAL = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="reciprocal",
 )
 

@@ -17,10 +17,10 @@ SOFTMAX = Op(
     methods=("softmax",),
     modules=(nn.Softmax,),
     qat_module=None,
-    onnx=(),
+    onnx=("Softmax",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
 )
 
 LOG_SOFTMAX = Op(
@@ -34,7 +34,7 @@ LOG_SOFTMAX = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
 )
 
 OPS: tuple[Op, ...] = (SOFTMAX, LOG_SOFTMAX)

@@ -50,10 +50,10 @@ LAYERNORM = Op(
     methods=(),
     modules=(nn.LayerNorm,),
     qat_module=None,
-    onnx=(),
+    onnx=("LayerNormalization",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
 )
 
 GROUPNORM = Op(

@@ -18,10 +18,10 @@ MAX_POOL = Op(
     methods=(),
     modules=(nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d),
     qat_module=None,
-    onnx=(),
+    onnx=("MaxPool", "GlobalMaxPool"),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
 )
 
 AVG_POOL = Op(
@@ -32,10 +32,10 @@ AVG_POOL = Op(
     methods=(),
     modules=(nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d),
     qat_module=None,
-    onnx=(),
+    onnx=("AveragePool", "GlobalAveragePool"),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="average",
 )
 
@@ -50,7 +50,7 @@ MEAN = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
     function="average",
 )
 
@@ -65,7 +65,7 @@ LP_POOL = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
 )
 
 OPS: tuple[Op, ...] = (MAX_POOL, AVG_POOL, MEAN, LP_POOL)

@@ -22,6 +22,7 @@ _BY_METHOD: dict[str, Op] = {}
 _BY_MODULE: dict[type, Op] = {}
 _LOADED: list[bool] = []
 _USER: set[str] = set()  # names of the ops register() added (unregister may remove them)
+_VERSION: list[int] = [0]  # bumped by every registration and removal (see version())
 
 
 def _load() -> None:
@@ -50,6 +51,7 @@ def _add(op: Op, origin: str, user: bool = False) -> Op:
         table[key] = op
     if user:
         _USER.add(op.name)
+    _VERSION[0] += 1
     return op
 
 
@@ -102,6 +104,7 @@ def unregister(name: str) -> Op:
         raise ValueError(f"op {name!r} is declared by a dal/ops family file; only ops added by "
                          f"dal.ops.register can be unregistered")
     _USER.discard(name)
+    _VERSION[0] += 1
     del _OPS[name]
     for table in (_BY_FUNCTION, _BY_METHOD, _BY_MODULE):
         for key in [k for k, v in table.items() if v is op]:
@@ -119,6 +122,14 @@ def get(name: str) -> Op:
 
         near = get_close_matches(name, list(_OPS), n=3)
         raise KeyError(f"no op named {name!r} in dal.ops" + (f" (did you mean {', '.join(near)}?)" if near else ""))
+
+
+def version() -> int:
+    """A number that changes whenever an op is registered or unregistered (the families loaded
+    first): a stage that caches a table derived from the registry keys the cache on it, so that
+    a user's op registered later is seen (``functools.cache`` on ``f(version())``)."""
+    _load()
+    return _VERSION[0]
 
 
 def all_ops() -> tuple[Op, ...]:

@@ -38,7 +38,7 @@ FLATTEN = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 UNFLATTEN = Op(
@@ -52,7 +52,7 @@ UNFLATTEN = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 RESHAPE = Op(
@@ -66,7 +66,7 @@ RESHAPE = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 PERMUTE = Op(
@@ -80,7 +80,7 @@ PERMUTE = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 TRANSPOSE = Op(
@@ -94,7 +94,7 @@ TRANSPOSE = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 SQUEEZE = Op(
@@ -108,7 +108,7 @@ SQUEEZE = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 SPLIT = Op(
@@ -122,7 +122,7 @@ SPLIT = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 SLICE = Op(
@@ -136,7 +136,7 @@ SLICE = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 EXPAND = Op(
@@ -150,7 +150,7 @@ EXPAND = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 FLIP = Op(
@@ -164,7 +164,7 @@ FLIP = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 STACK = Op(
@@ -178,7 +178,7 @@ STACK = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 PAD = Op(
@@ -192,7 +192,7 @@ PAD = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 CHANNEL_SHUFFLE = Op(
@@ -206,7 +206,7 @@ CHANNEL_SHUFFLE = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 PIXEL_SHUFFLE = Op(
@@ -220,7 +220,7 @@ PIXEL_SHUFFLE = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 IDENTITY = Op(
@@ -234,7 +234,7 @@ IDENTITY = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 DROPOUT = Op(
@@ -248,7 +248,7 @@ DROPOUT = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 CAST = Op(
@@ -262,7 +262,7 @@ CAST = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="free",
 )
 
 OPS: tuple[Op, ...] = (

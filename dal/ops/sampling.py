@@ -30,10 +30,10 @@ RESIZE = Op(
     methods=(),
     modules=(nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d),
     qat_module=None,
-    onnx=(),
+    onnx=("Resize",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="vector",
 )
 
 OPS: tuple[Op, ...] = (GRID_SAMPLE, RESIZE)

@@ -21,10 +21,10 @@ CONV1D = Op(
     methods=(),
     modules=(nn.Conv1d,),
     qat_module="dal.nn.conv:QConv1d",
-    onnx=(),
+    onnx=("Conv",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="matrix",
 )
 
 CONV2D = Op(
@@ -35,10 +35,10 @@ CONV2D = Op(
     methods=(),
     modules=(nn.Conv2d,),
     qat_module="dal.nn.conv:QConv2d",
-    onnx=(),
+    onnx=("Conv",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="matrix",
 )
 
 CONV_TRANSPOSE1D = Op(
@@ -49,10 +49,10 @@ CONV_TRANSPOSE1D = Op(
     methods=(),
     modules=(nn.ConvTranspose1d,),
     qat_module=None,
-    onnx=(),
+    onnx=("ConvTranspose",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="matrix",
 )
 
 CONV_TRANSPOSE2D = Op(
@@ -63,10 +63,10 @@ CONV_TRANSPOSE2D = Op(
     methods=(),
     modules=(nn.ConvTranspose2d,),
     qat_module="dal.nn.conv:QConvTranspose2d",
-    onnx=(),
+    onnx=("ConvTranspose",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="matrix",
 )
 
 LINEAR = Op(
@@ -77,10 +77,10 @@ LINEAR = Op(
     methods=(),
     modules=(nn.Linear,),
     qat_module="dal.nn.linear:QLinear",
-    onnx=(),
+    onnx=("Gemm",),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="matrix",
 )
 
 LAZY_LINEAR = Op(
@@ -94,7 +94,7 @@ LAZY_LINEAR = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="matrix",
 )
 
 EMBEDDING = Op(
@@ -108,7 +108,7 @@ EMBEDDING = Op(
     onnx=(),
     spec="",
     integer_form=None,
-    cost=None,
+    cost="matrix",
 )
 
 EMBEDDING_BAG = Op(
