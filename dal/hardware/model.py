@@ -19,8 +19,8 @@ from dal.config.vocabulary import GRANULARITIES
 from dal.formats.qformat import QFormat, get_format
 from dal.hardware.errors import HardwareModelError
 from dal.hardware.requantizer import REQUANTIZER_KINDS, ROUNDINGS, Requantizer  # noqa: F401 (re-exported)
-from dal.hardware.op_classes import (ACTIVATION_FUNCTIONS, ALL_OP_CLASSES, OP_CLASS_ROLES, OP_CLASSES, RESIZE_MODES,
-                                     ROLES)
+from dal.hardware.op_classes import (ALL_OP_CLASSES, OP_CLASS_ROLES, OP_CLASSES, RESIZE_MODES, ROLES,
+                                     activation_functions)
 
 NARROW_RANGE = ("required", "allowed", "forbidden")
 SCALE_CONSTRAINTS = ("any", "power_of_two")  # power_of_two: every scale is exactly 2^k
@@ -334,8 +334,8 @@ class HardwareModel:
                 patterns.append(canonical_nm_pattern(p))
         if len(patterns) == len(self.sparsity_patterns):  # stored canonical: patterns compare as text
             object.__setattr__(self, "sparsity_patterns", tuple(patterns))
-        self._check_names(problems, "fp16_ops", OP_CLASSES + ACTIVATION_FUNCTIONS, "op classes or activation functions")
-        self._check_names(problems, "lut_ops", ACTIVATION_FUNCTIONS, "activation functions")
+        self._check_names(problems, "fp16_ops", OP_CLASSES + activation_functions(), "op classes or activation functions")
+        self._check_names(problems, "lut_ops", activation_functions(), "activation functions")
         self._check_names(problems, "resize_modes", RESIZE_MODES, "resize modes")
         self._check_names(problems, "shared_scale", OP_CLASSES, "op classes")
         if self.accumulator_overflow not in ACCUMULATOR_OVERFLOW:

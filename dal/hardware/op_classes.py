@@ -15,6 +15,8 @@ list it under ``ops:`` stores no quantized cache: a recipe rule ``type: kv_cache
 """
 from __future__ import annotations
 
+import functools
+
 ROLES = ("weight", "input", "output")
 
 #: op class -> roles it has, in the order the hardware schema lists them.
@@ -72,36 +74,69 @@ OP_CLASS_ROLES.update(HOST_OP_CLASS_ROLES)  # a hardware model may list them und
 #: every op class a hardware model or a recipe may name
 ALL_OP_CLASSES: tuple[str, ...] = tuple(OP_CLASS_ROLES)
 
-#: Element-wise non-linear functions a vector engine may run in fp16 or through a table.
-ACTIVATION_FUNCTIONS: tuple[str, ...] = (
-    "relu", "relu6", "leaky_relu", "prelu", "elu", "selu", "gelu", "silu", "sigmoid", "tanh",
-    "hardswish", "hardsigmoid", "mish", "softplus", "exp", "log", "sqrt", "rsqrt", "reciprocal",
-)
-
 RESIZE_MODES: tuple[str, ...] = ("nearest", "linear", "bilinear", "bicubic", "trilinear")
 
-#: torch.nn activation class name -> the function it computes, as hardware models spell it in
-#: ``fp16_ops`` / ``lut_ops`` (one table: prepare's float-op check and the LUT rule read it).
-ACTIVATION_OF_TYPE: dict[str, str] = {
-    "ReLU": "relu", "ReLU6": "relu6", "Hardtanh": "hardtanh", "LeakyReLU": "leaky_relu", "PReLU": "prelu",
-    "ELU": "elu", "CELU": "elu", "SELU": "selu", "GELU": "gelu", "SiLU": "silu", "Sigmoid": "sigmoid",
-    "Tanh": "tanh", "Hardswish": "hardswish", "Hardsigmoid": "hardsigmoid", "Mish": "mish", "Softplus": "softplus",
-}
 
-#: torch.nn class name -> op class; the default mapping for recipe rules written with
-#: ``type: Conv2d``. The prepare step may know more types (its own QAT modules, functions).
-MODULE_OP_CLASSES: dict[str, str] = {
-    **{f"Conv{d}d": "conv" for d in (1, 2, 3)},
-    **{f"ConvTranspose{d}d": "conv_transpose" for d in (1, 2, 3)},
-    "Linear": "linear", "LazyLinear": "linear",
-    "Embedding": "embedding", "EmbeddingBag": "embedding",
-    **{f"{k}Pool{d}d": "pool" for k in ("Max", "Avg", "AdaptiveMax", "AdaptiveAvg", "LP")
-       for d in (1, 2, 3)},
-    **{t: "activation" for t in ACTIVATION_OF_TYPE},
-    "Softmax": "softmax", "LogSoftmax": "softmax",
-    "LayerNorm": "layernorm",
-    "Upsample": "resize", "UpsamplingNearest2d": "resize", "UpsamplingBilinear2d": "resize",
-}
+#: the names derived from dal's op registry (:mod:`dal.ops`) on first use; see :func:`__getattr__`
+_DERIVED = ("ACTIVATION_FUNCTIONS", "ACTIVATION_OF_TYPE", "MODULE_OP_CLASSES")
+
+
+@functools.cache
+def dal_ops() -> tuple:
+    """The ops dal's own family files declare (:data:`dal.ops.registry.FAMILIES`), in order: the
+    vocabulary below is theirs, not a user's later ``dal.ops.register``, so that a recipe's
+    ``type:`` and a hardware model's names mean the same in every process."""
+    import importlib
+
+    from dal.ops.registry import FAMILIES
+
+    return tuple(op for family in FAMILIES for op in importlib.import_module(f"dal.ops.{family}").OPS)
+
+
+@functools.cache
+def activation_functions() -> tuple[str, ...]:
+    """Element-wise non-linear functions a vector engine may run in fp16 or through a table, as
+    hardware models name them in ``fp16_ops`` / ``lut_ops``: the ``function`` of every op of
+    op class ``activation`` that sets one (relu, silu, ..., exp, log, sqrt, rsqrt, reciprocal;
+    not hardtanh)."""
+    return tuple(dict.fromkeys(op.function for op in dal_ops() if op.op_class == "activation" and op.function))
+
+
+@functools.cache
+def activation_of_type() -> dict[str, str]:
+    """torch.nn activation class name -> the function it computes, as hardware models spell it
+    in ``fp16_ops`` / ``lut_ops`` (``"CELU": "elu"``, ``"Hardtanh": "hardtanh"``): every module
+    type of an op of op class ``activation``, mapped to the op's ``function`` (else its name)."""
+    return {t.__name__: op.function or op.name for op in dal_ops() if op.op_class == "activation"
+            for t in op.modules}
+
+
+@functools.cache
+def module_op_classes() -> dict[str, str]:
+    """torch.nn class name -> op class: the default mapping for recipe rules written with
+    ``type: Conv2d``; every module type of an op whose op class is not ``custom``. A recipe
+    names the 3-D convolutions (which prepare runs on the host: op class ``conv3d``) ``conv`` /
+    ``conv_transpose`` like the others. The prepare step may know more types (its own QAT
+    modules, functions)."""
+    out = {}
+    for op in dal_ops():
+        for t in op.modules:
+            if op.op_class == "conv3d":
+                out[t.__name__] = "conv_transpose" if "Transpose" in t.__name__ else "conv"
+            elif op.op_class != "custom":
+                out[t.__name__] = op.op_class
+    return out
+
+
+def __getattr__(name: str):
+    """``ACTIVATION_FUNCTIONS``, ``ACTIVATION_OF_TYPE``, ``MODULE_OP_CLASSES``: the values of
+    :func:`activation_functions`, :func:`activation_of_type`, :func:`module_op_classes`,
+    derived from :mod:`dal.ops` when first read (loading the hardware vocabulary imports no op
+    family)."""
+    if name in _DERIVED:
+        return {"ACTIVATION_FUNCTIONS": activation_functions, "ACTIVATION_OF_TYPE": activation_of_type,
+                "MODULE_OP_CLASSES": module_op_classes}[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def op_class_of_type(type_name: str) -> str | None:
@@ -113,10 +148,11 @@ def op_class_of_type(type_name: str) -> str | None:
     >>> op_class_of_type("Conv2d"), op_class_of_type("QLinear"), op_class_of_type("Foo")
     ('conv', 'linear', None)
     """
-    if type_name in MODULE_OP_CLASSES:
-        return MODULE_OP_CLASSES[type_name]
-    if type_name.startswith("Q") and type_name[1:] in MODULE_OP_CLASSES:
-        return MODULE_OP_CLASSES[type_name[1:]]
+    classes = module_op_classes()
+    if type_name in classes:
+        return classes[type_name]
+    if type_name.startswith("Q") and type_name[1:] in classes:
+        return classes[type_name[1:]]
     bare = type_name[1:] if type_name.startswith("Q") else type_name
     if bare.startswith("ConvBn") or bare.startswith("ConvReLU"):
         return "conv"

@@ -1,4 +1,6 @@
-"""dal.config, dal.hardware and dal.recipe deal in strings: no torch, and only the layers above them.
+"""dal.config, dal.hardware and dal.recipe deal in strings: no torch, and only the layers above them
+(for dal.hardware: dal.ops, the op registry, whose ops its op-class vocabulary names, imported
+when first read).
 
 dal.config is the neutral plumbing both loaders use; it imports nothing from them (only
 dal.formats' format table), so recipe and hardware never import each other's internals for it.
@@ -10,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "dal"
 ALLOWED = {"config": ("dal.config", "dal.formats.qformat"),
-           "hardware": ("dal.config", "dal.formats", "dal.hardware"),
+           "hardware": ("dal.config", "dal.formats", "dal.hardware", "dal.ops"),
            "recipe": ("dal.config", "dal.formats", "dal.hardware", "dal.recipe")}
 
 
