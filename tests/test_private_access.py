@@ -1,21 +1,31 @@
 """House rule: a private member is reached only by its owner, read from the AST of every file in dal/.
 
-Flagged, each as ``file:line: expression``:
+A file *defines* a private name (``_name``, one leading underscore, not a dunder) when one of its
+classes has it as a method, nested class or class attribute, when it stores it on ``self`` / ``cls``
+(``self._name = ...``, ``setattr(self, "_name", ...)``, ``object.__setattr__(self, "_name", ...)``),
+or when it is one of the file's top-level names. The file is the unit of privacy, as Python's
+underscore convention has it: a file may reach its own classes' privates on any object.
 
-- ``x._name`` (one leading underscore, not a dunder) where ``x`` is not ``self``, ``cls`` or
-  ``super()``, and ``_name`` is an attribute dal itself defines (``<obj>._name = ...``,
-  ``setattr(<obj>, "_name", ...)``, a ``_name`` method or class attribute of a dal class), unless
-  the same file defines it: a module may reach its own classes' privates; the same for
-  ``getattr`` / ``hasattr`` / ``setattr`` / ``delattr(x, "_name")`` and ``object.__setattr__(x, "_name", ...)``;
-- ``x._name`` where ``_name`` is a private member of ``torch.nn.Module`` (its subclasses in
-  ``torch.nn``) or ``torch.Tensor``, unless ``TORCH_INTERNALS`` allows that name in that file
-  (members with no public equivalent, each with its reason);
-- ``x.__dict__`` and ``vars(x)`` for any ``x`` but ``self`` / ``cls``: reading or writing another
-  object's attribute table behind its back.
+Flagged, each as ``file:line: expression (why)``, for an object ``x`` that is not ``self``, ``cls``
+or ``super()``; the member is reached as ``x._name``, ``getattr`` / ``hasattr`` / ``setattr`` /
+``delattr(x, NAME)`` or ``object.__setattr__`` / ``__getattribute__`` / ``__delattr__(x, NAME)``,
+NAME a string literal or a top-level constant of the file that holds one:
+
+- ``_name`` defined by another file of dal and not by this one (another module's private member:
+  make it public and document it, or move the code into the owning class);
+- ``_name`` that dal does not define at all: a member of torch, transformers or the standard library,
+  or a marker dal sets on someone else's object (``p._dal_hooked = True``: a marker is a documented
+  public attribute, a ``WeakKeyDictionary`` or a member of dal's own class), unless
+  ``FOREIGN_INTERNALS`` allows that name in that file (members with no public equivalent, each
+  with its reason: the list is the documentation; a new use fails until it is listed);
+- ``x.__dict__``, ``vars(x)`` and ``getattr(x, "__dict__")``: reading or writing another object's
+  attribute table behind its back, unless ``FOREIGN_INTERNALS["__dict__"]`` lists the file.
 
 Attributes of an imported module (``torch._C``, ``nn.modules.batchnorm._BatchNorm``) are another
-library's business and not flagged, unless the name is a dal-defined private (an imported dal
-class's private member is still its own).
+library's business and not flagged here (tests/test_training_path_rules.py refuses ``torch._*`` in
+the training path), unless the name is a dal-defined private (an imported dal class's private
+member is still its own). The owner is found by name, not by type: a name this file defines
+counts as its own on any object.
 """
 import ast
 from pathlib import Path
@@ -28,9 +38,12 @@ import dal
 ROOT = Path(dal.__file__).parent
 SELF_NAMES = ("self", "cls")
 
-#: torch internals with no public equivalent: name -> (why, the files that may reach it);
-#: ``__dict__`` stands for ``x.__dict__`` and ``vars(x)`` both.
-TORCH_INTERNALS = {
+#: private members of other libraries' objects with no public equivalent: name -> (why, the files
+#: that may reach it); ``__dict__`` stands for ``x.__dict__``, ``vars(x)`` and ``getattr(x, "__dict__")``.
+#: DESIGN.md refuses private torch internals in the training path (dal/quantizer*.py, formats,
+#: observers, nn, prepare, calibration, sparsity, kernels): an entry there is read-only or runs when
+#: a model is prepared, not in a step, and its reason says which.
+FOREIGN_INTERNALS = {
     "_modules": ("a submodule slot read or written as nn.Module keeps it: None slots included (named_children "
                  "skips them), not through __setattr__ (GraphModule and user classes override it), its place "
                  "among siblings kept", ("dal/nn/tree.py",)),
@@ -49,8 +62,15 @@ TORCH_INTERNALS = {
                        ("dal/prepare/fp16_island.py",)),
     "__dict__": ("a module's attribute table as a whole: a copy with tables of its own and instance attributes "
                  "(dal.nn.tree), a class swap that keeps every attribute (dal.nn.adopt), fx tracing that shadows "
-                 "forward / training on instances and puts the table back exactly (dal.nn.own_forward)",
-                 ("dal/nn/tree.py", "dal/nn/adopt.py", "dal/nn/own_forward.py")),
+                 "forward / training on instances and puts the table back exactly (dal.nn.own_forward)"
+                 "; a prepared model's handle found on any object (a wrapper, a LightningModule) without "
+                 "nn.Module.__getattr__ (dal.prepare.handle)",
+                 ("dal/nn/tree.py", "dal/nn/adopt.py", "dal/nn/own_forward.py", "dal/prepare/handle.py")),
+    "_attn_implementation": ("transformers' configuration switch of the attention implementation, which its "
+                             "attention interface reads: a built model has no public setter that takes dal's "
+                             "registered implementation for one layer's shared config; set when a model is prepared",
+                             ("dal/replace/hf_attention.py",)),
+    "_fields": ("a namedtuple's field names: namedtuple's public API is underscored", ("dal/nest.py",)),
 }
 
 
@@ -78,24 +98,44 @@ def _imported_names(tree: ast.AST) -> set:
     return names
 
 
-def defined_private_names(tree: ast.AST) -> set:
-    """The private attribute names a source defines: stored as ``<obj>._name``, set with
-    ``setattr(<obj>, "_name", ...)``, or a method / class attribute ``_name`` of a class."""
+def _string_constants(tree: ast.AST) -> dict:
+    """A file's top-level ``NAME = "string"`` assignments: attribute names held in constants."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            out.update({t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)})
+    return out
+
+
+def top_level_private_names(tree: ast.AST) -> set:
+    """The private names a source defines at top level (functions, classes, variables)."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            names |= {t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                      if isinstance(t, ast.Name)}
+    return {n for n in names if _is_private(n)}
+
+
+def member_private_names(tree: ast.AST) -> set:
+    """The private members a source's classes define (module doc): methods, nested classes and
+    class attributes, and what it stores on ``self`` / ``cls`` / ``super()``."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             for stmt in node.body:
-                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                     names.add(stmt.name)
                 targets = (stmt.targets if isinstance(stmt, ast.Assign)
                            else [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else [])
                 names |= {t.id for t in targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_owner(node.value):
             names.add(node.attr)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
-              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
-              and isinstance(node.args[1].value, str)):
-            names.add(node.args[1].value)
+    constants = _string_constants(tree)
+    names |= {name for obj, name in filter(None, (_attr_by_name(n, constants) for n in ast.walk(tree)))
+              if _is_owner(obj)}
     return {n for n in names if _is_private(n)}
 
 
@@ -112,54 +152,71 @@ def _is_owner(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
 
 
-def _attr_by_name(node: ast.AST):
-    """``(obj, name)`` for ``getattr`` / ``hasattr`` / ``setattr`` / ``delattr(obj, "name", ...)``
-    and ``object.__setattr__`` / ``__getattribute__`` / ``__delattr__(obj, "name", ...)``, else None."""
+def _attr_by_name(node: ast.AST, constants: dict):
+    """``(obj, name)`` for ``getattr`` / ``hasattr`` / ``setattr`` / ``delattr(obj, NAME, ...)``
+    and ``object.__setattr__`` / ``__getattribute__`` / ``__delattr__(obj, NAME, ...)``, NAME a
+    string literal or a name ``constants`` maps to one, else None."""
     if not isinstance(node, ast.Call) or len(node.args) < 2:
         return None
-    func, name = node.func, node.args[1]
+    func, arg = node.func, node.args[1]
     by_builtin = isinstance(func, ast.Name) and func.id in ("getattr", "hasattr", "setattr", "delattr")
     by_object = (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "object"
                  and func.attr in ("__setattr__", "__getattribute__", "__delattr__"))
-    if (by_builtin or by_object) and isinstance(name, ast.Constant) and isinstance(name.value, str):
-        return node.args[0], name.value
+    if not (by_builtin or by_object):
+        return None
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return node.args[0], arg.value
+    if isinstance(arg, ast.Name) and arg.id in constants:
+        return node.args[0], constants[arg.id]
     return None
+
+
+def _reaches(tree: ast.AST):
+    """``(line, obj, name, expression)`` of every attribute reached by name (module doc's forms)."""
+    constants = _string_constants(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            yield node.lineno, node.value, node.attr, node
+        elif (by_name := _attr_by_name(node, constants)) is not None:
+            yield node.lineno, by_name[0], by_name[1], node
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "vars" and node.args:
+            yield node.lineno, node.args[0], "__dict__", node
 
 
 def violations(trees: dict, torch_names: set):
     """``(file, line, expression, why)`` for every reach into another owner's private members in
-    ``trees`` (file -> parsed source); the rules are the module docstring's."""
-    defined = {path: defined_private_names(tree) for path, tree in trees.items()}
-    dal_names = set().union(*defined.values()) - torch_names if defined else set()
+    ``trees`` (file -> parsed source); the rules are the module docstring's. ``torch_names``: the
+    private members of nn.Module and Tensor, which no file of dal owns by storing them on ``self``."""
+    members = {path: member_private_names(tree) - torch_names for path, tree in trees.items()}
+    tops = {path: top_level_private_names(tree) for path, tree in trees.items()}
 
-    def why_not(path, name, root, imported):
-        """Why reaching ``<root...>.name`` from ``path`` breaks the rule, or None."""
-        if name in torch_names and root not in imported:
-            if path not in TORCH_INTERNALS.get(name, (None, ()))[1]:
-                return f"torch's private {name}"
-        elif name in dal_names and name not in defined[path]:
-            return f"private {name} of {', '.join(sorted(p for p, names in defined.items() if name in names))}"
-        return None
+    def owners(name, tables):
+        return sorted(path for table in tables for path, names in table.items() if name in names)
+
+    def why_not(path, name, obj, imported):
+        """Why reaching ``obj.name`` from ``path`` breaks the rule, or None."""
+        if name == "__dict__":
+            return None if path in FOREIGN_INTERNALS["__dict__"][1] else "another object's attribute table"
+        if not _is_private(name) or name in members[path] or name in tops[path]:
+            return None
+        if _root_name(obj) in imported and isinstance(obj, (ast.Name, ast.Attribute)):
+            # a module's (or an imported class's) attribute: dal's own privates only (module doc)
+            found = owners(name, (members, tops))
+            return f"private {name} of {', '.join(sorted(set(found)))}" if found else None
+        found = owners(name, (members,))
+        if found:
+            return f"private {name} of {', '.join(found)}"
+        if path in FOREIGN_INTERNALS.get(name, (None, ()))[1]:
+            return None
+        owner = "torch's private" if name in torch_names else "a private member dal does not define"
+        return f"{owner} {name}, not allowed here by FOREIGN_INTERNALS"
 
     for path, tree in trees.items():
         imported = _imported_names(tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and _is_private(node.attr) and not _is_owner(node.value):
-                why = why_not(path, node.attr, _root_name(node.value), imported)
-                if why:
-                    yield path, node.lineno, ast.unparse(node), why
-            elif (by_name := _attr_by_name(node)) is not None:
-                obj, name = by_name
-                why = why_not(path, name, _root_name(obj), imported) if _is_private(name) and not _is_owner(obj) else None
-                if why:
-                    yield path, node.lineno, ast.unparse(node), why
-            if path in TORCH_INTERNALS["__dict__"][1]:
-                continue
-            elif isinstance(node, ast.Attribute) and node.attr == "__dict__" and not _is_owner(node.value):
-                yield path, node.lineno, ast.unparse(node), "another object's __dict__"
-            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "vars"
-                  and node.args and not _is_owner(node.args[0])):
-                yield path, node.lineno, ast.unparse(node), "another object's vars()"
+        for line, obj, name, node in _reaches(tree):
+            why = why_not(path, name, obj, imported) if not _is_owner(obj) else None
+            if why:
+                yield path, line, ast.unparse(node), why
 
 
 def _dal_trees() -> dict:
@@ -173,12 +230,19 @@ def test_private_members_are_reached_only_by_their_owner():
     assert not offenders, "private members reached from outside their owner:\n" + "\n".join(offenders)
 
 
-def test_the_allowlist_names_torch_internals_with_reasons():
-    torch_names = torch_private_names()
-    for name, (why, files) in TORCH_INTERNALS.items():
-        assert name in torch_names or name == "__dict__", f"{name} is not a private member of nn.Module or Tensor"
+def test_the_allowlist_names_foreign_internals_with_reasons():
+    """Each entry has a reason, names files of dal that reach it on another object (no stale
+    entry), and is no private name dal itself defines (those are refused, not listed)."""
+    trees = _dal_trees()
+    dal_members = set().union(*(member_private_names(tree) for tree in trees.values())) - torch_private_names()
+    for name, (why, files) in FOREIGN_INTERNALS.items():
         assert why.strip() and files, f"{name}: give a reason and the files that may reach it"
-        assert all((ROOT.parent / f).is_file() for f in files), f"{name}: {files} names a missing file"
+        assert name == "__dict__" or (_is_private(name) and name not in dal_members), \
+            f"{name}: not another library's private member"
+        for f in files:
+            assert f in trees, f"{name}: {f} is not a file of dal"
+            reached = {n for _, obj, n, _ in _reaches(trees[f]) if not _is_owner(obj)}
+            assert name in reached, f"{name}: {f} no longer reaches it; remove it from FOREIGN_INTERNALS"
 
 
 def test_a_planted_violation_is_found():
@@ -190,10 +254,16 @@ def test_a_planted_violation_is_found():
         "        self.fmt = 'int8'\n"
         "    def _step(self):\n"
         "        return self._kernel, Q._LIMIT\n"
-        "def own(q):\n"
+        "HOOKED = '_dal_hooked'\n"
+        "def _helper():\n"
+        "    pass\n"
+        "def own(q, p, b):\n"
+        "    b._dal_masked = True\n"  # a marker on someone else's object: refused, same file or not
+        "    object.__setattr__(p, HOOKED, True)\n"
         "    return q._kernel\n")  # the same file: its own class's private
     user = ast.parse(
         "import torch\n"
+        "import m\n"
         "from m import Q\n"
         "class P(torch.nn.Module):\n"
         "    def forward(self, q, o, t):\n"
@@ -210,8 +280,13 @@ def test_a_planted_violation_is_found():
         "        object.__setattr__(t, '_buffers', {})\n"
         "        object.__setattr__(self, '_buffers', {})\n"
         "        getattr(o, '_not_dal', None)\n"
+        "        m._helper()\n"
+        "        o.config._attn_implementation\n"
         "        return self._private_of_p, vars(self)\n")
     found = {(path, expr) for path, _, expr, _ in violations({"m.py": owner, "u.py": user}, torch_private_names())}
     assert found == {("u.py", "q._kernel"), ("u.py", "o.__dict__"), ("u.py", "vars(o)"),
                      ("u.py", "Q._LIMIT"), ("u.py", "q._step"), ("u.py", "t._version"),
-                     ("u.py", "getattr(q, '_kernel', None)"), ("u.py", "object.__setattr__(t, '_buffers', {})")}
+                     ("u.py", "getattr(q, '_kernel', None)"), ("u.py", "object.__setattr__(t, '_buffers', {})"),
+                     ("u.py", "getattr(o, '_not_dal', None)"), ("u.py", "m._helper"),
+                     ("u.py", "o.config._attn_implementation"),
+                     ("m.py", "b._dal_masked"), ("m.py", "object.__setattr__(p, HOOKED, True)")}

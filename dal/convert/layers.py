@@ -92,6 +92,10 @@ class IntegerLayer(WrapsModule):
     """A weighted QAT layer (``qat``) computed as the NPU does; see the module docstring. A parent
     that reads the layer's attributes (``weight``, ``stride``, ...) gets the QAT layer's (wrapped.py)."""
 
+    #: the input scale as a float32 tensor on the input's device, made on first use (a plain
+    #: attribute, not a buffer; the class default keeps its lookup off nn.Module.__getattr__)
+    _s_x32 = None
+
     def __init__(self, qat: nn.Module, path: str, requantizer):
         super().__init__()
         self.qat, self.path, self.rq = qat, path, requantizer
@@ -231,9 +235,9 @@ class IntegerLayer(WrapsModule):
                 quantize(x, self.in_fmt, self.s_x, self.zp_x))
         # x_q - zp_x directly: clamp(round(x / s_x), qmin - zp, qmax - zp) is ONNX Q minus the
         # zero point (float32 division, half-even rounding); NaN has no code: refused
-        s_x = self.__dict__.get("_s_x32")  # made once per device (a plain attribute: no module lookup)
+        s_x = self._s_x32
         if s_x is None or s_x.device != x.device:
-            s_x = self.__dict__["_s_x32"] = torch.tensor(self.s_x, dtype=torch.float32, device=x.device)
+            s_x = self._s_x32 = torch.tensor(self.s_x, dtype=torch.float32, device=x.device)
         xi = torch.round(x.float() / s_x)
         if bool(torch.isnan(xi).any()):
             raise ConvertError(f"{self.path}: its input holds {int(torch.isnan(xi).sum())} NaN; the NPU's "

@@ -38,6 +38,10 @@ class IntegerQuantizer(FakeQuantizer):
     torch-function handling off, and kept across calls for an ``nn.Parameter`` input (no grad).
     Its name in printouts stays FakeQuantizer."""
 
+    #: ``(key, output, output's version)`` of the last Parameter input (``_kept``): a plain
+    #: attribute, not a buffer; the class default keeps its lookup off nn.Module.__getattr__
+    _kept_output = None
+
     def _get_name(self) -> str:
         return "FakeQuantizer"
 
@@ -48,16 +52,16 @@ class IntegerQuantizer(FakeQuantizer):
             return super().forward(x)
 
     def _key(self, x: torch.Tensor) -> tuple:
-        return (id(x), x.data_ptr(), x._version, self._state, self.scale._version, self.zero_point._version,
+        return (id(x), x.data_ptr(), x._version, self.state, self.scale._version, self.zero_point._version,
                 self.scale.data_ptr(), self.zero_point.data_ptr())
 
     def _kept(self, x: torch.Tensor) -> torch.Tensor:
-        kept = self.__dict__.get("_kept_output")
+        kept = self._kept_output
         key = self._key(x)
         if kept is not None and kept[0] == key and kept[1]._version == kept[2]:
             return kept[1]
         y = super().forward(x)
-        self.__dict__["_kept_output"] = (key, y, y._version)
+        self._kept_output = (key, y, y._version)
         return y
 
 

@@ -33,7 +33,8 @@ class DistillStep:
         self._handle = None
 
     def attach(self, pl_module: nn.Module, student: nn.Module, example_inputs) -> None:
-        """Hook ``student`` and wrap ``pl_module.training_step`` (idempotent)."""
+        """Hook ``student`` and wrap ``pl_module.training_step`` (idempotent: the wrapper carries
+        ``dal_distill = True``, and a training_step that carries it is not wrapped again)."""
         if self._handle is None:
             self._handle = student.register_forward_hook(self._record, with_kwargs=True)
         if self.features_cfg and self.feature_loss is None:
@@ -43,7 +44,7 @@ class DistillStep:
                 # Registered on the LightningModule so configure_optimizers (called after setup)
                 # sees the projections through self.parameters(), and checkpoints keep them.
                 pl_module.dal_feature_proj = self.feature_loss.proj
-        if getattr(pl_module, "_dal_distill_wrapped", False):
+        if getattr(pl_module.training_step, "dal_distill", False):
             return
         original = pl_module.training_step
 
@@ -51,8 +52,8 @@ class DistillStep:
         def training_step(*args, **kwargs):
             return self._step(pl_module, original, *args, **kwargs)
 
+        training_step.dal_distill = True
         pl_module.training_step = training_step
-        pl_module._dal_distill_wrapped = True
 
     def _record(self, module, args, kwargs, out):
         if self._capturing and module.training:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from torch import nn
 
-# Attributes a QAT module adds on top of its float module; to_float drops them.
-QAT_ATTRS = ("qat_name", "activation", "bias_mode", "_float_cls", "bn_frozen_flag")
+# Attributes a QAT module adds on top of its float module; to_float drops them. ``float_cls``:
+# the float class adopt made the module from (float_class_of reads it).
+QAT_ATTRS = ("qat_name", "activation", "bias_mode", "float_cls", "bn_frozen_flag")
 QAT_SUBMODULES = ("input_quant", "weight_quant", "output_quant", "input_quants", "bn")
 # Buffers a QAT module adds: the 2:4 mask, a conv-BN's frozen flag; to_float drops them.
 QAT_BUFFERS = ("weight_mask", "bn_frozen")
@@ -12,7 +13,8 @@ QAT_BUFFERS = ("weight_mask", "bn_frozen")
 
 def adopt(cls, mod: nn.Module):
     """A new instance of ``cls`` holding ``mod``'s attributes, Parameter and buffer objects
-    (the same objects: an optimizer built on the float model keeps working)."""
+    (the same objects: an optimizer built on the float model keeps working), and ``mod``'s class
+    as its ``float_cls`` attribute."""
     new = cls.__new__(cls)
     nn.Module.__init__(new)
     state = {k: v for k, v in mod.__dict__.items() if k != "training"}
@@ -20,14 +22,14 @@ def adopt(cls, mod: nn.Module):
         state[key] = dict(state[key])
     new.__dict__.update(state)
     new.training = mod.training
-    new._float_cls = type(mod)
+    new.float_cls = type(mod)
     return new
 
 
 def float_class_of(mod: nn.Module):
     """The float class :func:`adopt` made ``mod`` from (a QAT module's or an FP16 island's float
     module class), or None for a module adopt did not make."""
-    return mod.__dict__.get("_float_cls")
+    return mod.__dict__.get("float_cls")
 
 
 def release(mod: nn.Module, float_cls=None, drop: tuple = ()) -> nn.Module:

@@ -56,14 +56,6 @@ EXACT_GEMM_ROWS = 8
 _W = _X
 
 
-def _requantizer(g):
-    rq = getattr(g, "_dal_requantizer", None)
-    if rq is None:
-        from .metadata import read_requantizer
-        rq = g._dal_requantizer = read_requantizer(g.model)
-    return rq
-
-
 def _positive(s) -> bool:
     return s is not None and s.size > 0 and bool(np.all(np.isfinite(s)) and np.all(s > 0))
 
@@ -93,7 +85,7 @@ def _input_side(g, node):
         return None
     if not (_positive(xs) and _positive(ws)):
         return None
-    rq = _requantizer(g)
+    rq = g.requantizer
     if rq.integer or (rq.accumulator_bits is not None and rq.accumulator_bits < 32):
         return None
     x_dtype = xz.dtype

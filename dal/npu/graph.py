@@ -5,6 +5,7 @@ culprit (node, tensor or initializer).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -124,6 +125,12 @@ class Graph:
             if o not in produced and o not in known:
                 raise NPUError(f"graph output {o!r} is not produced by any node")
         return order
+
+    @functools.cached_property
+    def requantizer(self):
+        """The requantizer the model's metadata states (``metadata.read_requantizer``), read once."""
+        from .metadata import read_requantizer
+        return read_requantizer(self.model)
 
     def attrs(self, n) -> dict:
         key = id(n)

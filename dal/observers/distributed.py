@@ -48,8 +48,8 @@ def replicate_quantizer_parameters(model: torch.nn.Module, shard_per_channel: bo
     them: ``fully_shard`` refuses 0-dim parameters ("doesn't support scalar parameters"), and a
     quantizer's forward projects a learned scale an optimizer step pushed out of range back into
     it in place, which on a sharded parameter lands in FSDP2's temporary all-gathered copy and is
-    lost. Registers its hook once per parameter; returns an empty set for a model without learnable
-    quantizers.
+    lost. Registers its hook once per parameter (and marks it: ``p.dal_rank_mean_hook = True``);
+    returns an empty set for a model without learnable quantizers.
 
     ``shard_per_channel=True`` returns only the 0-dim parameters: per-channel ``[out]`` and
     per-group ``[out, in / g]`` learnable scales are then sharded along dim 0 with their weights
@@ -70,9 +70,9 @@ def replicate_quantizer_parameters(model: torch.nn.Module, shard_per_channel: bo
             if hasattr(m, "project_learned_qparams_"):
                 whole.update(m.parameters(recurse=False))
     for p in whole:
-        if p.requires_grad and not getattr(p, "_dal_rank_mean_hook", False):
+        if p.requires_grad and not getattr(p, "dal_rank_mean_hook", False):
             p.register_hook(_rank_mean)
-            p._dal_rank_mean_hook = True
+            p.dal_rank_mean_hook = True
     return whole
 
 

@@ -34,7 +34,7 @@ from torch.nn.modules import module as _torch_module
 
 from ..formats import FP16
 from ..formats.island import fused_island
-from ..nn.adopt import adopt, release
+from ..nn.adopt import adopt, float_class_of, release
 from ..nn.base import QATModule
 from ..quantizer import FakeQuantizer
 
@@ -107,7 +107,7 @@ class Fp16Island(_IslandEdges):
         # pickle names the float class instead, and loading makes (or finds) the island class
         # of that again. The state is the module's own, as for any nn.Module.
         reduced = super().__reduce_ex__(protocol)
-        return (_new_island, (self._float_cls,)) + tuple(reduced[2:])
+        return (_new_island, (float_class_of(self),)) + tuple(reduced[2:])
 
     def forward(self, x, *args, **kwargs):
         y = None if args or kwargs else self._fused(self.fused_op, x)

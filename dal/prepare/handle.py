@@ -14,7 +14,9 @@ from typing import Any, Optional
 
 from torch import nn
 
-ATTR = "_dal_prepared"
+#: the prepared model's instance attribute that holds its :class:`Prepared` (public: dal sets it on
+#: the user's model, whose class is not dal's)
+ATTR = "dal_prepared"
 #: attributes through which wrappers reach the module they wrap (DDP / DataParallel, torch.compile)
 _WRAPPED = ("module", "_orig_mod")
 

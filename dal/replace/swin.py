@@ -111,9 +111,10 @@ class NpuShiftedWindowAttention(nn.Module):
         self.train(swin.training)
 
     def zero_unused_key_bias(self) -> bool:
-        """V2: zero the k-part of qkv.bias (torchvision never uses it) and keep it at zero."""
+        """V2: zero the k-part of qkv.bias (torchvision never uses it) and keep it at zero (a gradient
+        hook; the bias is marked ``dal_k_bias_masked = True`` so that a second call adds none)."""
         b = self.qkv.bias
-        if not self.v2 or b is None or getattr(b, "_dal_k_bias_masked", False):
+        if not self.v2 or b is None or getattr(b, "dal_k_bias_masked", False):
             return False
         n = b.numel() // 3
         with torch.no_grad():
@@ -121,7 +122,7 @@ class NpuShiftedWindowAttention(nn.Module):
         mask = torch.ones_like(b)
         mask[n:2 * n] = 0
         b.register_hook(lambda g: g * mask)
-        b._dal_k_bias_masked = True
+        b.dal_k_bias_masked = True
         return True
 
     def _bias(self):

@@ -71,7 +71,9 @@ __all__ = ["SparsityController", "controller_of", "find_controller", "CONTROLLER
 
 #: attribute of the root model that holds its controller
 CONTROLLER_ATTR = "dal_sparsity"
-_VERSION_ATTR = "_dal_sparsity_weight_version"
+#: module -> its weight's version (``Tensor._version``) when ``_enforce_module`` last zeroed it;
+#: entries vanish with the module (nn.Module hashes and compares by identity)
+_WEIGHT_VERSIONS: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
 #: id(weight_mask tensor) -> its controller; entries vanish with the controller. A lookup is
 #: confirmed by tensor identity (ids of dead tensors are reused).
 _BY_MASK: "weakref.WeakValueDictionary[int, SparsityController]" = weakref.WeakValueDictionary()
@@ -91,13 +93,13 @@ def _enforce_module(module: nn.Module, exact: bool = False) -> None:
             w.masked_fill_(mask.logical_not(), 0)
         else:
             w.mul_(mask)
-    object.__setattr__(module, _VERSION_ATTR, w._version)
+    _WEIGHT_VERSIONS[module] = w._version
 
 
 def _forward_pre_hook(module: nn.Module, args) -> None:
     if getattr(module, "weight_mask", None) is None:
         return
-    if getattr(module, _VERSION_ATTR, None) != module.weight._version:
+    if _WEIGHT_VERSIONS.get(module) != module.weight._version:
         _enforce_module(module)
 
 
@@ -224,7 +226,7 @@ class SparsityController:
         ``.data`` do not bump it, hence the default)."""
         for name in (self.layers if names is None else names):
             mod = self.module(name)
-            if force or getattr(mod, _VERSION_ATTR, None) != mod.weight._version:
+            if force or _WEIGHT_VERSIONS.get(mod) != mod.weight._version:
                 _enforce_module(mod)
 
     def _after_optimizer_step(self, opt: torch.optim.Optimizer, may_step: bool) -> None:
@@ -282,8 +284,7 @@ class SparsityController:
             for buf in ("weight_mask", "weight_sparsity_stats", "weight_pruned_values"):
                 if buf in own_slots(mod).buffers:
                     delattr(mod, buf)
-            if has_instance_attribute(mod, _VERSION_ATTR):
-                object.__delattr__(mod, _VERSION_ATTR)
+            _WEIGHT_VERSIONS.pop(mod, None)
         root = self._root()
         if root is not None and _held_controller(root) is self:
             object.__delattr__(root, CONTROLLER_ATTR)
