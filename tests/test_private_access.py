@@ -21,11 +21,12 @@ NAME a string literal or a top-level constant of the file that holds one:
 - ``x.__dict__``, ``vars(x)`` and ``getattr(x, "__dict__")``: reading or writing another object's
   attribute table behind its back, unless ``FOREIGN_INTERNALS["__dict__"]`` lists the file.
 
-Attributes of an imported module (``torch._C``, ``nn.modules.batchnorm._BatchNorm``) are another
-library's business and not flagged here (tests/test_training_path_rules.py refuses ``torch._*`` in
-the training path), unless the name is a dal-defined private (an imported dal class's private
-member is still its own). The owner is found by name, not by type: a name this file defines
-counts as its own on any object.
+The same holds for another library's private functions and classes: a private attribute of an
+imported module (``torch._C``, ``nn.modules.batchnorm._BatchNorm``) and a private name imported
+from outside dal (``from torch.nn.modules.batchnorm import _BatchNorm``) need their
+``FOREIGN_INTERNALS`` entry (tests/test_training_path_rules.py refuses ``torch._*`` in the training
+path on top of this). The owner is found by name, not by type: a name this file defines counts as
+its own on any object.
 """
 import ast
 from pathlib import Path
@@ -71,6 +72,24 @@ FOREIGN_INTERNALS = {
                              "registered implementation for one layer's shared config; set when a model is prepared",
                              ("dal/replace/hf_attention.py",)),
     "_fields": ("a namedtuple's field names: namedtuple's public API is underscored", ("dal/nest.py",)),
+    "_global_forward_hooks": ("read only, whether torch's global module hooks are set (torch.nn.modules.module; "
+                              "no public query): an FP16 island takes its fused path only without them",
+                              ("dal/prepare/fp16_island.py",)),
+    "_global_forward_pre_hooks": ("as _global_forward_hooks", ("dal/prepare/fp16_island.py",)),
+    "_BatchNorm": ("torch's base class of every BatchNorm*d (isinstance), the type torch's own code tests; "
+                   "read when calibrating / reporting, not in a step",
+                   ("dal/analysis/layerwise.py", "dal/calibration/bn_stats.py")),
+    "_ConvNd": ("torch's base class of every Conv*d / ConvTranspose*d (isinstance); the cost model",
+                ("dal/cost/torch_graph.py",)),
+    "_C": ("torch._C.DisableTorchFunction (the integer model's forms run without torch-function dispatch: "
+           "dal.convert) and torch._C._GLIBCXX_USE_CXX11_ABI (the ABI the NPU reference's C++ build must "
+           "match: build time); neither in the training path", ("dal/convert/quant_calls.py", "dal/npu/build.py")),
+    "_GLIBCXX_USE_CXX11_ABI": ("as _C, in the NPU reference's build", ("dal/npu/build.py",)),
+    "_maybe_get_const": ("torch.onnx.symbolic_helper, the TorchScript exporter's helpers that its custom "
+                         "symbolics are written with (export only)", ("dal/export/symbolics.py",)),
+    "_get_const": ("as _maybe_get_const", ("dal/export/symbolics.py",)),
+    "_is_constant": ("as _maybe_get_const", ("dal/export/symbolics.py",)),
+    "_is_none": ("as _maybe_get_const", ("dal/export/symbolics.py",)),
 }
 
 
@@ -199,16 +218,15 @@ def violations(trees: dict, torch_names: set):
             return None if path in FOREIGN_INTERNALS["__dict__"][1] else "another object's attribute table"
         if not _is_private(name) or name in members[path] or name in tops[path]:
             return None
-        if _root_name(obj) in imported and isinstance(obj, (ast.Name, ast.Attribute)):
-            # a module's (or an imported class's) attribute: dal's own privates only (module doc)
-            found = owners(name, (members, tops))
-            return f"private {name} of {', '.join(sorted(set(found)))}" if found else None
-        found = owners(name, (members,))
+        of_module = _root_name(obj) in imported and isinstance(obj, (ast.Name, ast.Attribute))
+        # a module's (or an imported class's) attribute: dal's top-level privates count as owners too
+        found = owners(name, (members, tops) if of_module else (members,))
         if found:
-            return f"private {name} of {', '.join(found)}"
+            return f"private {name} of {', '.join(sorted(set(found)))}"
         if path in FOREIGN_INTERNALS.get(name, (None, ()))[1]:
             return None
-        owner = "torch's private" if name in torch_names else "a private member dal does not define"
+        owner = ("another library's private" if of_module else
+                 "torch's private" if name in torch_names else "a private member dal does not define")
         return f"{owner} {name}, not allowed here by FOREIGN_INTERNALS"
 
     for path, tree in trees.items():
@@ -217,6 +235,12 @@ def violations(trees: dict, torch_names: set):
             why = why_not(path, name, obj, imported) if not _is_owner(obj) else None
             if why:
                 yield path, line, ast.unparse(node), why
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] != "dal":
+                for alias in node.names:
+                    if _is_private(alias.name) and path not in FOREIGN_INTERNALS.get(alias.name, (None, ()))[1]:
+                        yield (path, node.lineno, f"from {node.module} import {alias.name}",
+                               f"another library's private {alias.name}, not allowed here by FOREIGN_INTERNALS")
 
 
 def _dal_trees() -> dict:
@@ -242,6 +266,7 @@ def test_the_allowlist_names_foreign_internals_with_reasons():
         for f in files:
             assert f in trees, f"{name}: {f} is not a file of dal"
             reached = {n for _, obj, n, _ in _reaches(trees[f]) if not _is_owner(obj)}
+            reached |= {a.name for node in ast.walk(trees[f]) if isinstance(node, ast.ImportFrom) for a in node.names}
             assert name in reached, f"{name}: {f} no longer reaches it; remove it from FOREIGN_INTERNALS"
 
 
@@ -265,6 +290,7 @@ def test_a_planted_violation_is_found():
         "import torch\n"
         "import m\n"
         "from m import Q\n"
+        "from torch.nn.modules.conv import _ConvNd\n"
         "class P(torch.nn.Module):\n"
         "    def forward(self, q, o, t):\n"
         "        super()._load_from_state_dict\n"
@@ -288,5 +314,6 @@ def test_a_planted_violation_is_found():
                      ("u.py", "Q._LIMIT"), ("u.py", "q._step"), ("u.py", "t._version"),
                      ("u.py", "getattr(q, '_kernel', None)"), ("u.py", "object.__setattr__(t, '_buffers', {})"),
                      ("u.py", "getattr(o, '_not_dal', None)"), ("u.py", "m._helper"),
-                     ("u.py", "o.config._attn_implementation"),
+                     ("u.py", "o.config._attn_implementation"), ("u.py", "torch._C"),
+                     ("u.py", "from torch.nn.modules.conv import _ConvNd"),
                      ("m.py", "b._dal_masked"), ("m.py", "object.__setattr__(p, HOOKED, True)")}
