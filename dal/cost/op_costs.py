@@ -9,10 +9,13 @@ or ``"free"`` (folded into its producer's requantizer, or exact on codes); None:
   ops that cost nothing (a clip of the producer's output range);
 - :func:`module_cost`: the cost class of a module's own op (a registered float type, the user's
   ``@dal.ops.register`` types included), or None when its op does not say;
-- :func:`onnx_node_ops`: ONNX node type -> the op it belongs to. A node type belongs to the op
-  whose whole export pattern it is (``onnx == (type,)``), else to the first op, in registry
-  order, that lists it. ``embedding``'s ``Gather`` is left out: it reads rows of codes by index,
-  and the graph reader has no geometry for it (the traced model charges its bytes).
+- :func:`onnx_node_ops`: ONNX node type -> the op it belongs to. A node type belongs to the
+  first op, in registry order, whose whole export pattern it is (``onnx == (type,)``: ``MatMul``
+  is matmul's, though linear's pattern lists it too); a node type of several ops' patterns and
+  of none alone belongs to them when they all have the same ``cost`` and ``op_class`` (``Gemm``:
+  linear), else to none (``Div``: layer norm's and a reshape's): it is not timed. ``embedding``'s
+  ``Gather`` is left out: it reads rows of codes by index, and the graph reader has no geometry
+  for it (the traced model charges its bytes).
 
 Tables are derived on first use and again after the registry changes (:func:`dal.ops.version`).
 """
@@ -67,9 +70,14 @@ def _onnx_node_ops(version: int) -> dict:
     for op in candidates:
         if len(op.onnx) == 1:
             owner.setdefault(op.onnx[0], op)
+    listed: dict = {}
     for op in candidates:
         for node_type in op.onnx:
-            owner.setdefault(node_type, op)
+            if node_type not in owner:
+                listed.setdefault(node_type, []).append(op)
+    for node_type, claimants in listed.items():
+        if len({(op.cost, op.op_class) for op in claimants}) == 1:
+            owner[node_type] = claimants[0]
     return owner
 
 
