@@ -15,14 +15,24 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from .. import ops
 from .graph import Graph
 from .qdq import is_placeholder, site_of
 from .trace import Site
 
-#: operators run in the reduced precision when all their float inputs are in it
-HALF_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Sub", "Mul", "Concat"}
-#: operators a region extends through (the fused activation, a bias Add) before the output cast
-HALF_TAIL_OPS = {"Relu", "Clip", "Add", "Sub", "Mul", "LeakyRelu", "Sigmoid", "Tanh"}
+
+def half_ops() -> frozenset:
+    """The ONNX node types run in the reduced precision when all their float inputs are in it:
+    the ``onnx`` nodes of every registered op whose ``fp16_region`` holds ``"compute"``
+    (Conv, ConvTranspose, Gemm, MatMul, Add, Sub, Mul, Concat for dal's own ops)."""
+    return frozenset(t for op in ops.all_ops() if "compute" in op.fp16_region for t in op.onnx)
+
+
+def half_tail_ops() -> frozenset:
+    """The ONNX node types a region extends through (the fused activation, a bias Add) before the
+    output cast, when their other inputs are constants: the ``onnx`` nodes of every registered op
+    whose ``fp16_region`` holds ``"tail"`` (Relu, Clip, LeakyRelu, Sigmoid, Tanh, Add, Sub, Mul)."""
+    return frozenset(t for op in ops.all_ops() if "tail" in op.fp16_region for t in op.onnx)
 
 
 def rewrite_float_casts(graph: Graph, sites: dict[int, Site]) -> None:
@@ -31,7 +41,7 @@ def rewrite_float_casts(graph: Graph, sites: dict[int, Site]) -> None:
           if is_placeholder(n) and not site_of(n, sites).quantizer.fmt.is_scaled}
     if not ph:
         return
-    rewrite = _HalfRegions(graph, sites, ph)
+    rewrite = _HalfRegions(graph, sites, ph, half_ops(), half_tail_ops())
     for node in list(graph.nodes):
         rewrite.try_region(node)
     rewrite.finish()
@@ -40,8 +50,9 @@ def rewrite_float_casts(graph: Graph, sites: dict[int, Site]) -> None:
 class _HalfRegions:
     """One pass of :func:`rewrite_float_casts`: the reduced-precision regions, then the rest."""
 
-    def __init__(self, graph: Graph, sites: dict[int, Site], ph: dict):
+    def __init__(self, graph: Graph, sites: dict[int, Site], ph: dict, compute: frozenset, tail: frozenset):
         self.graph, self.sites, self.ph = graph, sites, ph
+        self.compute, self.tail = compute, tail  # half_ops(), half_tail_ops()
         self.producers = graph.producers()
         self.consumers = graph.consumers()
         self.const_of = {}     # placeholder output -> constant value (weights), else absent
@@ -99,7 +110,7 @@ class _HalfRegions:
 
     def try_region(self, node) -> None:
         """If ``node`` computes in one reduced format, move it (and its tail) into that format."""
-        if node.op_type not in HALF_OPS or is_placeholder(node) or len(node.output) != 1:
+        if node.op_type not in self.compute or is_placeholder(node) or len(node.output) != 1:
             return
         if any(getattr(site_of(self.ph[i], self.sites).entry.owner, "fp16_island", False)
                for i in node.input if i in self.ph):
@@ -156,7 +167,7 @@ class _HalfRegions:
                 self.half_out[id(u)] = half
                 return
             others = [i for i in u.input if i and i != out]
-            if u.op_type not in HALF_TAIL_OPS or len(u.output) != 1 or any(self.input_kind(i, fmt) != "const"
+            if u.op_type not in self.tail or len(u.output) != 1 or any(self.input_kind(i, fmt) != "const"
                                                                           for i in others):
                 break
             for k, i in enumerate(u.input):

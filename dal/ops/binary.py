@@ -35,4 +35,15 @@ MUL = Op(
     fp16_region=("compute", "tail"),
 )
 
-OPS: tuple[Op, ...] = (ADD, MUL)
+#: a float subtraction of two tensors (prepare classifies its calls by name, as float
+#: element-wise arithmetic: dal/prepare/site_kinds.py); declared for its export pattern
+SUB = Op(
+    name="sub",
+    op_class="custom",
+    handling="float",
+    onnx=("Sub",),
+    spec="§5a",
+    fp16_region=("compute", "tail"),
+)
+
+OPS: tuple[Op, ...] = (ADD, MUL, SUB)

@@ -18,8 +18,8 @@ SOFTMAX = Op(
     modules=(nn.Softmax,),
     qat_module=None,
     onnx=("Softmax",),
-    spec="",
-    integer_form=None,
+    spec="§5a",
+    integer_form="dal.convert.float_ops:softmax_form",  # a form factory (func, opset): dal/convert/op_forms.py
     cost="vector",
 )
 
@@ -31,8 +31,8 @@ LOG_SOFTMAX = Op(
     methods=(),
     modules=(nn.LogSoftmax,),
     qat_module=None,
-    onnx=(),
-    spec="",
+    onnx=("LogSoftmax",),
+    spec="§5a",
     integer_form=None,
     cost="vector",
 )

@@ -21,8 +21,8 @@ BATCHNORM2D = Op(
     methods=(),
     modules=(nn.BatchNorm2d,),
     qat_module="dal.nn.norm:QBatchNorm2d",
-    onnx=(),
-    spec="",
+    onnx=("Conv", "BatchNormalization"),
+    spec="§5a",
     integer_form=None,
     cost=None,
     function="batchnorm",
@@ -36,9 +36,9 @@ BATCHNORM = Op(
     methods=(),
     modules=(nn.BatchNorm1d, nn.BatchNorm3d),
     qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
+    onnx=("BatchNormalization",),
+    spec="§5a",
+    integer_form="dal.convert.float_ops:batch_norm_f64",
     cost=None,
 )
 
@@ -50,9 +50,9 @@ LAYERNORM = Op(
     methods=(),
     modules=(nn.LayerNorm,),
     qat_module=None,
-    onnx=("LayerNormalization",),
-    spec="",
-    integer_form=None,
+    onnx=("LayerNormalization", "ReduceMean", "Sub", "Pow", "Add", "Sqrt", "Div", "Mul"),
+    spec="§5a",
+    integer_form="dal.convert.float_ops:layer_norm_form",  # a form factory (func, opset): dal/convert/op_forms.py
     cost="vector",
 )
 
@@ -64,9 +64,9 @@ GROUPNORM = Op(
     methods=(),
     modules=(nn.GroupNorm,),
     qat_module="dal.nn.norm:Fp16GroupNorm",
-    onnx=(),
-    spec="",
-    integer_form=None,
+    onnx=("Reshape", "InstanceNormalization", "Shape", "Mul", "Add"),
+    spec="§5a",
+    integer_form="dal.convert.instancenorm:group_norm_onnx",
     cost=None,
 )
 
@@ -78,8 +78,8 @@ INSTANCENORM2D = Op(
     methods=(),
     modules=(nn.InstanceNorm2d,),
     qat_module="dal.nn.norm:Fp16InstanceNorm2d",
-    onnx=(),
-    spec="",
+    onnx=("InstanceNormalization",),
+    spec="§5a",
     integer_form=None,
     cost=None,
     function="instancenorm",
@@ -93,9 +93,9 @@ INSTANCENORM = Op(
     methods=(),
     modules=(nn.InstanceNorm1d,),
     qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
+    onnx=("InstanceNormalization",),
+    spec="§5a",
+    integer_form="dal.convert.float_ops:instance_norm_form",
     cost=None,
 )
 
@@ -107,8 +107,8 @@ RMSNORM = Op(
     methods=(),
     modules=(),
     qat_module=None,
-    onnx=(),
-    spec="",
+    onnx=("Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"),
+    spec="§5a",
     integer_form=None,
     cost=None,
 )

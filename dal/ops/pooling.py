@@ -18,8 +18,8 @@ MAX_POOL = Op(
     methods=(),
     modules=(nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d),
     qat_module=None,
-    onnx=("MaxPool", "GlobalMaxPool"),
-    spec="",
+    onnx=("MaxPool",),
+    spec="§5a",
     integer_form=None,
     cost="vector",
 )
@@ -33,8 +33,8 @@ AVG_POOL = Op(
     modules=(nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d),
     qat_module=None,
     onnx=("AveragePool", "GlobalAveragePool"),
-    spec="",
-    integer_form=None,
+    spec="§5a",
+    integer_form="dal.convert.float_ops:average_pool_form",  # a form factory (func, opset): dal/convert/op_forms.py
     cost="vector",
     function="average",
 )
@@ -47,9 +47,9 @@ MEAN = Op(
     methods=("mean",),
     modules=(),
     qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
+    onnx=("ReduceMean",),
+    spec="§5a",
+    integer_form="dal.convert.float_ops:reduce_mean_f64",
     cost="vector",
     function="average",
 )
@@ -62,8 +62,8 @@ LP_POOL = Op(
     methods=(),
     modules=(nn.LPPool1d, nn.LPPool2d, nn.LPPool3d),
     qat_module=None,
-    onnx=(),
-    spec="",
+    onnx=("Pow", "AveragePool", "Sign", "Abs", "Relu", "Mul"),
+    spec="§5a",
     integer_form=None,
     cost="vector",
 )

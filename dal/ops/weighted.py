@@ -22,9 +22,10 @@ CONV1D = Op(
     modules=(nn.Conv1d,),
     qat_module="dal.nn.conv:QConv1d",
     onnx=("Conv",),
-    spec="",
+    spec="§5a",
     integer_form=None,
     cost="matrix",
+    fp16_region=("compute",),
 )
 
 CONV2D = Op(
@@ -36,9 +37,10 @@ CONV2D = Op(
     modules=(nn.Conv2d,),
     qat_module="dal.nn.conv:QConv2d",
     onnx=("Conv",),
-    spec="",
+    spec="§5a",
     integer_form=None,
     cost="matrix",
+    fp16_region=("compute",),
 )
 
 CONV_TRANSPOSE1D = Op(
@@ -50,9 +52,10 @@ CONV_TRANSPOSE1D = Op(
     modules=(nn.ConvTranspose1d,),
     qat_module=None,
     onnx=("ConvTranspose",),
-    spec="",
+    spec="§5a",
     integer_form=None,
     cost="matrix",
+    fp16_region=("compute",),
 )
 
 CONV_TRANSPOSE2D = Op(
@@ -64,9 +67,10 @@ CONV_TRANSPOSE2D = Op(
     modules=(nn.ConvTranspose2d,),
     qat_module="dal.nn.conv:QConvTranspose2d",
     onnx=("ConvTranspose",),
-    spec="",
+    spec="§5a",
     integer_form=None,
     cost="matrix",
+    fp16_region=("compute",),
 )
 
 LINEAR = Op(
@@ -77,10 +81,11 @@ LINEAR = Op(
     methods=(),
     modules=(nn.Linear,),
     qat_module="dal.nn.linear:QLinear",
-    onnx=("Gemm",),
-    spec="",
+    onnx=("Gemm", "MatMul", "Add"),
+    spec="§5a",
     integer_form=None,
     cost="matrix",
+    fp16_region=("compute",),
 )
 
 LAZY_LINEAR = Op(
@@ -91,10 +96,11 @@ LAZY_LINEAR = Op(
     methods=(),
     modules=(nn.LazyLinear,),
     qat_module=None,
-    onnx=(),
-    spec="",
+    onnx=("Gemm", "MatMul", "Add"),
+    spec="§5a",
     integer_form=None,
     cost="matrix",
+    fp16_region=("compute",),
 )
 
 EMBEDDING = Op(
@@ -105,8 +111,8 @@ EMBEDDING = Op(
     methods=(),
     modules=(nn.Embedding,),
     qat_module="dal.nn.linear:QEmbedding",
-    onnx=(),
-    spec="",
+    onnx=("Gather",),
+    spec="§5d",
     integer_form=None,
     cost="matrix",
 )
