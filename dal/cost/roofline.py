@@ -29,6 +29,7 @@ from ..formats import get_format
 from ..formats.qformat import QFormat
 from .op_costs import matrix_classes
 
+
 @dataclass(frozen=True)
 class LayerGeom:
     """What a layer computes, independent of formats: ``macs`` (true count), element counts

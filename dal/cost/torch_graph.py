@@ -40,7 +40,6 @@ from .op_costs import free_activations, module_cost, vector_classes
 from .roofline import LayerGeom
 
 
-
 def _tensors(x) -> list[torch.Tensor]:
     if torch.is_tensor(x):
         return [x]
