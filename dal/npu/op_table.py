@@ -18,6 +18,7 @@ def kernels() -> dict:
     from . import ops_cast, ops_einsum, ops_float, ops_nn, ops_quant, ops_reduce, ops_topk, ops_trig  # noqa: F401
     from . import ops_dense  # noqa: F401  (after ops_nn: its Resize adds linear to the nearest kernel)
     from . import ops_grid, ops_scatter  # noqa: F401  (GridSample §5b; Gather*, Scatter* §5c-d: export/SPEC.md)
+    from . import ops_activations, ops_depth_to_space  # noqa: F401  (PRelu, Celu, Selu, Sign, LogSoftmax; §5h)
     return ops_float.OPS
 
 
