@@ -18,7 +18,10 @@ Where every partial sum of ``x_i w_i s_w`` is exact in float64 whatever the orde
 :data:`BLOCK_ROWS`), the block sums ``acc_b`` as one float32 batched matmul of the codes (exact:
 every partial sum is an integer of magnitude at most ``B max|x_i| max|w_i| <= 2^24``) multiplied by
 ``s_b`` and summed over ``b`` in float64 (half the weight bytes of the float64 weight). Both return
-the same ``t``, the same ``v``.
+the same ``t``, the same ``v``. Before both, for fewer than :data:`BLOCK_ROWS` rows on the CPU where the
+weight code differences fit int8 and the C++ kernel is built: ``dal::blocked_linear``
+(dal/kernels/blocked_sums.py), the int32 block sums ``acc_b`` on int8 weights (a quarter of the float32
+bytes) combined in float64 left to right as above, the reference loop's ``v`` for any scales.
 
 The output quantizer then rounds ``v`` (ONNX's float32 division; probe.py finds it) exactly as
 the NPU's requantizer ``clamp(round_half_even(v / s_y) + zp_y, lo, hi)`` does (Q is monotone, so
@@ -43,6 +46,13 @@ BLOCK_ROWS = 8
 #: the form (``IntegerModel.layer_forms``) of a blocked Linear whose output is read by anything but
 #: one or several quantizers: export/SPEC.md §5a's blocked linear with a float output
 BLOCKED_FLOAT = "blocked linear, float output (export/SPEC.md §5a)"
+
+
+def blocked_sums_op(x: torch.Tensor, w8: torch.Tensor, s32: torch.Tensor, block: int, s_x: float) -> torch.Tensor:
+    """``dal::blocked_linear`` (dal/kernels/blocked_sums.py: the module doc's ``v`` by exact int32 block
+    sums combined in ascending block order), imported on first use."""
+    from ..kernels.blocked_sums import blocked_linear
+    return blocked_linear(x, w8, s32, block, s_x)
 
 
 def blocked_why_not(kind: str, has_bias: bool, in_bits: int, rq) -> str:
@@ -105,10 +115,23 @@ class BlockedWeights(torch.nn.Module):
         f32 = self.w_exact is not None and self.bound <= F32_EXACT
         self.register_buffer("w32", self.w.float().contiguous() if f32 else None, persistent=False)
         self.register_buffer("s_w3", self.s_w.unsqueeze(1).contiguous() if f32 else None, persistent=False)
+        # value()'s few-row path on the CPU: dal::blocked_linear's C++ kernel on int8 weights (None where a
+        # weight code difference leaves int8, the input codes are wider than 8 bits or the kernel is not built)
+        w8 = None
+        if x_max <= 255 and self.bound < 2 ** 31 and n and k:
+            from ..kernels import blocked_sums
+            w8 = blocked_sums.pack(self.w) if blocked_sums.library() is not None else None
+        self.register_buffer("w8", w8, persistent=False)
+        self.register_buffer("s32", scale.float().t().contiguous() if w8 is not None else None, persistent=False)
 
     def value(self, xi: torch.Tensor, s_x: float) -> torch.Tensor:
         """``v`` (float32, ``xi.shape[:-1] + (N,)``) for ``xi = x_q - zp_x`` (integers)."""
         lead = xi.shape[:-1]
+        w8 = self.w8
+        if w8 is not None and xi.device.type == "cpu" and xi.numel() < BLOCK_ROWS * self.nb * self.block:
+            # exact int32 block sums, combined in float64 in ascending block order: the reference loop's bits
+            v = blocked_sums_op(xi.reshape(-1, self.nb * self.block), w8, self.s32, self.block, s_x)
+            return v.reshape(*lead, self.n)
         w32 = self.w32
         if w32 is not None and xi.device.type == "cpu" and xi.numel() < BLOCK_ROWS * self.nb * self.block \
                 and float32_is_ieee("matmul"):

@@ -1,0 +1,151 @@
+"""``dal::blocked_linear`` (dal/kernels/blocked_sums.py: int32 block sums by the C++ kernel on int8 weights,
+combined in float64 in ascending block order), which dal.convert's ``BlockedWeights.value`` takes for
+fewer than ``BLOCK_ROWS`` rows on the CPU: the same ``v`` as the SPEC formula and as the torch forms it
+replaces (the float32 block sums, the one float64 matmul, the float64 block loop), forced side by side
+on the same weights, on random and extreme codes (inputs -255 / 255, weight code differences
+-128 / 127 and the INT4 extremes), odd block sizes, column counts off the kernel's 8 lanes, 1 and 8
+rows; bad input codes get an error naming the element.
+
+Oracle: tests/blocked_oracle.py (export/SPEC.md §5a in Python integers and floats, ascending order).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import blocked_oracle
+from dal.convert.blocked_linear import BLOCK_ROWS, BlockedWeights
+from dal.kernels import blocked_sums
+
+needs_kernel = pytest.mark.skipif(blocked_sums.library() is None, reason="no C++ compiler: the op's generic form only")
+
+
+def _weights(rng, k, n, block, lo, hi, extreme):
+    codes = rng.integers(lo, hi + 1, (n, k))
+    zp = np.zeros((n, k // block), np.int64)
+    if extreme:  # code differences at both ends, and a column / a block full of them
+        codes[:, ::2], codes[:, 1::2] = lo, hi
+        codes[0, :] = lo
+        codes[:, :block] = hi
+    scale = rng.uniform(0.001, 0.08, (n, k // block)).astype(np.float32)
+    return codes, zp, scale
+
+
+def _inputs(rng, rows, k, extreme):
+    xq = rng.integers(-255, 256, (rows, k))
+    if extreme:
+        xq[0, ::2], xq[0, 1::2] = -255, 255
+        xq[-1, :] = -255
+    return xq
+
+
+def _forms(bw: BlockedWeights, xi: torch.Tensor, s_x: float) -> dict:
+    """``v`` by each path of ``value`` (the kernel, then the torch forms with the kernel switched off)."""
+    out = {"kernel": bw.value(xi, s_x)}
+    w8, w32 = bw.w8, bw.w32
+    try:
+        bw.w8 = None
+        out["float32 block sums"] = bw.value(xi, s_x) if w32 is not None else None
+        bw.w32 = None
+        out["float64 matmul or block loop"] = bw.value(xi, s_x)
+    finally:
+        bw.w8, bw.w32 = w8, w32
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+@pytest.mark.parametrize("extreme", [False, True])
+@pytest.mark.parametrize("k,n,block", [(96, 19, 32), (35, 7, 5), (12, 9, 1), (64, 24, 64)])
+def test_kernel_equals_the_torch_forms_and_the_spec(weights, extreme, k, n, block):
+    lo, hi = (-8, 7) if weights == "int4" else (-128, 127)
+    rng = np.random.default_rng([k, n, block, extreme, hi])
+    codes, zp, scale = _weights(rng, k, n, block, lo, hi, extreme)
+    bw = BlockedWeights(torch.tensor(codes, dtype=torch.float32), torch.tensor(zp, dtype=torch.int32),
+                        torch.tensor(scale), block, 255)
+    assert bw.w8 is not None and bw.s32 is not None
+    s_x = float(np.float32(0.0137))
+    for rows in (1, BLOCK_ROWS - 1):
+        xq = _inputs(rng, rows, k, extreme)
+        want = blocked_oracle.block_values(xq, 0, codes.T, zp.T, scale.T, block, s_x)
+        xi = torch.tensor(xq, dtype=torch.float32)
+        for name, got in _forms(bw, xi[None], s_x).items():
+            if got is not None:
+                np.testing.assert_array_equal(got[0].numpy(), want, err_msg=name)
+    # 8 rows and more: value's float64 path; the op itself takes any number of rows
+    xq = _inputs(rng, BLOCK_ROWS, k, extreme)
+    want = blocked_oracle.block_values(xq, 0, codes.T, zp.T, scale.T, block, s_x)
+    xi = torch.tensor(xq, dtype=torch.float32)
+    np.testing.assert_array_equal(bw.value(xi, s_x).numpy(), want)
+    np.testing.assert_array_equal(blocked_sums.blocked_linear(xi, bw.w8, bw.s32, block, s_x).numpy(), want)
+    np.testing.assert_array_equal(blocked_sums.generic(xi, bw.w8, bw.s32, block, s_x).numpy(), want)
+
+
+@needs_kernel
+def test_kernel_keeps_the_ascending_order_where_no_order_is_exact():
+    """Column 0: block sums +-889 B at scale 1 and 1 at scale 2^-40: only the ascending order keeps
+    the 2^-40 (descending: (2^-40 - 889 B) + 889 B = 0); the other 8 columns random with spread scales.
+    The torch forms take the block loop here (no order-free path)."""
+    rng = np.random.default_rng(3)
+    b = 32
+    codes, zp, scale = _weights(rng, 3 * b, 9, b, -8, 7, False)
+    codes[0, :b], codes[0, b:2 * b], codes[0, 2 * b:] = 7, -7, 0
+    codes[0, 2 * b] = 1
+    scale[0] = [1.0, 1.0, 2.0 ** -40]
+    scale[1:, 2] *= np.float32(2.0 ** -40)
+    bw = BlockedWeights(torch.tensor(codes, dtype=torch.float32), torch.tensor(zp, dtype=torch.int32),
+                        torch.tensor(scale), b, 255)
+    assert bw.w_exact is None and bw.w8 is not None
+    xq = _inputs(rng, 3, 3 * b, False)
+    xq[:, :2 * b], xq[:, 2 * b] = 127, 1
+    want = blocked_oracle.block_values(xq, 0, codes.T, zp.T, scale.T, b, 0.5)
+    assert (want[:, 0] == np.float32(2.0 ** -41)).all()
+    for name, got in _forms(bw, torch.tensor(xq, dtype=torch.float32), 0.5).items():
+        if got is not None:
+            np.testing.assert_array_equal(got.numpy(), want, err_msg=name)
+
+
+def test_wide_weight_codes_keep_the_torch_forms():
+    """A code difference outside int8 (an 8-bit weight with a zero point): no packed weight."""
+    codes = torch.tensor([[127.0, -128.0, 5.0, 1.0]])
+    bw = BlockedWeights(codes, torch.tensor([[-1, 0]], dtype=torch.int32), torch.tensor([[0.5, 0.25]]), 2, 255)
+    assert bw.w8 is None  # 127 - (-1) = 128
+    xq = np.array([[255, -255, 3, 4]])
+    np.testing.assert_array_equal(bw.value(torch.tensor(xq, dtype=torch.float32), 0.5).numpy(),
+                                  blocked_oracle.block_values(xq, 0, codes.numpy().T, np.array([[-1], [0]]),
+                                                              np.array([[0.5], [0.25]], np.float32), 2, 0.5))
+
+
+@pytest.mark.parametrize("form", ["kernel", "generic"])
+@pytest.mark.parametrize("bad", [float("nan"), 2.5, 256.0, -256.0, float("inf")])
+def test_bad_input_codes_are_refused_by_element(form, bad):
+    if form == "kernel" and blocked_sums.library() is None:
+        pytest.skip("no C++ compiler")
+    w8 = blocked_sums.pack(torch.ones(2, 4, 3))
+    s = torch.ones(2, 3)
+    x = torch.zeros(2, 8)
+    x[1, 5] = bad
+    run = blocked_sums.blocked_linear if form == "kernel" else blocked_sums.generic
+    with pytest.raises(ValueError, match=r"input element 13 \(of \(2, 8\)\)"):
+        run(x, w8, s, 4, 1.0)
+
+
+def test_pack_round_trips_and_refuses_wide_codes():
+    w = torch.arange(-60, 60, dtype=torch.float64).reshape(2, 5, 12)  # odd block: a zero row pads it
+    packed = blocked_sums.pack(w)
+    assert packed.dtype == torch.int8 and tuple(packed.shape) == (2, 3, 12, 2)
+    assert torch.equal(blocked_sums.unpack(packed, 5), w)
+    assert blocked_sums.pack(w + 100) is None
+
+
+def test_shape_mismatch_is_named():
+    with pytest.raises(ValueError, match="do not fit block 4"):
+        blocked_sums.blocked_linear(torch.zeros(1, 12), blocked_sums.pack(torch.ones(2, 4, 3)), torch.ones(2, 3), 4, 1.0)
+
+
+def test_op_traces_with_fake_tensors():
+    """The fake implementation: shapes and dtype without running the kernel (torch.compile / export)."""
+    torch.library.opcheck(torch.ops.dal.blocked_linear.default,
+                          (torch.zeros(3, 8), blocked_sums.pack(torch.ones(2, 4, 5)), torch.ones(2, 5), 4, 0.5),
+                          test_utils=("test_schema", "test_faketensor"))
