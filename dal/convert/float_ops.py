@@ -36,7 +36,9 @@ reference implements instead (written once in export/SPEC.md), and which these f
 * everything else (Relu, Clip, Add, Mul, MaxPool, Flatten, Reshape, Concat, ...) is exact or
   one IEEE float32 operation, in torch as in numpy.
 
-A float op used by the model but absent from this list runs as torch computes it.
+A float op used by the model but absent from this list runs as torch computes it. Which torch
+callables get which of these forms is the op registry's (dal.ops: each op's ``integer_form``,
+read through op_forms.py).
 """
 from __future__ import annotations
 
@@ -48,6 +50,8 @@ from torch.overrides import TorchFunctionMode
 
 from ..export.plan import TRACE_MAX_OPSET
 from .fp16_region import float32_value, to_dtype_once
+from .op_forms import float_forms, form_factory, opset_forms
+from .probe import picked_calls
 from .grid_sample import float_grid_sample
 from .instancenorm import group_norm_onnx, instance_norm_onnx
 
@@ -77,13 +81,17 @@ def _spatial(output_size) -> bool:
     return all(v == 1 for v in output_size)
 
 
-def _adaptive_avg(x, output_size):
+def adaptive_avg_pool_f64(x, output_size):
+    """``F.adaptive_avg_pool2d`` to 1 x 1 of a float32 / float16 tensor: ONNX GlobalAveragePool
+    (:func:`mean_f64` over the spatial dims); another output size: None (torch's op)."""
     if x.dtype in (torch.float32, torch.float16) and _spatial(output_size):
         return mean_f64(x, range(2, x.ndim), True)
     return None
 
 
-def _mean(x, dim=None, keepdim=False, *, dtype=None):
+def reduce_mean_f64(x, dim=None, keepdim=False, *, dtype=None):
+    """``torch.mean`` / ``Tensor.mean`` over explicit dims of a float32 / float16 tensor: ONNX
+    ReduceMean (:func:`mean_f64`); no dim, ``dim=()`` or a ``dtype``: None (torch's op)."""
     if x.dtype not in (torch.float32, torch.float16) or dtype is not None or dim is None:
         return None
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
@@ -92,7 +100,7 @@ def _mean(x, dim=None, keepdim=False, *, dtype=None):
     return mean_f64(x, dims, keepdim)
 
 
-def _avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+def avg_pool2d_f64(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                 divisor_override=None):
     """ONNX AveragePool (export/SPEC.md §5a): float64 window sums divided in float64 by the count,
     rounded once to x's type (float32 / float16); the count: the window's input elements
@@ -136,7 +144,7 @@ def batch_norm_f64(x, running_mean, running_var, weight=None, bias=None, trainin
     return to_dtype_once(y * per_channel(weight, 1.0) + per_channel(bias, 0.0), x.dtype)
 
 
-def _instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+def instance_norm_form(x, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
                    momentum=0.1, eps=1e-5, cudnn_enabled=False):
     """``F.instance_norm``: InstanceNormalization (instancenorm.py) with input statistics; on
     running statistics torch exports the per-channel BatchNormalization (inference form) of the
@@ -188,19 +196,24 @@ def topk_onnx(x, k, dim=-1, largest=True, sorted=True):
     return torch.return_types.topk((v.narrow(dim, 0, k), i.narrow(dim, 0, k)))
 
 
-def _silu(x, inplace=False):
+def silu_f64(x, inplace=False):
+    """``F.silu`` of float32 x as exported, ``x * Sigmoid(x)``: ``x * sigmoid_f64(x)``, the Mul in
+    float32 (export/SPEC.md §5a); other types: None."""
     s = sigmoid_f64(x)
     return None if s is None else x * s
 
 
-def _hardsigmoid(x, inplace=False):
+def hardsigmoid_f32(x, inplace=False):
+    """ONNX HardSigmoid as torch exports ``F.hardsigmoid`` (alpha 1/6, beta 0.5), in float32:
+    ``clip(x * float32(1/6) + 0.5, 0, 1)``; other types: None."""
     if x.dtype != torch.float32:
         return None
     return torch.clamp(x * torch.tensor(1 / 6, dtype=torch.float32) + 0.5, 0.0, 1.0)
 
 
-def _hardswish(x, inplace=False):
-    h = _hardsigmoid(x)
+def hardswish_f32(x, inplace=False):
+    """ONNX HardSwish: ``x * hardsigmoid_f32(x)`` in float32; other types: None."""
+    h = hardsigmoid_f32(x)
     return None if h is None else x * h
 
 
@@ -262,7 +275,7 @@ def cubic_resize_f64(x: torch.Tensor, sizes: list, scales: list, align_corners: 
     return out.float()
 
 
-def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+def interpolate_f64(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                  recompute_scale_factor=None, antialias=False):
     """F.interpolate's (bi)linear and bicubic modes as the exported Resize computes them: ``size``
     gives ``sizes`` (scale = out / in in float64); ``scale_factor`` gives float32 ``scales`` and
@@ -286,50 +299,75 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     return resize(input, sizes, scales, bool(align_corners))
 
 
-_IMPL = {
-    F.adaptive_avg_pool2d: _adaptive_avg, torch.mean: _mean, torch.Tensor.mean: _mean,
-    F.avg_pool2d: _avg_pool2d, torch.sigmoid: sigmoid_f64, torch.Tensor.sigmoid: sigmoid_f64,
-    F.silu: _silu, F.hardsigmoid: _hardsigmoid, F.hardswish: _hardswish,
-    torch.tanh: tanh_f64, torch.Tensor.tanh: tanh_f64, F.tanh: tanh_f64, F.interpolate: _interpolate,
-    F.batch_norm: batch_norm_f64, F.group_norm: group_norm_onnx, F.instance_norm: _instance_norm,
-    torch.sum: sum_f64, torch.Tensor.sum: sum_f64, F.grid_sample: float_grid_sample,
-    torch.sin: sin_f64, torch.Tensor.sin: sin_f64, torch.cos: cos_f64, torch.Tensor.cos: cos_f64,
-    torch.cumsum: cumsum_f64, torch.Tensor.cumsum: cumsum_f64, torch.topk: topk_onnx, torch.Tensor.topk: topk_onnx,
-}
+@form_factory(needs_opset=False)
+def average_pool_form(func, opset):
+    """The ``avg_pool`` op's form for a call of ``func``: ONNX AveragePool for ``F.avg_pool2d``
+    (:func:`avg_pool2d_f64`), GlobalAveragePool for ``F.adaptive_avg_pool2d``
+    (:func:`adaptive_avg_pool_f64`, to 1 x 1); None (torch's op) for the op's other callables."""
+    if func is F.avg_pool2d:
+        return avg_pool2d_f64
+    return adaptive_avg_pool_f64 if func is F.adaptive_avg_pool2d else None
 
 
-def _opset_impl(opset: int) -> dict:
-    """The functional forms whose exported spelling depends on the (traced) opset."""
-    from .attention import softmax_f32
-    from .layernorm import layer_norm_onnx
+@form_factory(needs_opset=True)
+def gelu_form(func, opset: int):
+    """F.gelu (``approximate`` "none" / "tanh", float32) as the exported nodes at ``opset``
+    compute it (lut.py ``gelu_onnx``: the Gelu node from opset 20, its Erf / Tanh spelling before)."""
     from .lut import gelu_onnx
-    from .sdpa import SDPA_OPSET, sdpa_onnx
 
     def gelu(x, approximate="none"):
         ok = x.dtype == torch.float32 and approximate in ("none", "tanh")
         return gelu_onnx(x, opset, approximate) if ok else None
+    return gelu
+
+
+@form_factory(needs_opset=True)
+def softmax_form(func, opset: int):
+    """F.softmax / torch.softmax / Tensor.softmax of a float32 tensor over an explicit ``dim`` (no
+    ``dtype``): attention.py ``softmax_f32`` at every opset; like the other functional islands,
+    applied where the export's opset is known."""
+    from .attention import softmax_f32
 
     def softmax(x, dim=None, _stacklevel=3, dtype=None):
         return softmax_f32(x, dim) if x.dtype == torch.float32 and dtype is None and dim is not None else None
+    return softmax
+
+
+@form_factory(needs_opset=True)
+def layer_norm_form(func, opset: int):
+    """F.layer_norm of a float32 tensor as the exported nodes at ``opset`` compute it (layernorm.py
+    ``layer_norm_onnx``: LayerNormalization from opset 17, its ReduceMean spelling before)."""
+    from .layernorm import layer_norm_onnx
 
     def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
         if x.dtype != torch.float32:
             return None
         n = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
         return layer_norm_onnx(x, weight, bias, n, eps, opset)
-    forms = {F.gelu: gelu, F.softmax: softmax, torch.softmax: softmax, torch.Tensor.softmax: softmax,
-             F.layer_norm: layer_norm}
-    if opset >= SDPA_OPSET:
-        forms[F.scaled_dot_product_attention] = sdpa_onnx
-    return forms
+    return layer_norm
 
 
-#: element-picking functions a fixed-point fan-out's per-reader values follow (NPUFloatOps)
-_PICK = (F.max_pool2d, F.interpolate)
+@form_factory(needs_opset=True)
+def sdpa_form(func, opset: int):
+    """F.scaled_dot_product_attention as its exported decomposition (sdpa.py ``sdpa_onnx``) from
+    ``SDPA_OPSET`` on; None below it (torch exports no such node there: torch's op runs)."""
+    from .sdpa import SDPA_OPSET, sdpa_onnx
+
+    return sdpa_onnx if opset >= SDPA_OPSET else None
+
+
+def _opset_impl(opset: int) -> dict:
+    """The functional forms whose exported spelling depends on the (traced) opset
+    (op_forms.py ``opset_forms``)."""
+    return opset_forms(opset)
 
 
 class NPUFloatOps(TorchFunctionMode):
-    """Replaces the functions above by their SPEC.md semantics (others run unchanged).
+    """Replaces every call of an op whose registry entry has an ``integer_form`` by that form
+    (op_forms.py ``float_forms``: the functions above, with their SPEC.md semantics); a form that
+    returns None, or raises TypeError on an argument form it does not take, leaves torch's own op
+    to run, as does any other call. ``opset``: the export's; None leaves out the forms spelled by
+    the opset (the ``needs_opset`` factories: GELU, softmax, layer norm, SDPA).
 
     ``fan``: the model's fixed-point fan-out values (layers.py ``fan_values``): a max pool or
     nearest interpolate of such a group's output applies to every reader's value too, so each
@@ -338,10 +376,12 @@ class NPUFloatOps(TorchFunctionMode):
     def __init__(self, fan: dict | None = None, opset: int | None = None):
         super().__init__()
         self.fan = fan
-        self.impl = {**_IMPL, **_opset_impl(min(int(opset), TRACE_MAX_OPSET))} if opset is not None else _IMPL
+        forms = float_forms()
+        self.impl = {**forms, **_opset_impl(min(int(opset), TRACE_MAX_OPSET))} if opset is not None else forms
+        self.picks = picked_calls()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        got = self.fan.get(id(args[0])) if self.fan and args and func in _PICK else None
+        got = self.fan.get(id(args[0])) if self.fan and args and func in self.picks else None
         if got is not None and got[0] is args[0]:
             out = func(*args, **(kwargs or {}))
             self.fan[id(out)] = (out, {k: func(v, *args[1:], **(kwargs or {})) for k, v in got[1].items()})

@@ -28,21 +28,70 @@ from torch.utils._pytree import tree_flatten
 
 from ..nest import tensors
 from ..quantizer import FakeQuantizer
+from .op_forms import Derived, calls_of, in_place, in_place_variant, per_registry, reflected
 
-#: functions the exporter writes as Relu / Clip, with their (lo, hi) from the call's arguments
-_ACT = {F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", torch.Tensor.relu: "relu",
-        torch.Tensor.relu_: "relu", F.relu6: "relu6", F.hardtanh: "hardtanh", torch.clamp: "clamp",
-        torch.Tensor.clamp: "clamp", torch.clip: "clamp", torch.Tensor.clip: "clamp",
-        torch.Tensor.clamp_: "clamp", torch.clamp_: "clamp", torch.Tensor.clip_: "clamp", torch.clip_: "clamp",
-        F.hardtanh_: "hardtanh"}
+def _name(func) -> str:
+    name = getattr(func, "__name__", "")
+    return name if isinstance(name, str) else ""
+
+
+def _relu_bounds(func, args, kwargs):
+    return (0.0, None)
+
+
+def _relu6_bounds(func, args, kwargs):
+    return (0.0, 6.0)
+
+
+def _hardtanh_bounds(func, args, kwargs):
+    """``F.hardtanh(x, min_val=-1, max_val=1)``, or the op's clamp spelling ``torch.clamp(x,
+    min=None, max=None)`` (``clip``, in place or not)."""
+    if _name(func).startswith("hardtanh"):
+        lo = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
+        hi = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
+    else:
+        lo = args[1] if len(args) > 1 else kwargs.get("min")
+        hi = args[2] if len(args) > 2 else kwargs.get("max")
+    return lo, hi
+
+
+#: the ops the exporter writes as one Relu / Clip, keyed by op name (dal.ops), with how a
+#: call's (lo, hi) bounds are read from its arguments
+_BOUNDS = {"relu": _relu_bounds, "relu6": _relu6_bounds, "hardtanh": _hardtanh_bounds}
+#: the ops that leave no node in an eval-mode export (the value passes through), by op name
+_NO_NODE = ("dropout", "identity")
+#: by op name: (the Python int ``n`` with ``x op n == x``, whether ``n op x == x`` too) for the
+#: out-of-place arithmetic whose call with ``n`` (alpha 1) the exporter drops (``exporter_drops``)
+_NEUTRAL = {"add": (0, True), "sub": (0, False), "mul": (1, True)}
+
+
+@per_registry
+def _act_table(ops) -> dict:
+    """{callable: op name} of the ``_BOUNDS`` ops, their in-place spellings included (``relu_``,
+    ``torch.clamp_``, ``F.hardtanh_``: an in-place call writes a new version of its input)."""
+    return {g: op.name for op in ops if op.name in _BOUNDS for f in calls_of(op)
+            for g in (f, in_place_variant(f)) if g is not None}
+
+
+@per_registry
+def _pass_table(ops) -> frozenset:
+    return frozenset(f for op in ops if op.name in _NO_NODE for f in calls_of(op))
+
+
+@per_registry
+def _arith_table(ops) -> dict:
+    """{callable: op name} of the ``_NEUTRAL`` ops' out-of-place calls (a reflected one only
+    where ``n op x == x``: ``0 + x``, not ``0 - x``)."""
+    return {f: op.name for op in ops if op.name in _NEUTRAL for f in calls_of(op)
+            if not in_place(f) and (_NEUTRAL[op.name][1] or not reflected(f))}
+
+
+#: functions the exporter writes as Relu / Clip -> their op's name (derived from dal.ops)
+_ACT = Derived(_act_table)
 #: functions that leave no node in an eval-mode export (the value passes through)
-_PASS = {F.dropout, F.dropout1d, F.dropout2d, torch.Tensor.contiguous, torch.Tensor.detach}
-#: out-of-place arithmetic whose call with the Python int ``_NEUTRAL[op]`` (alpha 1) the exporter drops
-_ARITH = {torch.add: "add", torch.Tensor.add: "add", torch.Tensor.__add__: "add", torch.Tensor.__radd__: "add",
-          torch.sub: "add", torch.subtract: "add", torch.Tensor.sub: "add", torch.Tensor.subtract: "add",
-          torch.Tensor.__sub__: "add", torch.mul: "mul", torch.multiply: "mul", torch.Tensor.mul: "mul",
-          torch.Tensor.multiply: "mul", torch.Tensor.__mul__: "mul", torch.Tensor.__rmul__: "mul"}
-_NEUTRAL = {"add": 0, "mul": 1}
+_PASS = Derived(_pass_table)
+#: out-of-place arithmetic whose call with the Python int ``_NEUTRAL[op][0]`` (alpha 1) the exporter drops
+_ARITH = Derived(_arith_table)
 
 
 @dataclass
@@ -72,19 +121,10 @@ class GroupPlan:
         return self.consumers or ((self.consumer,) if self.consumer is not None else ())
 
 
-def _bounds(kind, args, kwargs):
-    """(lo, hi) of an activation call, or None when a bound is a tensor (no constant Clip)."""
-    kwargs = kwargs or {}
-    if kind == "relu":
-        return (0.0, None)
-    if kind == "relu6":
-        return (0.0, 6.0)
-    if kind == "hardtanh":
-        lo = args[1] if len(args) > 1 else kwargs.get("min_val", -1.0)
-        hi = args[2] if len(args) > 2 else kwargs.get("max_val", 1.0)
-    else:
-        lo = args[1] if len(args) > 1 else kwargs.get("min")
-        hi = args[2] if len(args) > 2 else kwargs.get("max")
+def _bounds(kind, func, args, kwargs):
+    """(lo, hi) of a call of the Relu / Clip op named ``kind`` (``_BOUNDS``), or None when a bound
+    is a tensor (no constant Clip)."""
+    lo, hi = _BOUNDS[kind](func, args, kwargs or {})
     if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
         return None
     return (None if lo is None else float(lo), None if hi is None else float(hi))
@@ -217,7 +257,7 @@ def _chain(e: Event, readers: dict, outputs: set) -> GroupPlan:
             key = u.outs[0] if len(u.outs) == 1 else None
             continue
         if u.kind == "func" and u.obj in _ACT and not has_act and act is None and not passed:
-            act = _bounds(_ACT[u.obj], u.args, u.kwargs)
+            act = _bounds(_ACT[u.obj], u.obj, u.args, u.kwargs)
             if act is None:
                 return GroupPlan(False, why="Clip with tensor bounds")
             key = u.outs[0]
@@ -248,7 +288,7 @@ def exporter_drops(func, args, kwargs) -> bool:
         return False
     if op == "mul" and kwargs:
         return False
-    return _is_int(args[1], _NEUTRAL[op]) and _is_int(kwargs.get("alpha", 1), 1)
+    return _is_int(args[1], _NEUTRAL[op][0]) and _is_int(kwargs.get("alpha", 1), 1)
 
 
 def _max_pool_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
@@ -265,12 +305,35 @@ def _interpolate_args(input, size=None, scale_factor=None, mode="nearest", align
     return mode in ("nearest", "nearest-exact") and input.ndim == 4
 
 
+def _is_max_pool2d(func) -> bool:
+    """The max_pool op's 2-D spelling, whose arguments ``_max_pool_args`` reads (``max_pool1d`` /
+    ``3d`` and the adaptive pools take others)."""
+    return func is F.max_pool2d
+
+
+#: the element-picking ops (by op name) that commute with the requantizer: which of the op's
+#: callables pick elements of a 2-D map, and the check of a call's arguments
+_PICKERS = {"max_pool": (_is_max_pool2d, _max_pool_args), "resize": (callable, _interpolate_args)}
+
+
+@per_registry
+def _pick_table(ops) -> dict:
+    return {f: _PICKERS[op.name][1] for op in ops if op.name in _PICKERS for f in calls_of(op)
+            if _PICKERS[op.name][0](f)}
+
+
+def picked_calls() -> frozenset:
+    """The callables whose calls may pass a group's codes through (:func:`pass_through`):
+    ``F.max_pool2d`` and ``F.interpolate`` (NPUFloatOps follows a fan-out's values through them)."""
+    return frozenset(_pick_table())
+
+
 def pass_through(func, args, kwargs) -> bool:
     """A call that only picks elements and commutes with the requantizer (non-decreasing per
     channel): a 2-D max pool (no indices, dilation 1, no ceil mode, padding < kernel: every
     window holds an element) or a nearest interpolate; the NPU's MaxPool / nearest Resize
     pass-through (export/SPEC.md §5a)."""
-    check = {F.max_pool2d: _max_pool_args, F.interpolate: _interpolate_args}.get(func)
+    check = _pick_table().get(func)
     try:
         return bool(check is not None and check(*args, **(kwargs or {})))
     except TypeError:

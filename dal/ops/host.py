@@ -81,7 +81,7 @@ CUMSUM = Op(
     qat_module=None,
     onnx=(),
     spec="",
-    integer_form=None,
+    integer_form="dal.convert.float_ops:cumsum_f64",
     cost=None,
 )
 
@@ -165,7 +165,7 @@ TOPK = Op(
     qat_module=None,
     onnx=(),
     spec="",
-    integer_form=None,
+    integer_form="dal.convert.float_ops:topk_onnx",
     cost=None,
 )
 

@@ -49,7 +49,8 @@ class Op:
     - ``spec``: the export/SPEC.md section that states the pattern's semantics (``"§3"``);
     - ``integer_form``: dal.convert's form of it (``"dal.convert.float_ops:sigmoid_f64"``), or None
       when the integer model runs the op unchanged (exact on codes, or the ONNX op's own
-      float semantics equal torch's);
+      float semantics equal torch's); a form that depends on the call or on the export's opset is
+      a factory ``(func, opset) -> form`` (dal/convert/op_forms.py ``form_factory``);
     - ``cost``: one of :data:`COST_CLASSES`, or None when the cost model does not charge it;
     - ``function``: the function name hardware models use in ``fp16_ops`` / ``lut_ops``
       (``"silu"``), when it differs from ``name`` or matters;

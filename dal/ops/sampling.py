@@ -18,7 +18,7 @@ GRID_SAMPLE = Op(
     qat_module="dal.nn.grid_sample:QGridSample",
     onnx=("GridSample",),
     spec="§5b",
-    integer_form=None,
+    integer_form="dal.convert.grid_sample:float_grid_sample",
     cost=None,
 )
 
@@ -31,8 +31,8 @@ RESIZE = Op(
     modules=(nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d),
     qat_module=None,
     onnx=("Resize",),
-    spec="",
-    integer_form=None,
+    spec="§5a",
+    integer_form="dal.convert.float_ops:interpolate_f64",
     cost="vector",
 )
 
