@@ -9,20 +9,30 @@ The integer model spells its float islands by the file's opset (float_ops.py: SD
 it ran torch's fused float32 attention instead of the exported nodes, and a timm-style
 attention block's next quantizer differed from dal.npu on a few near-tie codes per batch.
 
-The functions are read from the probe forward (probe.py's top-level ``func`` events), the
-same calls ``NPUFloatOps`` later replaces.
+The functions are read from the probe forward (probe.py's top-level ``func`` events), the same
+calls ``NPUFloatOps`` later replaces; which op each belongs to is the op registry's (op_forms.py).
 """
 from __future__ import annotations
 
 import torch.nn.functional as F
 
 from .errors import ConvertError
+from .op_forms import Derived, calls_of, per_registry
 from .sdpa import SDPA_OPSET
 
-#: functions torch's TorchScript exporter writes only from an opset on (no older symbolic), so a
-#: default export moves up to it. Each is below 17, the lowest opset that respells a form
-#: (LayerNorm), so raising the opset after forms.py's swap changes no swapped form.
-FLOOR = {F.scaled_dot_product_attention: SDPA_OPSET}
+#: ops (by dal.ops name) torch's TorchScript exporter writes only from an opset on (no older
+#: symbolic), so a default export moves up to it. Each is below 17, the lowest opset that respells
+#: a form (LayerNorm), so raising the opset after forms.py's swap changes no swapped form.
+FLOOR_OF_OP = {"scaled_dot_product_attention": SDPA_OPSET}
+
+
+@per_registry
+def _floor_table(ops) -> dict:
+    return {f: FLOOR_OF_OP[op.name] for op in ops if op.name in FLOOR_OF_OP for f in calls_of(op)}
+
+
+#: the calls of the ``FLOOR_OF_OP`` ops (op_forms.py ``calls_of``) -> their floor
+FLOOR = Derived(_floor_table)
 
 
 def _name(func) -> str:

@@ -14,6 +14,10 @@ FakeQuantizer and weighted-layer call (module hooks). In-place functions (``relu
 new version of their input. Calls whose result is not a tensor (``x.shape``, ``x.size()``) are
 shape queries, which the ONNX graph does not have, and are ignored. ``x + 0`` and ``x * 1`` with a
 Python int pass the value through: the exporter drops them (``exporter_drops``).
+
+Which calls belong to which op is the op registry's (dal.ops, read through op_forms.py, on first
+use); what the probe makes of an op (a Relu / Clip's bounds, an op that leaves no node, the
+neutral int of add / sub / mul, a pass-through's argument check) is kept here, keyed by op name.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from torch.utils._pytree import tree_flatten
 from ..nest import tensors
 from ..quantizer import FakeQuantizer
 from .op_forms import Derived, calls_of, in_place, in_place_variant, per_registry, reflected
+
 
 def _name(func) -> str:
     name = getattr(func, "__name__", "")
