@@ -87,3 +87,30 @@ def test_inputs_hold_the_special_values():
     tiny = torch.finfo(torch.float32).smallest_normal
     assert torch.isnan(x).any() and (x == float("inf")).any() and (x == -float("inf")).any()
     assert ((x != 0) & (x.abs() < tiny) & (x > 0)).sum() > 100 and ((x.abs() < tiny) & (x < 0)).sum() > 100
+
+
+def _erfc_f64(x):
+    """ONNX-style float island for the test's op: erfc in float64, rounded once to float32."""
+    return torch.special.erfc(x.double()).float() if x.dtype == torch.float32 else None
+
+
+def test_a_users_op_gets_its_integer_form_in_the_integer_models_mode():
+    """``dal.ops.register`` of an op with an ``integer_form`` is all NPUFloatOps needs; after
+    ``unregister`` torch's own op runs again (the derived tables follow the registry)."""
+    from dal.convert.float_ops import NPUFloatOps
+
+    assert dal.ops.by_function(torch.erfc) is None and dal.ops.by_method("erfc") is None
+    x = _inputs()
+    dal.ops.register(dal.ops.Op(name="test_erfc", op_class="activation", handling="float",
+                                functions=(torch.erfc,), methods=("erfc",), integer_form=_erfc_f64))
+    try:
+        with NPUFloatOps():
+            got, got_method = torch.erfc(x), x.erfc()
+        assert _same_bits(got, _erfc_f64(x)) and _same_bits(got_method, _erfc_f64(x))
+        assert torch.erfc in float_forms() and torch.Tensor.erfc in float_forms()
+    finally:
+        dal.ops.unregister("test_erfc")
+    assert torch.erfc not in float_forms()
+    plain = torch.erfc(x)  # torch's own kernel, outside the mode
+    with NPUFloatOps():
+        assert _same_bits(torch.erfc(x), plain)
