@@ -89,6 +89,16 @@ def test_every_export_pattern_is_stated_in_spec(npu_types, sections):
     assert not bad, "\n".join(bad)
 
 
+def test_fp16_region_nodes_are_stated_in_spec_6(sections):
+    """export/casts.py builds FP16 regions from the ops' ``fp16_region`` (``half_ops()``,
+    ``half_tail_ops()``); §6 names every node type such a region may hold."""
+    from dal.export.casts import half_ops, half_tail_ops
+
+    assert {"Conv", "Gemm", "MatMul", "Add", "Concat"} <= half_ops() and {"Relu", "Clip"} <= half_tail_ops()
+    unstated = sorted(t for t in half_ops() | half_tail_ops() if not mentions(sections["§6"], t))
+    assert not unstated, f"export/SPEC.md §6 does not name {unstated}"
+
+
 def test_export_patterns_are_declared():
     """The registry declares the patterns the exporter writes for its core ops (a registry with
     no ``onnx`` anywhere would pass the checks above vacuously)."""
