@@ -98,23 +98,34 @@ def is_form_factory(form) -> bool:
 
 
 class _Ops(tuple):
-    """The registry's ops at one moment, hashed and compared by identity (a cache key)."""
+    """The ops at one moment of the registry: a cache key, hashed (once) and compared by identity."""
+
+    def __new__(cls, ops):
+        self = super().__new__(cls, ops)
+        self.key = hash(tuple(map(id, self)))
+        return self
 
     def __hash__(self):
-        return hash(tuple(map(id, self)))
+        return self.key
 
     def __eq__(self, other):
         return len(self) == len(other) and all(a is b for a, b in zip(self, other))
 
 
+#: [(the registry's ops, their merged _Ops)]: the last state seen (the registry seldom changes)
+_LAST: list = []
+
+
 def _ops() -> _Ops:
     """The registry's ops with pending_ops.py's patterns that no registered op matches merged in
     (by name: an alias adds its patterns to the op of its name; another is an op of its own)."""
-    return _merged(_Ops(registry.all_ops()))
+    ops = registry.all_ops()
+    if not _LAST or _LAST[0][0] != ops:  # a tuple compare: each element by identity first
+        _LAST[:] = [(ops, _merged(ops))]
+    return _LAST[0][1]
 
 
-@functools.cache
-def _merged(ops: _Ops) -> _Ops:
+def _merged(ops: tuple) -> _Ops:
     by_name = {op.name: op for op in ops}
     for p in pending_ops():
         functions = tuple(f for f in p.functions if registry.by_function(f) is None)
@@ -141,7 +152,7 @@ def opset_forms(opset: int) -> dict:
     return _forms(_ops(), int(opset), True)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=16)
 def _forms(ops: _Ops, opset: Optional[int], needs_opset: bool) -> dict:
     forms = {}
     for op in ops:
@@ -161,7 +172,7 @@ def _forms(ops: _Ops, opset: Optional[int], needs_opset: bool) -> dict:
 def per_registry(build: Callable) -> Callable:
     """``build(ops)`` (``ops``: every registered op) as a function of no arguments whose result is
     kept until the registry changes: a table derived on first use, not at import."""
-    kept = functools.cache(build)
+    kept = functools.lru_cache(maxsize=4)(build)
 
     @functools.wraps(build)
     def table():
