@@ -5,7 +5,7 @@ Libraries define their own activation classes (timm's ``GELU`` / ``SiLU`` / ``Ha
 ``lut_activation`` cannot list them. A module is the activation ``f`` when
 
 * it is a leaf with no parameters or buffers, defined outside torch and dal (torch's own classes
-  are matched by type, ``lut._TYPES``), and
+  are matched by type, ``lut.lut_types``), and
 * run once, under ``torch.no_grad`` on a fixed probe (8193 points from -32 to 32, beyond a
   clipped GELU's usual +-10, as a ``[1, 1, 8193]`` tensor), it calls only elementwise torch
   functions (seen by a ``TorchFunctionMode``; a matmul, conv, reduction or random op rules it
@@ -29,14 +29,19 @@ from torch.overrides import TorchFunctionMode
 
 from ..nn.tree import own_slots
 
-#: (function, GELU approximate) candidates, in the order tried
-CANDIDATES = (("gelu", "none"), ("gelu", "tanh"), ("silu", "none"), ("sigmoid", "none"), ("tanh", "none"),
-              ("hardswish", "none"), ("hardsigmoid", "none"))
 TOLERANCE = 1e-5
 #: calls that are not elementwise: any of them means the module is not a pointwise activation
 _NOT_POINTWISE = ("matmul", "mm", "bmm", "linear", "conv", "sum", "mean", "softmax", "norm", "rand", "dropout",
                   "max", "min", "cat", "stack", "view", "reshape", "flatten", "permute", "transpose", "index")
 _CACHE: "weakref.WeakKeyDictionary[nn.Module, Optional[tuple[str, str]]]" = weakref.WeakKeyDictionary()
+
+
+def candidates() -> tuple[tuple[str, str], ...]:
+    """The ``(function, GELU approximate)`` candidates, in the order tried: the LUT functions
+    (``lut.FUNCTIONS``), GELU in its exact and its tanh form."""
+    from .lut import FUNCTIONS
+
+    return tuple((fn, a) for fn in FUNCTIONS for a in (("none", "tanh") if fn == "gelu" else ("none",)))
 
 
 def _probe() -> torch.Tensor:
@@ -85,7 +90,7 @@ def _probe_once(module: nn.Module) -> Optional[tuple[str, str]]:
     if not calls.names or any(bad in name.lower() for name in calls.names for bad in _NOT_POINTWISE):
         return None
     hits = []
-    for fn, approximate in CANDIDATES:
+    for fn, approximate in candidates():
         want = apply_function(fn, x, approximate)
         if bool(((y - want).abs() <= TOLERANCE * (1 + want.abs())).all()):
             hits.append((fn, approximate))

@@ -30,18 +30,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..formats import dequantize, fake_quantize, quantize
-from ..hardware.op_classes import ACTIVATION_OF_TYPE
 from ..nn.adopt import adopt
 from ..nn.base import QATModule
 from ..nn.registry import register_qat_module
 from ..nn.spec import SimpleTensorSpec, make_quantizer, role_specs
+from ..ops import select
 from .activation_probe import probe_activation
 from .registry import rule
 
-#: torch.nn type -> (function name as hardware models spell it in ``lut_ops``)
-_TYPES = {getattr(nn, name): fn for name, fn in ACTIVATION_OF_TYPE.items()
-          if fn in ("gelu", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid")}  # the tables built here
-FUNCTIONS = tuple(_TYPES.values())
+#: the functions this rule builds tables for (:func:`apply_function` computes each as the export
+#: writes it), as hardware models spell them in ``lut_ops``
+FUNCTIONS = ("gelu", "silu", "sigmoid", "tanh", "hardswish", "hardsigmoid")
+
+
+def lut_types() -> dict[type, str]:
+    """Float module type -> the LUT function it computes: the module types of dal.ops' activation
+    ops whose ``function`` is one of :data:`FUNCTIONS` (``nn.GELU`` -> ``"gelu"``)."""
+    return {t: op.function for op in select(op_class="activation") if op.function in FUNCTIONS for t in op.modules}
 
 
 def _onnx_hardsigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -178,7 +183,7 @@ class QLutActivation(QATModule, LutActivation):
 def function_of(module: nn.Module) -> Optional[tuple[str, str]]:
     """``(fn, approximate)`` of a module that computes a LUT activation: torch's own classes by
     type, any other (timm's, transformers') by what it computes (``activation_probe``); else None."""
-    fn = _TYPES.get(type(module))
+    fn = lut_types().get(type(module))
     if fn is not None:
         return fn, getattr(module, "approximate", "none")
     return probe_activation(module)
@@ -213,11 +218,11 @@ class LutActivationRule:
 
     def describe(self, module: nn.Module, name: str) -> str:
         fn, approximate = function_of(module)
-        how = "" if type(module) in _TYPES else f" (what {type(module).__name__} computes)"
+        how = "" if type(module) in lut_types() else f" (what {type(module).__name__} computes)"
         approx = f" approximate={approximate}" if fn == "gelu" and approximate != "none" else ""
         return f"{fn}{approx}{how} through a lookup table (exports as DQ -> f -> Q)"
 
     def why_nothing(self, hardware) -> Optional[str]:
         if hardware is not None and not hardware.lut_ops:
             return f"hardware {hardware.name} lists no lut_ops"
-        return f"no {'/'.join(t.__name__ for t in _TYPES)} module, nor one that computes such a function"
+        return f"no {'/'.join(t.__name__ for t in lut_types())} module, nor one that computes such a function"
