@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..formats import FP16
+from ..hardware.op_classes import OP_CLASS_ROLES
 from .roofline import Choice, LayerGeom
 
 
@@ -35,7 +36,7 @@ def fp16_allowed(hw, op_class: str, role: str = "input") -> bool:
 
 
 def _float_choice(geom: LayerGeom, hw) -> Optional[Choice]:
-    has_weight = geom.weight_elems > 0 and geom.op_class in ("conv", "conv_transpose", "linear", "embedding")
+    has_weight = geom.weight_elems > 0 and "weight" in OP_CLASS_ROLES.get(geom.op_class, ())
     if not hw.supports_op(geom.op_class) or not fp16_allowed(hw, geom.op_class, "weight" if has_weight else
                                                             ("output" if geom.op_class == "embedding" else "input")):
         return None
