@@ -52,8 +52,7 @@ from ..export.plan import TRACE_MAX_OPSET
 from .fp16_region import float32_value, to_dtype_once
 from .op_forms import float_forms, form_factory, opset_forms
 from .probe import picked_calls
-from .grid_sample import float_grid_sample
-from .instancenorm import group_norm_onnx, instance_norm_onnx
+from .instancenorm import instance_norm_onnx
 
 
 def mean_f64(x: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:

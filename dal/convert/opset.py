@@ -14,8 +14,6 @@ calls ``NPUFloatOps`` later replaces; which op each belongs to is the op registr
 """
 from __future__ import annotations
 
-import torch.nn.functional as F
-
 from .errors import ConvertError
 from .op_forms import Derived, calls_of, per_registry
 from .sdpa import SDPA_OPSET
