@@ -1,11 +1,10 @@
-"""QConv1d, QConv2d, QConvTranspose2d."""
+"""QConv1d, QConv2d, QConvTranspose2d (the QAT modules of dal/ops/weighted.py's conv entries)."""
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import nn
 
 from .base import QWeightedModule
-from .registry import register_qat_module
 
 
 class _QConv(QWeightedModule):
@@ -15,17 +14,14 @@ class _QConv(QWeightedModule):
         return self._conv_forward(x, weight, bias)
 
 
-@register_qat_module(nn.Conv1d, op_class="conv")
 class QConv1d(_QConv, nn.Conv1d):
     """nn.Conv1d with input / weight (per output channel: axis 0) / output fake quantizers."""
 
 
-@register_qat_module(nn.Conv2d, op_class="conv")
 class QConv2d(_QConv, nn.Conv2d):
     """nn.Conv2d with input / weight (per output channel: axis 0) / output fake quantizers."""
 
 
-@register_qat_module(nn.ConvTranspose2d, op_class="conv_transpose")
 class QConvTranspose2d(QWeightedModule, nn.ConvTranspose2d):
     """nn.ConvTranspose2d; its weight is [in, out/groups, kh, kw], so per-channel scales run along
     axis 1 (output channels; exact for groups == 1) and the reduction axis is 0."""

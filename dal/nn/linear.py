@@ -1,14 +1,12 @@
-"""QLinear and QEmbedding."""
+"""QLinear and QEmbedding (the QAT modules of dal/ops/weighted.py's linear and embedding entries)."""
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import nn
 
 from .base import QATModule, QWeightedModule
-from .registry import register_qat_module
 
 
-@register_qat_module(nn.Linear, op_class="linear")
 class QLinear(QWeightedModule, nn.Linear):
     """nn.Linear with input / weight / output fake quantizers: ``y = fq_out(act(fq_in(x) @ fq_w(W)^T + b))``.
 
@@ -21,7 +19,6 @@ class QLinear(QWeightedModule, nn.Linear):
         return F.linear(x, weight, bias)
 
 
-@register_qat_module(nn.Embedding, op_class="embedding")
 class QEmbedding(QATModule, nn.Embedding):
     """nn.Embedding whose table is fake-quantized (per row: axis 0); inputs are indices."""
 
