@@ -23,11 +23,25 @@ from torch import nn
 import torch.nn.functional as F
 
 from .errors import ConvertError
+from .op_forms import Derived, per_registry
 from .wrapped import float_attribute
 from ..nn.tree import own_slots
 
-#: the float layers that have this form: exactly these classes (a QAT subclass is an integer layer)
-FLOAT_LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+#: the ops (dal.ops names) whose float layer has this form
+_FLOAT_LAYER_OPS = ("linear", "conv1d", "conv2d", "conv3d")
+
+
+@per_registry
+def _float_layer_types(ops) -> tuple:
+    """Those ops' module types that compute ``F.linear`` (a Linear) or define their own
+    ``_conv_forward`` (a ConvNd; a transposed conv inherits _ConvNd's placeholder)."""
+    return tuple(t for op in ops if op.name in _FLOAT_LAYER_OPS for t in op.modules
+                 if issubclass(t, nn.Linear) or "_conv_forward" in vars(t))
+
+
+#: the float layers that have this form: exactly these classes (a QAT subclass is an integer
+#: layer): nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, read from dal.ops (op_forms.py)
+FLOAT_LAYER_TYPES = Derived(_float_layer_types)
 
 
 def is_float_layer(mod: nn.Module) -> bool:
