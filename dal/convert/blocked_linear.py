@@ -33,6 +33,8 @@ is the MatMul's output: export/SPEC.md §5a's blocked linear with a float output
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .accumulate import F32_EXACT, float32_is_ieee
@@ -53,6 +55,13 @@ def blocked_sums_op(x: torch.Tensor, w8: torch.Tensor, s32: torch.Tensor, block:
     sums combined in ascending block order), imported on first use."""
     from ..kernels.blocked_sums import blocked_linear
     return blocked_linear(x, w8, s32, block, s_x)
+
+
+def quantized_blocked_sums(x, lo, hi, w8, s32, block: int, s_x: float) -> Optional[torch.Tensor]:
+    """dal/kernels/blocked_sums.py ``quantized_blocked_linear`` (input codes and block sums in one call),
+    imported on first use."""
+    from ..kernels.blocked_sums import quantized_blocked_linear
+    return quantized_blocked_linear(x, lo, hi, w8, s32, block, s_x)
 
 
 def blocked_why_not(kind: str, has_bias: bool, in_bits: int, rq) -> str:
@@ -123,6 +132,17 @@ class BlockedWeights(torch.nn.Module):
             w8 = blocked_sums.pack(self.w) if blocked_sums.library() is not None else None
         self.register_buffer("w8", w8, persistent=False)
         self.register_buffer("s32", scale.float().t().contiguous() if w8 is not None else None, persistent=False)
+
+    def input_value(self, x: torch.Tensor, s_x: float, lo, hi) -> Optional[torch.Tensor]:
+        """``value(clamp(round_half_even(x / float32(s_x)), lo, hi), s_x)``: the input codes minus zero
+        point made (ONNX QuantizeLinear, float32 division) and the blocked sums in one C++ call, for fewer
+        than :data:`BLOCK_ROWS` rows of float32 on the CPU where ``value`` takes the kernel; None elsewhere
+        and when ``x`` holds a NaN (the caller makes the codes and refuses it)."""
+        w8 = self.w8
+        if w8 is None or x.numel() >= BLOCK_ROWS * self.nb * self.block:
+            return None
+        v = quantized_blocked_sums(x.reshape(-1, self.nb * self.block), lo, hi, w8, self.s32, self.block, s_x)
+        return None if v is None else v.reshape(*x.shape[:-1], self.n)
 
     def value(self, xi: torch.Tensor, s_x: float) -> torch.Tensor:
         """``v`` (float32, ``xi.shape[:-1] + (N,)``) for ``xi = x_q - zp_x`` (integers)."""

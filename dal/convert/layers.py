@@ -248,7 +248,9 @@ class IntegerLayer(WrapsModule):
         """The blocked linear with a float output (export/SPEC.md §5a): the MatMul's value is the
         blocked group's ``v``; the float bias (one float32 Add), activation and output quantizer
         after it are the file's float nodes, as in ``_float``."""
-        y = self.blocked.value(self._input_codes(x), self.s_x)
+        y = self.blocked.input_value(x, self.s_x, self.x_lo, self.x_hi) if self.taps is None else None
+        if y is None:  # blocked_linear.py: the codes in the kernel call where it applies, else _input_codes
+            y = self.blocked.value(self._input_codes(x), self.s_x)
         if self.b_dq is not None:
             y = y + self.b_dq
         y = apply_activation(y, self.qat.activation)
@@ -256,11 +258,13 @@ class IntegerLayer(WrapsModule):
         return q_out(y) if q_out is not None else y
 
     def _integer(self, x, plan: GroupPlan):
-        xi = self._input_codes(x)
         if self.blocked is not None:  # export/SPEC.md §5a blocked integer group (blocked_linear.py)
-            y = apply_activation(self.blocked.value(xi, self.s_x), self.qat.activation)
+            v = self.blocked.input_value(x, self.s_x, self.x_lo, self.x_hi) if self.taps is None else None
+            v = self.blocked.value(self._input_codes(x), self.s_x) if v is None else v
+            y = apply_activation(v, self.qat.activation)
             q_out = self.qat.output_quant
             return q_out(y) if q_out is not None else y
+        xi = self._input_codes(x)
         if self.kind == "conv":
             q = self.qat
             acc = conv_exact(xi, self.w_int, self.chunks, q.stride, q.padding, q.dilation, q.groups)

@@ -7,13 +7,18 @@ their zero point (integers in [-255, 255]: 8-bit codes), ``w`` the weight codes 
 int8 in :func:`pack`'s layout (``nb = K / block`` blocks, ``N`` columns), ``s`` [nb, N] float32 the
 block scales, ``s_x`` the input scale (a Python float, i.e. float64)::
 
-    acc_b[m, n] = sum_{k in block b} x[m, k] w[k, n]                 exact integers (|acc_b| < 2^31)
+    acc_b[m, n] = sum_{k in block b} x[m, k] w[k, n]                 exact integers (int32 in the kernel:
+                                                                     blocks up to KERNEL_BLOCK_MAX)
     t[m, n]     = ((acc_0 s_0 + acc_1 s_1) + acc_2 s_2) + ...         float64, b ascending, no FMA
     v[m, n]     = float32(t[m, n] * s_x)
 
 which is dal/convert/blocked_linear.py's reference loop bit for bit, for any codes and scales (the
 reference's float64 block sums are the same exact integers). An ``x`` that is not an integer in
 [-255, 255] (NaN included) is refused with a ValueError naming the first such element.
+
+:func:`quantized_blocked_linear` takes the float32 input instead of its codes and makes them in the same
+C++ call, as ONNX QuantizeLinear minus the zero point (``clamp(round_half_even(in / float32(s_x)), lo,
+hi)``): the eager integer model's decode path, a plain function (one ctypes call) rather than an op.
 
 CPU: the C++ kernel ``dal_blocked_linear`` (``dal/formats/csrc/blocked_sums.cpp``, built on first
 use by ``dal.formats.native.compile_library``, AVX2 ``vpmaddwd`` on int8 weights: a quarter of the
@@ -36,10 +41,13 @@ from ..formats import native
 
 _SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "formats", "csrc",
                        "blocked_sums.cpp")
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 _status = ["not built yet (built on the first blocked linear that can use it)"]
 #: the largest ``|x|`` the op takes: 8-bit input codes minus their zero point
 X_MAX = 255
+#: the longest block whose int32 sums cannot overflow (``block * 255 * 128 < 2^31``); longer blocks take
+#: the generic implementation (float64 sums, exact below 2^53)
+KERNEL_BLOCK_MAX = (2 ** 31 - 1) // (X_MAX * 128)
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,6 +64,9 @@ def library() -> Optional[ctypes.CDLL]:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.dal_blocked_linear.argtypes = [p, i64, p, p, i64, i64, i64, ctypes.c_double, p]
     lib.dal_blocked_linear.restype = i64
+    f32 = ctypes.c_float
+    lib.dal_blocked_linear_q.argtypes = [p, i64, p, p, i64, i64, i64, f32, f32, f32, ctypes.c_double, p]
+    lib.dal_blocked_linear_q.restype = i64
     _status[0] = "built and loaded"
     return lib
 
@@ -121,7 +132,7 @@ _LIB.define("blocked_linear(Tensor x, Tensor w, Tensor s, int block, float s_x) 
 def _cpu(x, w, s, block, s_x):
     _check(x, w, s, block)
     lib = library()
-    if lib is None or x.dtype != torch.float32:
+    if lib is None or x.dtype != torch.float32 or block > KERNEL_BLOCK_MAX:
         return generic(x, w, s, block, s_x)
     x, w, s = x.contiguous(), w.contiguous(), s.float().contiguous()
     out = torch.empty(x.shape[0], w.shape[2], dtype=torch.float32)
@@ -149,3 +160,24 @@ def _fake(x, w, s, block, s_x):
 def blocked_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: int, s_x: float) -> torch.Tensor:
     """``v`` [M, N] float32 of the module docstring (``dal::blocked_linear``); ``w`` from :func:`pack`."""
     return torch.ops.dal.blocked_linear(x, w, s, block, s_x)
+
+
+def quantized_blocked_linear(inp: torch.Tensor, lo: int, hi: int, w: torch.Tensor, s: torch.Tensor, block: int,
+                             s_x: float) -> Optional[torch.Tensor]:
+    """``v`` of ``blocked_linear(clamp(round_half_even(inp / float32(s_x)), lo, hi), w, s, block, s_x)`` (the
+    input codes minus zero point as ONNX QuantizeLinear makes them, a float32 division) in one C++ call
+    (``dal_blocked_linear_q``), for a float32 CPU ``inp`` [M, nb * block] (contiguous) and integers
+    ``-255 <= lo <= hi <= 255``; None where the kernel is not built, the arguments are not so, or ``inp``
+    holds a NaN (no code: the caller's QuantizeLinear refuses it). Not an op: the eager integer model's
+    fast path, its bits the op's; shapes are the caller's to keep (``w``, ``s`` from :func:`pack` for
+    ``nb`` blocks of ``block``)."""
+    lib = library()
+    if lib is None or inp.dtype != torch.float32 or inp.device.type != "cpu" or not inp.is_contiguous() \
+            or not -X_MAX <= lo <= hi <= X_MAX or inp.dim() != 2 or inp.shape[1] != w.shape[0] * block \
+            or block > KERNEL_BLOCK_MAX:
+        return None
+    out = torch.empty(inp.shape[0], w.shape[2], dtype=torch.float32)
+    if lib.dal_blocked_linear_q(inp.data_ptr(), inp.shape[0], w.data_ptr(), s.data_ptr(), w.shape[0], block,
+                                w.shape[2], s_x, lo, hi, s_x, out.data_ptr()):
+        return None
+    return out

@@ -149,3 +149,73 @@ def test_op_traces_with_fake_tensors():
     torch.library.opcheck(torch.ops.dal.blocked_linear.default,
                           (torch.zeros(3, 8), blocked_sums.pack(torch.ones(2, 4, 5)), torch.ones(2, 5), 4, 0.5),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def _onnx_codes(x: np.ndarray, s: float, lo: int, hi: int) -> np.ndarray:
+    """ONNX QuantizeLinear minus the zero point, in numpy: float32 division, half-even, clamp."""
+    return np.clip(np.rint(x.astype(np.float32) / np.float32(s)), lo, hi).astype(np.int64)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, BLOCK_ROWS - 1])
+def test_input_codes_in_the_kernel_equal_quantizelinear_then_the_op(rows):
+    """``BlockedWeights.input_value`` (codes made in the C++ call) on ties, values beyond the range,
+    +-inf, -0: the SPEC formula on ONNX QuantizeLinear's codes, and ``value`` on them; NaN: None."""
+    rng = np.random.default_rng(rows)
+    k, n, block = 96, 19, 32
+    codes, zp, scale = _weights(rng, k, n, block, -8, 7, False)
+    bw = BlockedWeights(torch.tensor(codes, dtype=torch.float32), torch.tensor(zp, dtype=torch.int32),
+                        torch.tensor(scale), block, 255)
+    s_x, lo, hi = float(np.float32(0.0625)), -131, 124
+    x = (rng.standard_normal((rows, k)) * 6).astype(np.float32)
+    x[0, :8] = (np.arange(8) + 0.5) * np.float32(s_x)  # exact ties 0.5 .. 7.5 steps: half-even, not half-up
+    x[0, 8:12] = [np.inf, -np.inf, -0.0, 1e30]
+    x[-1, 12:16] = [(hi + 0.5) * s_x, (lo - 0.5) * s_x, 300 * s_x, -300 * s_x]
+    want_codes = _onnx_codes(x, s_x, lo, hi)
+    want = blocked_oracle.block_values(want_codes, 0, codes.T, zp.T, scale.T, block, s_x)
+    got = bw.input_value(torch.tensor(x)[None], s_x, lo, hi)
+    assert got is not None and got.shape == (1, rows, n)
+    np.testing.assert_array_equal(got[0].numpy(), want)
+    np.testing.assert_array_equal(bw.value(torch.tensor(want_codes, dtype=torch.float32), s_x).numpy(), want)
+    x[-1, 5] = np.nan
+    assert bw.input_value(torch.tensor(x), s_x, lo, hi) is None
+
+
+@pytest.fixture(scope="module")
+def blocked_model():
+    """Linear -> Linear(64 -> 64, per-group INT4, read by the next Linear's int8 input quantizer: a blocked
+    integer group) -> Linear(64 -> 64, per-group INT4, read by a GELU: the blocked linear with a float
+    output) -> GELU -> Linear (the recipe keeps the first and the last Linear per channel)."""
+    import dal
+
+    torch.manual_seed(0)
+    lin = [torch.nn.Linear(64, 64, bias=False) for _ in range(3)]
+    m = torch.nn.Sequential(*lin, torch.nn.GELU(), torch.nn.Linear(64, 32, bias=False))
+    qat = dal.prepare_qat(m, recipe="w4a8_int8_llm", hardware="a2000")
+    g = torch.Generator().manual_seed(1)
+    dal.calibrate(qat, [torch.randn(8, 64, generator=g) for _ in range(2)])
+    return dal.convert(qat)
+
+
+def test_integer_model_same_with_and_without_the_kernel_codes(blocked_model, monkeypatch):
+    """Both blocked forms of IntegerLayer (integer group, float output) on 1 and 7 rows: the same
+    numbers with the codes made in the kernel and with ``_input_codes`` + ``value``; a NaN input is
+    refused naming the layer's input quantizer either way."""
+    from dal.convert import ConvertError
+
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(2)) * 3
+    x[0, :4] = torch.tensor([float("inf"), -float("inf"), 1e6, -0.0])
+    with torch.no_grad():
+        fused = [blocked_model(x[:1]), blocked_model(x)]
+        forms = {tuple(sorted(lay.ran)) for lay in blocked_model._layers.values() if lay.blocked is not None}
+        assert forms == {("integer",), ("blocked linear, float output (export/SPEC.md §5a)",)}
+        monkeypatch.setattr(BlockedWeights, "input_value", lambda self, *a: None)
+        plain = [blocked_model(x[:1]), blocked_model(x)]
+        for a, b in zip(fused, plain):
+            assert torch.equal(a, b)
+        monkeypatch.undo()
+        lay = next(lay for lay in blocked_model._layers.values() if lay.blocked is not None and "integer" in lay.ran)
+        bad = torch.zeros(1, 64)
+        bad[0, 3] = float("nan")
+        with pytest.raises(ConvertError, match=rf"{lay.path}: its input holds 1 NaN"):
+            lay._integer(bad, lay.plans[0])
