@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .base import QATModule
-from .scatter_add import check_index
+from .scatter_add import check_index, spelling_of
 from .spec import make_quantizer, role_specs
 
 KINDS = ("gather", "index_select", "take_along_dim")
@@ -92,17 +92,12 @@ class QGather(QATModule):
         return f"kind={self.kind!r}, dim={self.dim}"
 
 
-#: torch functions and Tensor methods QGather computes
-GATHER_FUNCTIONS = {torch.gather: "gather", torch.index_select: "index_select", torch.take_along_dim: "take_along_dim"}
-GATHER_METHODS = {"gather": "gather", "index_select": "index_select", "take_along_dim": "take_along_dim"}
-
-
 def gather_call_args(target, args: tuple, kwargs: dict, method: bool = False):
     """``(kind, dim, x, index)`` of a call of ``torch.gather(x, dim, index)``,
     ``index_select(x, dim, index)`` or ``take_along_dim(x, index, dim)`` (``target`` a torch
     function, or with ``method`` a Tensor method name), or None: another call, ``take_along_dim``
     without ``dim``, ``sparse_grad`` or ``out``. The values may be fx Nodes."""
-    kind = GATHER_METHODS.get(target) if method else GATHER_FUNCTIONS.get(target)
+    kind = spelling_of(target, method, "gather")  # one of KINDS: the op's functions and methods (dal.ops)
     if kind is None or kwargs.get("sparse_grad") or kwargs.get("out") is not None:
         return None
 

@@ -10,15 +10,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
 
+from ..ops import by_function, by_method, by_module
 from .frozen_bn import is_frozen_batchnorm
 from .norm_act import is_norm_act
-
-RELU_FUNCTIONS = {F.relu, torch.relu}
 
 
 class _OwnForwardTracer(fx.Tracer):
@@ -195,11 +192,18 @@ class ConvBnPattern:
 
 
 def _is_relu(node: fx.Node, modules: dict) -> bool:
+    """The node computes the op named ``relu`` of :mod:`dal.ops` (its module type, functions or
+    Tensor methods: ``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu_()``): the ReLU a
+    conv-BN chain fuses."""
     if node.op == "call_module":
-        return type(modules.get(node.target)) is nn.ReLU
-    if node.op == "call_function":
-        return node.target in RELU_FUNCTIONS
-    return node.op == "call_method" and node.target in ("relu", "relu_")
+        op = by_module(type(modules.get(node.target)))
+    elif node.op == "call_function":
+        op = by_function(node.target)
+    elif node.op == "call_method":
+        op = by_method(node.target)
+    else:
+        return False
+    return op is not None and op.name == "relu"
 
 
 def find_conv_bn(graph: fx.Graph, mod: nn.Module) -> list[ConvBnPattern]:

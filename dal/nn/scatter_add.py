@@ -27,10 +27,12 @@ ValueError naming the layer.
 """
 from __future__ import annotations
 
+from typing import Optional
 
 import torch
 
 from ..formats import fake_quantize
+from ..ops import by_function, by_method
 from ..quantizer import FakeQuantizer
 from .base import QATModule
 from .spec import make_quantizer, role_specs
@@ -199,11 +201,15 @@ class QScatterAdd(QATModule):
         return f"kind={self.kind!r}, dim={self.dim}"
 
 
-#: torch functions and Tensor methods of the three spellings (``index_put`` only with accumulate=True)
-SCATTER_FUNCTIONS = {torch.scatter_add: "scatter_add", torch.index_add: "index_add", torch.index_put: "index_put",
-                     torch.index_put_: "index_put"}
-SCATTER_METHODS = {"scatter_add": "scatter_add", "scatter_add_": "scatter_add", "index_add": "index_add",
-                   "index_add_": "index_add", "index_put": "index_put", "index_put_": "index_put"}
+def spelling_of(target, method: bool, op_name: str) -> Optional[str]:
+    """The spelling of a call of the op named ``op_name`` (``dal.ops``: ``target`` one of its
+    functions, or with ``method`` one of its Tensor method names): the function's or method's name
+    without an in-place ``_`` (``torch.index_put_`` -> ``"index_put"``), or None for a call of
+    another op."""
+    op = by_method(target) if method else by_function(target)
+    if op is None or op.name != op_name:
+        return None
+    return (target if method else target.__name__).removesuffix("_")
 
 
 def scatter_call(target, args: tuple, kwargs: dict, method: bool = False):
@@ -211,7 +217,7 @@ def scatter_call(target, args: tuple, kwargs: dict, method: bool = False):
     torch function, or with ``method`` a Tensor method name; ``args`` start with the tensor), or
     None when it is not one: ``index_put`` without ``accumulate=True`` or with several index
     tensors, ``index_add`` with ``alpha`` other than 1. The values may be fx Nodes."""
-    kind = SCATTER_METHODS.get(target) if method else SCATTER_FUNCTIONS.get(target)
+    kind = spelling_of(target, method, "scatter_add")  # one of KINDS: the op's functions and methods
     if kind is None:
         return None
     in_place = method and str(target).endswith("_") or target is torch.index_put_

@@ -8,24 +8,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..nn import QAdd, QCat, QConvBn2d, QConvBnReLU2d, QMatMul, QMul
+from ..nn import QConvBn2d, QConvBnReLU2d
 from ..nn.conv_frozen_bn import QConvFrozenBn2d, QConvFrozenBnReLU2d
 from ..nn.norm import FP16_NORMS, QBatchNorm2d
 from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_act
 from ..nn.registry import QAT_MODULES, registry_type
 from ..nn.fast_path import stay_on_module_path
-from ..nn.gather import QGather, gather_call_args
-from ..nn.grid_sample import QGridSample, grid_sample_args
-from ..nn.scatter_add import QScatterAdd, scatter_call
+from ..nn.gather import gather_call_args
+from ..nn.grid_sample import grid_sample_args
+from ..nn.scatter_add import scatter_call
 from ..nn.tree import has_instance_attribute, instance_attributes, replace_everywhere, set_submodule, slots_of
+from ..ops import get as get_op
 from ..replace.rmsnorm import Fp16RMSNorm
 from .actions import ModelActions, carry_out
 from .call_sites import install
 from .fp16_island import Fp16Function, island_module
-from .functional_ops import cat_dim, rebuild
+from .functional_ops import call_form, cat_dim, rebuild
 from .plan import Capture, Step
 
-_FUNCTIONAL = {"add": QAdd, "mul": QMul, "matmul": QMatMul, "cat": QCat}
 #: (action, float type) -> the normalisation module the plan chose (dal.nn.norm)
 _NORMS = {("quantize", nn.BatchNorm2d): QBatchNorm2d, **{("fp16", t): c for t, c in FP16_NORMS.items()}}
 
@@ -89,13 +89,17 @@ def _leaf_module(mod: nn.Module, step: Step) -> nn.Module:
 def _site_module(step: Step) -> nn.Module:
     if step.action == "fp16":  # the site's Fp16Function calls the Tensor method of its name
         return Fp16Function(step.site.op.function, step.path, step.op_class)
-    if step.type_name in ("scatter_add", "gather"):  # params: (kind, dim) of the call
-        return (QScatterAdd if step.type_name == "scatter_add" else QGather)(step.spec, step.path, *step.site.params)
-    if step.type_name == "cat":
-        return QCat(step.spec, step.path, arity=step.site.arity, dim=step.site.dim)
-    if step.type_name == "grid_sample":
-        return QGridSample(step.spec, step.path, *step.site.params)
-    return _FUNCTIONAL[step.type_name](step.spec, step.path)
+    cls, form = _qat_class(step), call_form(step.type_name)
+    if form in ("index", "sampling"):  # params: (kind, dim) of a scatter-add / gather; grid_sample's attributes
+        return cls(step.spec, step.path, *step.site.params)
+    if form == "sequence":
+        return cls(step.spec, step.path, arity=step.site.arity, dim=step.site.dim)
+    return cls(step.spec, step.path)
+
+
+def _qat_class(step: Step) -> type:
+    """The QAT module of the functional op a step names (``dal.ops``: its ``qat_module``)."""
+    return get_op(step.type_name).resolve("qat_module")
 
 
 def _rewrite(mod: nn.Module, graph, steps: list[Step], owner: str) -> nn.Module:
@@ -169,30 +173,31 @@ def _island_node(mod: nn.Module, graph, node, step: Step, prefix: str) -> None:
 
 def _functional(mod: nn.Module, graph, node, step: Step, prefix: str) -> None:
     attr = step.path[len(prefix):]
-    if step.type_name == "cat":
+    cls, form, in_place = _qat_class(step), call_form(step.type_name), False
+    if form == "sequence":  # torch.cat(tensors, dim)
         tensors = node.args[0] if node.args else node.kwargs["tensors"]
-        qmod = QCat(step.spec, step.path, arity=len(tensors), dim=cat_dim(node))
+        qmod = cls(step.spec, step.path, arity=len(tensors), dim=cat_dim(node))
         args = tuple(tensors)
-    elif step.type_name == "grid_sample":  # F.grid_sample / torch.grid_sampler: attributes from the call
+    elif form == "sampling":  # F.grid_sample / torch.grid_sampler: attributes from the call
         mode, padding, align = grid_sample_args(node.args, dict(node.kwargs), node.target is torch.grid_sampler)
-        qmod = QGridSample(step.spec, step.path, mode, padding, align)
+        qmod = cls(step.spec, step.path, mode, padding, align)
         args = (node.args[0] if node.args else node.kwargs["input"],
                 node.args[1] if len(node.args) > 1 else node.kwargs["grid"])
     elif step.type_name == "scatter_add":  # index_put_(accumulate) / scatter_add / index_add: dal.nn.scatter_add
         kind, dim, x, index, src, in_place = scatter_call(node.target, node.args, dict(node.kwargs),
                                                           node.op == "call_method")
-        qmod, args = QScatterAdd(step.spec, step.path, kind, dim), (x, index, src)
+        qmod, args = cls(step.spec, step.path, kind, dim), (x, index, src)
     elif step.type_name == "gather":  # gather / index_select / take_along_dim: dal.nn.gather
         kind, dim, x, index = gather_call_args(node.target, node.args, dict(node.kwargs), node.op == "call_method")
-        qmod, args = QGather(step.spec, step.path, kind, dim), (x, index)
-    else:
-        qmod = _FUNCTIONAL[step.type_name](step.spec, step.path)
+        qmod, args = cls(step.spec, step.path, kind, dim), (x, index)
+    else:  # two tensor operands
+        qmod = cls(step.spec, step.path)
         args = (node.args[0], node.args[1])
     mod.add_module(attr, qmod)
     with graph.inserting_after(node):
         new = graph.call_module(attr, args)
     node.replace_all_uses_with(new)
-    if step.type_name == "scatter_add" and in_place:
+    if in_place:
         _after_in_place(graph, node, args[0], new)
     graph.erase_node(node)
 

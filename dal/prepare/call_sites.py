@@ -50,7 +50,8 @@ from torch.overrides import TorchFunctionMode
 from ..nn.grid_sample import grid_sample_args
 from ..nn.tree import has_instance_attribute
 from .float_ops import FloatOp
-from .site_kinds import ISLAND_FUNCTIONS, KIND_NAMES, classify_call, index_call
+from .functional_ops import call_form
+from .site_kinds import classify_call, index_call, island_functions, kind_names
 
 #: frames of torch's own dispatch wrappers between a user's call and the mode
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -84,9 +85,9 @@ class Site:
 
 
 def routes_island(site: Site) -> bool:
-    """A float call site the mode can run as an FP16 island (a softmax, :data:`ISLAND_FUNCTIONS`):
+    """A float call site the mode can run as an FP16 island (a softmax, :func:`~.site_kinds.island_functions`):
     the hardware check makes it one where ``fp16_island.is_island`` says so."""
-    return site.kind is None and site.op is not None and site.op.function in ISLAND_FUNCTIONS
+    return site.kind is None and site.op is not None and site.op.function in island_functions()
 
 
 def _caller():
@@ -173,15 +174,16 @@ class _SiteMode(TorchFunctionMode):
         self.sites = getattr(owner, SITES_ATTR, None)
         self.path, self.record, self.counts, self.flow = path, record, {}, flow
         self.on_result = on_result
+        self.routable = kind_names()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         # Training runs every torch call of the owner's forward, and of everything it calls,
-        # through here (thousands per step in a detector head). Only a call of a KIND_NAMES name
+        # through here (thousands per step in a detector head). Only a call of a kind_names() name
         # can be routed, and the keys of those count only their own kind, so when
         # routing the rest is passed on before any frame is read (the recording run still
         # classifies every call, for the report).
-        if self.record is None and getattr(func, "__name__", "") not in KIND_NAMES:
+        if self.record is None and getattr(func, "__name__", "") not in self.routable:
             return func(*args, **kwargs)
         frame = _caller()
         helper = _helper_of(frame, self.codes)
@@ -204,10 +206,11 @@ class _SiteMode(TorchFunctionMode):
         key = f"{tag}_l{frame.f_lineno}_{n}"
         if self.record is not None:
             line = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-            if kind in ("scatter_add", "gather") and not _module_computes(kind, func, args, kwargs):
+            form = call_form(kind) if kind is not None else None
+            if form == "index" and not _module_computes(kind, func, args, kwargs):
                 kind = None  # listed as the host op it is (values broadcast, a bool mask): torch runs it
-            params = grid_sample_args(args, kwargs, func is torch.grid_sampler) if kind == "grid_sample" else \
-                (index_call(func, args, kwargs)[1][0], dim) if kind in ("scatter_add", "gather") else ()
+            params = grid_sample_args(args, kwargs, func is torch.grid_sampler) if form == "sampling" else \
+                (index_call(func, args, kwargs)[1][0], dim) if form == "index" else ()
             site = self.record.setdefault((self.path, key), Site(self.path, key, kind, op, arity, dim, line, params))
             if self.on_result is not None and kind is not None and (self.sites is None or key not in self.sites):
                 result = func(*args, **kwargs)
@@ -216,7 +219,7 @@ class _SiteMode(TorchFunctionMode):
         if self.sites is not None and key in self.sites:
             if kind is not None:
                 return key, _route(kind, self.sites[key], func, args, kwargs)
-            if op is not None and op.function in ISLAND_FUNCTIONS:  # an FP16 island (prepare.check)
+            if op is not None and op.function in island_functions():  # an FP16 island (prepare.check)
                 return key, _island(self.sites[key], args, kwargs)
         return key, func(*args, **kwargs)
 
@@ -244,7 +247,7 @@ def _route(kind: str, module: nn.Module, func, args, kwargs):
     """The call's result computed by its site's QAT module. An in-place scatter-add
     (``x.index_put_(..., accumulate=True)``, ``x.scatter_add_``, ``x.index_add_``) writes the
     module's result into ``x`` (``copy_``, autograd-tracked) and returns ``x``, as the call did."""
-    if kind == "cat":
+    if call_form(kind) == "sequence":
         return module(*(args[0] if args else kwargs["tensors"]))
     if kind == "scatter_add":
         _, _, x, index, src, in_place = index_call(func, args, kwargs)[1]

@@ -8,24 +8,56 @@ whole model at once, is what lets prepare_qat work on models that do not trace a
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 from typing import Optional
 
-import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
 
 from ..nn.tree import has_instance_attribute
+from ..ops import Op, by_function, by_method, select, version
 
-# ---- functional ops ------------------------------------------------------------------------
-ADD_TARGETS = {operator.add, operator.iadd, torch.add}
-MUL_TARGETS = {operator.mul, operator.imul, torch.mul}
-MATMUL_TARGETS = {operator.matmul, torch.matmul, torch.bmm}
-CAT_TARGETS = {torch.cat, torch.concat}
-#: F.grid_sample (mode etc. as strings) and torch.grid_sampler (integer enums): dal.nn.grid_sample
-GRID_SAMPLE_TARGETS = {F.grid_sample, torch.grid_sampler}
-_METHOD_OPS = {"add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "matmul": "matmul", "bmm": "matmul"}
+# ---- functional ops: the registry's ops of handling "functional" (dal.ops) ----------------------
+#: how prepare reads a functional op's call, keyed by op name; an op not named here takes two
+#: tensor operands (``a + b``, ``a @ b``, ``torch.mul(a, b)``, no ``alpha``):
+#: ``sequence`` (``torch.cat(tensors, dim)``: two or more tensors), ``sampling``
+#: (``F.grid_sample(input, grid, ...)`` / ``torch.grid_sampler``: dal.nn.grid_sample), ``index``
+#: (a scatter-add / gather: ``dal.nn.scatter_add.scatter_call`` / ``dal.nn.gather.gather_call_args``
+#: parse it, and a site no recipe rule quantizes stays the host op it is)
+CALL_FORMS = {"cat": "sequence", "grid_sample": "sampling", "scatter_add": "index", "gather": "index"}
+
+
+def call_form(kind: str) -> str:
+    """How prepare reads a call of the functional op named ``kind``: ``CALL_FORMS[kind]``, else
+    ``"operands"`` (two tensor operands)."""
+    return CALL_FORMS.get(kind, "operands")
+
+
+def functional_ops() -> tuple[Op, ...]:
+    """The ops prepare replaces by a quantized functional module (``handling == "functional"``),
+    a user's registered ones included."""
+    return _functional_ops(version())
+
+
+@functools.cache
+def _functional_ops(_version: int) -> tuple[Op, ...]:
+    return select(handling="functional")
+
+
+def functional_op_of(node: fx.Node) -> Optional[Op]:
+    """The functional op an fx ``call_function`` / ``call_method`` node calls, by its target, or
+    None. fx writes Python operators as ``operator.*`` functions, so a dunder method name
+    (``x.__add__(y)`` written out) is no functional call here."""
+    if node.op == "call_function":
+        op = by_function(node.target)
+    elif node.op == "call_method" and not (node.target.startswith("__") and node.target.endswith("__")):
+        op = by_method(node.target)
+    else:
+        return None
+    return op if op is not None and op.handling == "functional" else None
+
+
 _NON_TENSOR_METHODS = {"size", "dim", "numel", "__len__", "item", "tolist", "stride"}
 _NON_TENSOR_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda"}
 
@@ -67,35 +99,37 @@ def _is_shape_like(node) -> bool:
 
 
 def functional_kind(node: fx.Node) -> Optional[str]:
-    """"add" / "mul" / "matmul" / "cat" / "grid_sample" / "scatter_add" / "gather" when the node
-    is a quantizable tensor-tensor op (scatter_add: dal.nn.scatter_add.scatter_call; gather:
-    dal.nn.gather.gather_call_args)."""
+    """The name of the functional op (``dal.ops``, handling ``functional``: "add", "mul",
+    "matmul", "cat", "grid_sample", "scatter_add", "gather", a user's) when the node is a
+    quantizable call of it on tensors (:func:`call_form`: two tensor operands without ``alpha``
+    or keywords other than ``out``; a sequence of two or more tensors; ``input`` and ``grid``
+    tensors; a scatter-add / gather that ``dal.nn.scatter_add.scatter_call`` /
+    ``dal.nn.gather.gather_call_args`` parse), else None."""
     if node.op in ("call_function", "call_method"):
         kind = index_kind(node)
         if kind is not None:
             return kind
-    if node.op == "call_function":
-        if node.target in GRID_SAMPLE_TARGETS:
-            a = node.args[0] if node.args else node.kwargs.get("input")
-            b = node.args[1] if len(node.args) > 1 else node.kwargs.get("grid")
-            return "grid_sample" if is_tensor_node(a) and is_tensor_node(b) else None
-        if node.target in CAT_TARGETS:
-            seq = node.args[0] if node.args else node.kwargs.get("tensors")
-            if isinstance(seq, (list, tuple)) and len(seq) >= 2 and all(is_tensor_node(t) for t in seq):
-                return "cat"
-            return None
-        kind = ("add" if node.target in ADD_TARGETS else "mul" if node.target in MUL_TARGETS
-                else "matmul" if node.target in MATMUL_TARGETS else None)
-    elif node.op == "call_method":
-        kind = _METHOD_OPS.get(node.target)
-    else:
+    op = functional_op_of(node)
+    if op is None:
         return None
-    if kind is None or len(node.args) < 2 or set(node.kwargs) - {"out"} and kind != "cat":
+    form = call_form(op.name)
+    if form == "index":
+        return None  # index_kind parsed it: not a call the module computes
+    if form == "sampling":
+        a = node.args[0] if node.args else node.kwargs.get("input")
+        b = node.args[1] if len(node.args) > 1 else node.kwargs.get("grid")
+        return op.name if is_tensor_node(a) and is_tensor_node(b) else None
+    if form == "sequence":
+        seq = node.args[0] if node.args else node.kwargs.get("tensors")
+        if isinstance(seq, (list, tuple)) and len(seq) >= 2 and all(is_tensor_node(t) for t in seq):
+            return op.name
+        return None
+    if len(node.args) < 2 or set(node.kwargs) - {"out"}:
         return None
     if node.kwargs.get("alpha") is not None:
         return None
     a, b = node.args[0], node.args[1]
-    return kind if is_tensor_node(a) and is_tensor_node(b) else None
+    return op.name if is_tensor_node(a) and is_tensor_node(b) else None
 
 
 def index_kind(node: fx.Node) -> Optional[str]:
@@ -115,9 +149,11 @@ def index_kind(node: fx.Node) -> Optional[str]:
 
 
 def cat_dim(node: fx.Node) -> int:
+    """The dimension of a ``torch.cat`` node: its second argument, or the keyword ``dim`` or
+    ``axis`` (torch.cat / concat / concatenate take either), else 0."""
     if len(node.args) > 1:
         return int(node.args[1])
-    return int(node.kwargs.get("dim", 0))
+    return int(node.kwargs.get("dim", node.kwargs.get("axis", 0)))
 
 
 class RewrittenModule(fx.GraphModule):

@@ -40,15 +40,21 @@ from ..nn.base import QATModule
 from ..nn.norm_act import is_norm_act
 from ..nn.own_forward import find_conv_bn, needs_tracing, trace_own_forward
 from ..nn.registry import OP_CLASSES, QAT_MODULES, op_class_of, registry_type
+from ..ops import get as get_op
 from ..quantizer import FakeQuantizer
 from .float_ops import FloatOp, classify_module, classify_node
-from .functional_ops import functional_kind, is_tensor_node
+from .functional_ops import call_form, functional_kind, is_tensor_node
 from .position_ops import position_arithmetic
 from .whole_modules import planned_whole
 from .source_lines import node_lines
 
-FUNCTIONAL_CLASSES = {"add": "QAdd", "mul": "QMul", "matmul": "QMatMul", "cat": "QCat", "grid_sample": "QGridSample",
-                      "scatter_add": "QScatterAdd", "gather": "QGather"}
+
+def functional_class(kind: str) -> str:
+    """The class name of the QAT module built for the functional op named ``kind`` (its
+    ``dal.ops`` entry's ``qat_module``: ``"QAdd"`` for ``"add"``)."""
+    return get_op(kind).resolve("qat_module").__name__
+
+
 ACTIONS = ("quantize", "fuse", "functional", "ready-made", "passthrough", "fp16", "float", "host")
 
 
@@ -186,7 +192,7 @@ def site_steps(sites, resolve) -> list[Step]:
                                   f"no recipe rule quantizes it; {where}", site.owner, site=site, after=site.owner))
             else:
                 steps.append(Step(site.path, site.kind, site.kind, "functional", spec, where, site.owner, site=site,
-                                  built=FUNCTIONAL_CLASSES[site.kind], after=site.owner))
+                                  built=functional_class(site.kind), after=site.owner))
             continue
         op = site.op
         reason = f"exact on integer codes; {where}" if op.kind == "passthrough" else where
@@ -214,7 +220,7 @@ def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, 
             after = prefix + str(node.target)
         name = prefix + node.name
         kind = functional_kind(node)
-        if kind in ("scatter_add", "gather") and resolve(name, kind, kind) is None:
+        if kind is not None and call_form(kind) == "index" and resolve(name, kind, kind) is None:
             kind = None  # not quantized: listed as the float op it is (a host op where the NPU lacks it)
         if kind is not None and position_arithmetic(node):
             steps.append(Step(name, kind, kind, "float", None, "position arithmetic (from integer positions, e.g. "
@@ -229,7 +235,7 @@ def _functional_steps(graph: fx.Graph, mod: nn.Module, prefix: str, owner: str, 
                 # The QAT module becomes an attribute of the owner named after the node.
                 attr = node.name if not hasattr(mod, node.name) else f"{node.name}_q"
                 steps.append(Step(prefix + attr, kind, kind, "functional", spec, "", owner, node.name,
-                                  built=FUNCTIONAL_CLASSES[kind], after=after))
+                                  built=functional_class(kind), after=after))
             continue
         op = classify_node(node)
         if op is None and _leaf_function(node):

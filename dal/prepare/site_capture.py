@@ -19,6 +19,7 @@ from ..nn.modes import eval_mode
 from ..quantizer import quantizer_states
 from .boundary import NPUPart, example_batch, inside, is_detector, npu_paths
 from .call_sites import discover
+from .functional_ops import call_form
 from .deformable import deformable_roles, deformable_step
 from .plan import Capture, Step, site_steps
 
@@ -49,7 +50,7 @@ def capture_sites(model: nn.Module, cap: Capture, resolve, example_inputs,
         sites = discover(model, owners, run, flow, on_result)
     # a scatter-add / gather no recipe rule quantizes is listed as the (host) float op it is, as in
     # a traced forward (plan._functional_steps); its call then runs unrouted
-    sites = [dataclasses.replace(s, kind=None) if s.kind in ("scatter_add", "gather")
+    sites = [dataclasses.replace(s, kind=None) if s.kind is not None and call_form(s.kind) == "index"
              and resolve(s.path, s.kind, s.kind) is None else s for s in sites]
     roles = deformable_roles(sites, flow)  # multi-scale deformable attention (dal.prepare.deformable)
     flow.clear()

@@ -3,34 +3,64 @@
 nothing prepare lists (shapes, scalar and integer arithmetic, dtype queries).
 
 :func:`classify_call` decides from the function's name and its arguments only; the names a
-routed call can have are :data:`KIND_NAMES`, so the capture mode lets every other call pass
+routed call can have are :func:`kind_names`, so the capture mode lets every other call pass
 before reading a frame.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
-from ..nn.gather import GATHER_METHODS, gather_call_args
-from ..nn.scatter_add import SCATTER_METHODS, scatter_call
+from ..nn.gather import gather_call_args
+from ..nn.scatter_add import scatter_call
+from ..ops import Op, select, version
 from .float_ops import FloatOp, classify_node
+from .functional_ops import call_form, functional_ops
 
-ADD_NAMES = {"add", "__add__", "__radd__", "__iadd__", "add_"}
-MUL_NAMES = {"mul", "__mul__", "__rmul__", "__imul__", "mul_"}
-CAT_NAMES = {"cat", "concat", "concatenate"}
-MATMUL_NAMES = {"matmul", "__matmul__", "bmm"}
-GRID_SAMPLE_NAMES = {"grid_sample", "grid_sampler"}  # F.grid_sample, torch.grid_sampler (dal.nn.grid_sample)
-#: scatter-adds (dal.nn.scatter_add: index_put_ with accumulate, scatter_add, index_add) and gathers
-#: on codes (dal.nn.gather: gather, index_select, take_along_dim), as functions and as methods
-SCATTER_NAMES = frozenset(SCATTER_METHODS)
-GATHER_NAMES = frozenset(GATHER_METHODS)
-#: float functions routed to an FP16 island (``fp16_island.Fp16Function``) where the hardware check
-#: made their site one: the softmax class (an attention's weights, Deformable-DETR's MSDA)
-ISLAND_FUNCTIONS = frozenset({"softmax", "log_softmax"})
-#: the names a routed call can have: any other call passes straight through
-KIND_NAMES = frozenset(ADD_NAMES | MUL_NAMES | CAT_NAMES | MATMUL_NAMES | GRID_SAMPLE_NAMES | SCATTER_NAMES | GATHER_NAMES
-                        | ISLAND_FUNCTIONS)
+
+def call_names() -> dict[str, Op]:
+    """The functional op (``dal.ops``, handling ``functional``) of each name a call-site capture
+    sees: ``func.__name__`` of a Tensor method (``"__radd__"``, ``"add_"``, ``"bmm"``) or of a torch
+    function (``torch.concatenate``: ``"concatenate"``). A Python operator (``operator.add``) never
+    reaches the capture (``a + b`` arrives as ``Tensor.__add__``), so its name is not one."""
+    return _call_names(version())
+
+
+@functools.cache
+def _call_names(_version: int) -> dict[str, Op]:
+    return {name: op for op in functional_ops() for name in _names_of(op)}
+
+
+def _names_of(op: Op) -> tuple[str, ...]:
+    """The names calls of ``op`` have in a call-site capture (:func:`call_names`)."""
+    torch_functions = [fn for fn in op.functions if getattr(fn, "__module__", None) not in ("_operator", "operator")]
+    return tuple(fn.__name__ for fn in torch_functions) + op.methods
+
+
+def island_functions() -> frozenset:
+    """The float functions routed to an FP16 island (``fp16_island.Fp16Function``) where the
+    hardware check made their site one: the ops of op class ``softmax`` (an attention's weights,
+    Deformable-DETR's MSDA), by op name (a ``FloatOp``'s ``function``) and by their calls' names
+    (``F.softmax``, ``x.softmax``: ``"softmax"``)."""
+    return _island_functions(version())
+
+
+@functools.cache
+def _island_functions(_version: int) -> frozenset:
+    return frozenset(name for op in select(op_class="softmax") for name in (op.name,) + _names_of(op))
+
+
+def kind_names() -> frozenset:
+    """The names a routed call can have (:func:`call_names`, :func:`island_functions`): any
+    other call passes straight through."""
+    return _kind_names(version())
+
+
+@functools.cache
+def _kind_names(_version: int) -> frozenset:
+    return frozenset(call_names()) | island_functions()
 
 
 def _float_tensor(t) -> bool:
@@ -42,24 +72,25 @@ def classify_call(func, args, kwargs) -> tuple[Optional[str], Optional[FloatOp],
     the FloatOp of a listed float / passthrough op, or ``(None, None, 0, 0)`` for the rest
     (shapes, scalar arithmetic, dtype queries)."""
     name = getattr(func, "__name__", "")
-    if name in SCATTER_NAMES or name in GATHER_NAMES:
+    fop = call_names().get(name)
+    form = call_form(fop.name) if fop is not None else None
+    if form == "index":
         return _index_call(func, name, args, kwargs)
-    if name in CAT_NAMES:
+    if form == "sequence":
         seq = args[0] if args else kwargs.get("tensors", ())
-        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", kwargs.get("axis", 0))
         if isinstance(seq, (list, tuple)) and len(seq) >= 2 and all(_float_tensor(t) for t in seq):
-            return "cat", None, len(seq), int(dim)
+            return fop.name, None, len(seq), int(dim)
         return None, None, 0, 0
-    if name in GRID_SAMPLE_NAMES:
+    if form == "sampling":
         two = len(args) >= 2 and _float_tensor(args[0]) and _float_tensor(args[1])
-        return ("grid_sample", None, 2, 0) if two else (None, None, 0, 0)
-    for kind, names in (("add", ADD_NAMES), ("mul", MUL_NAMES), ("matmul", MATMUL_NAMES)):
-        if name in names:
-            two = len(args) >= 2 and _float_tensor(args[0]) and _float_tensor(args[1])
-            same = two and args[0].dim() > 0 and args[1].dim() > 0
-            if same and kwargs.get("alpha") is None and len(args) == 2:
-                return kind, None, 2, 0
-            return None, _float_arithmetic(name, args), 0, 0
+        return (fop.name, None, 2, 0) if two else (None, None, 0, 0)
+    if form == "operands":
+        two = len(args) >= 2 and _float_tensor(args[0]) and _float_tensor(args[1])
+        same = two and args[0].dim() > 0 and args[1].dim() > 0
+        if same and kwargs.get("alpha") is None and len(args) == 2:
+            return fop.name, None, 2, 0
+        return None, _float_arithmetic(name, args), 0, 0
     if name in _ARITHMETIC:
         return None, _float_arithmetic(name, args), 0, 0
     if name == "sum" and args and _float_tensor(args[0]) and args[0].dim() > 0:
@@ -81,10 +112,13 @@ def index_call(func, args, kwargs):
     name = getattr(func, "__name__", "")
     method = _is_method(func, name)
     target = name if method else func
-    sc = scatter_call(target, tuple(args), dict(kwargs), method) if name in SCATTER_NAMES else None
-    if sc is not None:
-        return "scatter_add", sc
-    gc = gather_call_args(target, tuple(args), dict(kwargs), method) if name in GATHER_NAMES else None
+    fop = call_names().get(name)
+    if fop is None or call_form(fop.name) != "index":
+        return None
+    if fop.name == "scatter_add":
+        sc = scatter_call(target, tuple(args), dict(kwargs), method)
+        return ("scatter_add", sc) if sc is not None else None
+    gc = gather_call_args(target, tuple(args), dict(kwargs), method)
     return ("gather", gc) if gc is not None else None
 
 
@@ -120,17 +154,36 @@ def _float_arithmetic(name: str, args) -> Optional[FloatOp]:
     tensors = [a for a in args[:2] if torch.is_tensor(a)]
     if not any(_float_tensor(t) and t.dim() > 0 for t in tensors):
         return None
-    if name in _NEUTRAL and len(args) == 2 and any(type(a) is int and a == _NEUTRAL[name] for a in args[_FIRST[name]:]):
-        return None  # x + 0, 0 + x, x - 0, x * 1, 1 * x: the exporter writes no node (export/SPEC.md §5a)
-    base = name.strip("_")
-    base = base[1:] if base in ("iadd", "imul", "isub", "itruediv") else base
-    return FloatOp("float", "elementwise", "float_" + _BASE_OP.get(base, base))
+    base, in_place, reflected = arithmetic_spelling(name)
+    if base in _NEUTRAL and not in_place and len(args) == 2 and not (reflected and _NEUTRAL_AT.get(base)):
+        first = _NEUTRAL_AT.get(base, 0)
+        if any(type(a) is int and a == _NEUTRAL[base] for a in args[first:]):
+            return None  # x + 0, 0 + x, x - 0, x * 1, 1 * x: the exporter writes no node (export/SPEC.md §5a)
+    return FloatOp("float", "elementwise", "float_" + base)
 
 
-#: out-of-place arithmetic with a neutral Python int (which operand may be it: from _FIRST on)
-_NEUTRAL = {"add": 0, "__add__": 0, "__radd__": 0, "sub": 0, "__sub__": 0, "mul": 1, "__mul__": 1, "__rmul__": 1}
-_FIRST = {"add": 0, "__add__": 0, "__radd__": 0, "sub": 1, "__sub__": 1, "mul": 0, "__mul__": 0, "__rmul__": 0}
-_BASE_OP = {"radd": "add", "rmul": "mul", "rsub": "sub", "truediv": "div", "rtruediv": "div", "true_divide": "div"}
+def arithmetic_spelling(name: str) -> tuple[str, bool, bool]:
+    """``(op, in_place, reflected)`` of an arithmetic call's name: the Tensor method or torch
+    function name with its operator underscores, in-place ``i`` / ``_`` and reflected ``r``
+    taken off (``"__iadd__"`` -> ``("add", True, False)``, ``"__rsub__"`` and ``torch.rsub`` ->
+    ``("sub", False, True)``, ``"mul_"`` -> ``("mul", True, False)``); true division is
+    ``"div"``."""
+    dunder = name.startswith("__") and name.endswith("__") and len(name) > 4
+    core = name[2:-2] if dunder else name
+    in_place = core.endswith("_") or (dunder and core.startswith("i"))
+    core = core.rstrip("_")
+    reflected = core.startswith("r")
+    core = core[1:] if reflected or in_place and dunder else core
+    return _ALIASES.get(core, core), in_place, reflected
+
+
+#: another name of an arithmetic op (Python's ``/`` is ``truediv``; torch.true_divide)
+_ALIASES = {"truediv": "div", "true_divide": "div"}
+#: an op's neutral Python int, keyed by op name: ``x + 0``, ``x - 0``, ``x * 1`` (out of place) are ``x``
+_NEUTRAL = {"add": 0, "sub": 0, "mul": 1}
+#: the first operand that may be the neutral int, keyed by op name (default 0: either operand of a
+#: commutative op): ``0 - x`` is no ``x``, nor is a reflected ``x.__rsub__(0)``
+_NEUTRAL_AT = {"sub": 1}
 
 
 #: the classes whose methods are tensor methods (torch.Tensor and its C base class), not ``object``
