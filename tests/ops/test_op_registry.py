@@ -8,16 +8,16 @@ import torch
 
 import dal
 from dal.nn import QATModule
-from dal.ops import Op, registry
+from dal.ops import Op
 
 
 @pytest.fixture
-def scratch(monkeypatch):
-    """The registry's tables copied for one test: what it registers is gone afterwards."""
-    registry.all_ops()
-    for table in ("_OPS", "_BY_FUNCTION", "_BY_METHOD", "_BY_MODULE", "_USER"):
-        if hasattr(registry, table):
-            monkeypatch.setattr(registry, table, type(getattr(registry, table))(getattr(registry, table)))
+def registered():
+    """The names of the ops a test registers: unregistered after it (dal.ops.unregister)."""
+    names = []
+    yield names
+    for name in names:
+        dal.ops.unregister(name)
 
 
 def _user_fn(a, b):
@@ -29,32 +29,36 @@ def _user_fn(a, b):
     ({"functions": (_user_fn, operator.iadd)}, "function"),
     ({"functions": (_user_fn,), "methods": ("__radd__",)}, "Tensor method '__radd__'"),
 ])
-def test_second_claim_is_refused_naming_both_ops(scratch, claim, what):
-    before = registry.all_ops()
+def test_second_claim_is_refused_naming_both_ops(claim, what):
+    before = dal.ops.all_ops()
     with pytest.raises(ValueError) as err:
         dal.ops.register(Op(name="user_add", op_class="add", handling="functional", **claim))
     msg = str(err.value)
     assert "'user_add'" in msg and "'add'" in msg and what in msg
     # nothing of the refused op stays: its name and its other pattern are free
-    assert registry.all_ops() == before
+    assert dal.ops.all_ops() == before
+    with pytest.raises(KeyError, match="user_add"):
+        dal.ops.get("user_add")
     assert dal.ops.by_function(_user_fn) is None
     assert dal.ops.by_function(torch.add).name == "add"
 
 
-def test_second_claim_of_a_module_type_is_refused(scratch):
+def test_second_claim_of_a_module_type_is_refused(registered):
     class Custom(torch.nn.Module):
         pass
 
     dal.ops.register(Op(name="user_custom", op_class="custom", handling="host", modules=(Custom,)))
+    registered.append("user_custom")
     with pytest.raises(ValueError, match=r"'user_other'.*module type .*Custom.*'user_custom'"):
         dal.ops.register(Op(name="user_other", op_class="custom", handling="host", modules=(Custom,)))
     assert dal.ops.by_module(Custom).name == "user_custom"
 
 
-def test_user_op_is_found_by_its_function_and_method(scratch):
+def test_user_op_is_found_by_its_function_and_method(registered):
     assert dal.ops.by_function(_user_fn) is None and dal.ops.by_method("user_twice_plus") is None
     op = dal.ops.register(Op(name="user_twice_plus", op_class="custom", handling="float", functions=(_user_fn,),
                              methods=("user_twice_plus",)))
+    registered.append("user_twice_plus")
     assert dal.ops.by_function(_user_fn) is op
     assert dal.ops.by_method("user_twice_plus") is op
     assert dal.ops.get("user_twice_plus") is op
