@@ -10,7 +10,7 @@ from torch import nn
 
 from ..nn import QConvBn2d, QConvBnReLU2d
 from ..nn.conv_frozen_bn import QConvFrozenBn2d, QConvFrozenBnReLU2d
-from ..nn.norm import FP16_NORMS, QBatchNorm2d
+from ..nn.norm import FP16_NORMS
 from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_act
 from ..nn.registry import QAT_MODULES, registry_type
 from ..nn.fast_path import stay_on_module_path
@@ -18,6 +18,7 @@ from ..nn.gather import gather_call_args
 from ..nn.grid_sample import grid_sample_args
 from ..nn.scatter_add import scatter_call
 from ..nn.tree import has_instance_attribute, instance_attributes, replace_everywhere, set_submodule, slots_of
+from ..ops import by_module
 from ..ops import get as get_op
 from ..replace.rmsnorm import Fp16RMSNorm
 from .actions import ModelActions, carry_out
@@ -26,8 +27,16 @@ from .fp16_island import Fp16Function, island_module
 from .functional_ops import call_form, cat_dim, rebuild
 from .plan import Capture, Step
 
-#: (action, float type) -> the normalisation module the plan chose (dal.nn.norm)
-_NORMS = {("quantize", nn.BatchNorm2d): QBatchNorm2d, **{("fp16", t): c for t, c in FP16_NORMS.items()}}
+def _norm_class(action: str, float_type: type):
+    """The normalisation module the plan chose for a ``float_type`` module and ``action``, or
+    None: the QAT module of the float normalisation op matching the type exactly (dal.ops:
+    QBatchNorm2d, Fp16GroupNorm, Fp16InstanceNorm2d), for ``fp16`` when it is an FP16 norm
+    (dal.nn.norm.FP16_NORMS), else for ``quantize``."""
+    op = by_module(float_type)
+    if op is None or op.handling != "float" or op.qat_module is None:
+        return None
+    cls = op.resolve("qat_module")
+    return cls if action == ("fp16" if cls in FP16_NORMS.values() else "quantize") else None
 
 
 def apply_plan(model: nn.Module, plan: list[Step], cap: Capture, actions: ModelActions = None) -> nn.Module:
@@ -77,7 +86,7 @@ def _leaf_module(mod: nn.Module, step: Step) -> nn.Module:
     """The module a leaf step puts in ``mod``'s place."""
     if step.action == "quantize" and is_norm_act(mod):  # no conv to fold into (plan.py)
         return NormActAffine.from_norm_act(mod, step.spec, step.path)
-    cls = _NORMS.get((step.action, type(mod)))
+    cls = _norm_class(step.action, type(mod))
     if step.action == "fp16" and step.built == "Fp16RMSNorm":  # an RMSNorm on an fp16 engine (check.py)
         return Fp16RMSNorm.from_module(mod, step.path)
     if cls is None and step.action == "fp16":  # a float op on an fp16 engine (check.py)

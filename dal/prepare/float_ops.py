@@ -16,84 +16,94 @@ caller refuses it by path with the fix (a replacement rule such as ``lut_activat
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..hardware.op_classes import ACTIVATION_OF_TYPE
+from ..hardware.op_classes import HOST_OP_CLASSES
+from ..ops import Op, all_ops, by_function, by_method, by_module
+from ..ops import normalization as _normalization
 
-#: module types that are exact on codes
-PASSTHROUGH_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
-                       nn.Dropout3d, nn.AlphaDropout, nn.Flatten, nn.Unflatten, nn.MaxPool1d, nn.MaxPool2d,
-                       nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d,
-                       nn.ChannelShuffle, nn.PixelShuffle, nn.PixelUnshuffle, nn.ZeroPad2d)
+# The ops come from dal's op registry (dal.ops): an op of handling "passthrough" is exact on codes,
+# one of handling "float" a float op (a resize either, by its mode), one of a host op class a host
+# op (a compare only with an integer operand; an unquantized gather / scatter-add call too).
 
-#: module type -> (op class, function) for float ops
-#: (activations come from ``dal.hardware.op_classes.ACTIVATION_OF_TYPE``, by class name)
-FLOAT_MODULES: dict[type, tuple[str, str]] = {
-    **{getattr(nn, name): ("activation", fn) for name, fn in ACTIVATION_OF_TYPE.items()},
-    nn.AvgPool1d: ("pool", "average"), nn.AvgPool2d: ("pool", "average"), nn.AvgPool3d: ("pool", "average"),
-    nn.AdaptiveAvgPool1d: ("pool", "average"), nn.AdaptiveAvgPool2d: ("pool", "average"),
-    nn.AdaptiveAvgPool3d: ("pool", "average"),
-    nn.Softmax: ("softmax", "softmax"), nn.LogSoftmax: ("softmax", "log_softmax"),
-    nn.LayerNorm: ("layernorm", "layernorm"), nn.GroupNorm: ("norm", "groupnorm"),
-    nn.InstanceNorm1d: ("norm", "instancenorm"), nn.InstanceNorm2d: ("norm", "instancenorm"),
-    nn.BatchNorm1d: ("norm", "batchnorm"), nn.BatchNorm2d: ("norm", "batchnorm"),
-    nn.BatchNorm3d: ("norm", "batchnorm"),
-}
 
-_PASSTHROUGH_FUNCTIONS = {F.relu, torch.relu, torch.relu_, F.relu6, F.hardtanh, torch.flatten, torch.reshape,
-                          torch.permute, torch.transpose, torch.squeeze, torch.unsqueeze, torch.chunk, torch.split,
-                          F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d, F.dropout, F.pad,
-                          operator.getitem, torch.clamp, torch.clip, torch.stack, torch.narrow, torch.t}
-_PASSTHROUGH_METHODS = {"relu", "relu_", "flatten", "reshape", "view", "permute", "transpose", "contiguous",
-                        "squeeze", "unsqueeze", "chunk", "split", "expand", "expand_as", "clamp", "clamp_",
-                        "clip", "t", "narrow", "flip", "repeat", "view_as", "reshape_as", "__getitem__",
-                        "to", "float", "type_as", "detach", "clone", "unbind", "movedim"}
-_FLOAT_FUNCTIONS = {
-    torch.sigmoid: ("activation", "sigmoid"), F.sigmoid: ("activation", "sigmoid"), F.silu: ("activation", "silu"),
-    F.gelu: ("activation", "gelu"), torch.tanh: ("activation", "tanh"), F.tanh: ("activation", "tanh"),
-    F.hardswish: ("activation", "hardswish"), F.hardsigmoid: ("activation", "hardsigmoid"),
-    F.elu: ("activation", "elu"), F.leaky_relu: ("activation", "leaky_relu"), F.mish: ("activation", "mish"),
-    F.softplus: ("activation", "softplus"), torch.exp: ("activation", "exp"),
-    F.softmax: ("softmax", "softmax"), torch.softmax: ("softmax", "softmax"),
-    F.log_softmax: ("softmax", "log_softmax"), F.layer_norm: ("layernorm", "layernorm"),
-    F.group_norm: ("norm", "groupnorm"), F.batch_norm: ("norm", "batchnorm"),
-    F.instance_norm: ("norm", "instancenorm"),
-    F.avg_pool2d: ("pool", "average"), F.adaptive_avg_pool2d: ("pool", "average"),
-    F.adaptive_avg_pool1d: ("pool", "average"), torch.mean: ("pool", "average"),
-}
-_FLOAT_METHODS = {"sigmoid": ("activation", "sigmoid"), "tanh": ("activation", "tanh"),
-                  "exp": ("activation", "exp"), "softmax": ("softmax", "softmax"), "mean": ("pool", "average")}
-#: ops of the host op classes (dal.hardware.op_classes.HOST_OP_CLASSES): function -> (op class, name)
-_HOST_FUNCTIONS = {
-    torch.nonzero: ("nonzero", "nonzero"), torch.argwhere: ("nonzero", "argwhere"),
-    torch.masked_select: ("nonzero", "masked_select"), torch.unique: ("nonzero", "unique"),
-    torch.gather: ("gather", "gather"), torch.take_along_dim: ("gather", "take_along_dim"),
-    torch.cumsum: ("scan", "cumsum"), torch.cumprod: ("scan", "cumprod"), torch.cummax: ("scan", "cummax"),
-    torch.cummin: ("scan", "cummin"), F.conv3d: ("conv3d", "conv3d"), torch.conv3d: ("conv3d", "conv3d"),
-    torch.sort: ("sort", "sort"), torch.argsort: ("sort", "argsort"), torch.topk: ("sort", "topk"),
-    torch.scatter_add: ("scatter_add", "scatter_add"), torch.index_add: ("scatter_add", "index_add"),
-}
-_HOST_METHODS = {"nonzero": ("nonzero", "nonzero"), "argwhere": ("nonzero", "argwhere"),
-                 "masked_select": ("nonzero", "masked_select"), "unique": ("nonzero", "unique"),
-                 "gather": ("gather", "gather"), "take_along_dim": ("gather", "take_along_dim"),
-                 "cumsum": ("scan", "cumsum"), "cumprod": ("scan", "cumprod"), "sort": ("sort", "sort"),
-                 "argsort": ("sort", "argsort"), "topk": ("sort", "topk"),
-                 "scatter_add": ("scatter_add", "scatter_add"), "scatter_add_": ("scatter_add", "scatter_add"),
-                 "index_add": ("scatter_add", "index_add"), "index_add_": ("scatter_add", "index_add")}
-#: compares: a host op (``compare``) when an operand is an integer or bool tensor (integer_operand)
-_COMPARE_FUNCTIONS = {operator.lt: "lt", operator.le: "le", operator.gt: "gt", operator.ge: "ge",
-                      operator.eq: "eq", operator.ne: "ne", torch.lt: "lt", torch.le: "le", torch.gt: "gt",
-                      torch.ge: "ge", torch.eq: "eq", torch.ne: "ne", torch.less: "lt", torch.less_equal: "le",
-                      torch.greater: "gt", torch.greater_equal: "ge", torch.not_equal: "ne"}
-_COMPARE_METHODS = {m: m.strip("_") for m in ("lt", "le", "gt", "ge", "eq", "ne", "__lt__", "__le__", "__gt__",
-                                                "__ge__", "__eq__", "__ne__")}
-_RELU_LIKE = {"relu", "relu6", "hardtanh"}
+def float_op_of(op: Op) -> tuple[str, str]:
+    """``(op class, function)`` of a float op as prepare lists it: the op's ``op_class``
+    (``norm`` for a normalisation no hardware op class names: batch, group, instance norm) and
+    its ``function`` (else its name): ``sigmoid`` -> ``("activation", "sigmoid")``,
+    ``avg_pool`` / ``mean`` -> ``("pool", "average")``."""
+    op_class = "norm" if op.op_class == "custom" and op in _normalization.OPS else op.op_class
+    return op_class, op.function or op.name
+
+
+def _is_float(op: Optional[Op]) -> bool:
+    """A float op with one function whatever its arguments (a resize depends on its mode)."""
+    return op is not None and op.handling == "float" and op.op_class != "resize"
+
+
+def _host_class(op: Optional[Op]) -> bool:
+    """An op of a host op class that prepare lists as a host op when it reaches float_ops: the
+    host ops, and the gather / scatter-add calls no recipe rule quantizes (their call form is
+    ``index``: dal.prepare.functional_ops)."""
+    if op is None or op.op_class not in HOST_OP_CLASSES:
+        return False
+    if op.handling == "host":
+        return True
+    from .functional_ops import call_form
+
+    return op.handling == "functional" and call_form(op.name) == "index"
+
+
+#: the spellings of gather / scatter-add (by op name) that are no host op when no rule quantizes
+#: them: ``index_select`` picks whole rows (ONNX Gather, like ``x[idx]``), ``index_put`` writes
+#: unless ``accumulate=True``; the others are element-wise (GatherElements / ScatterElements)
+_NOT_HOST_SPELLINGS = {"gather": ("index_select",), "scatter_add": ("index_put",)}
+
+
+def _host_name(op: Op, pattern) -> Optional[str]:
+    """The function a host call is listed as: the op's name for an op of its own (``torch.less``
+    -> ``lt``), the call's own name for a gather / scatter-add spelling (``index_add_`` ->
+    ``index_add``); None for a spelling that is no host op (:data:`_NOT_HOST_SPELLINGS`)."""
+    if op.handling == "host":
+        return op.function or op.name
+    name = (pattern if isinstance(pattern, str) else getattr(pattern, "__name__", str(pattern))).strip("_")
+    return None if name in _NOT_HOST_SPELLINGS.get(op.name, ()) else name
+
+
+def passthrough_modules() -> tuple:
+    """Module types that are exact on codes: the modules of the passthrough ops."""
+    return tuple(t for op in all_ops() if op.handling == "passthrough" for t in op.modules)
+
+
+def float_modules() -> dict[type, tuple[str, str]]:
+    """Module type -> ``(op class, function)`` (:func:`float_op_of`): the modules of the float
+    ops (not resizes) and of the relu-likes."""
+    return {t: float_op_of(op) for op in all_ops() if _is_float(op) or _relu_like_op(op) for t in op.modules}
+
+
+def __getattr__(name: str):
+    """``PASSTHROUGH_MODULES`` and ``FLOAT_MODULES`` (:func:`passthrough_modules`,
+    :func:`float_modules`), derived from dal.ops when read."""
+    if name == "PASSTHROUGH_MODULES":
+        return passthrough_modules()
+    if name == "FLOAT_MODULES":
+        return float_modules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _relu_like_op(op: Op) -> bool:
+    """A relu-like (relu, relu6, hardtanh): an activation exact on codes."""
+    return op.op_class == "activation" and op.handling == "passthrough"
+
+
+def relu_like(fn: str) -> bool:
+    """``fn`` is the function of a relu-like (relu, relu6, hardtanh: dal.ops' passthrough
+    activations), exact on integer codes."""
+    return any(_relu_like_op(op) and (op.function or op.name) == fn for op in all_ops())
 
 
 @dataclass(frozen=True)
@@ -106,19 +116,31 @@ class FloatOp:
     function: str
 
 
+def _module_op(mod: nn.Module, want: Callable[[Op], bool]) -> Optional[Op]:
+    """The op of the first class in ``type(mod)``'s MRO whose op satisfies ``want``, or None."""
+    for cls in type(mod).__mro__:
+        op = by_module(cls)
+        if op is not None and want(op):
+            return op
+    return None
+
+
 def classify_module(mod: nn.Module) -> Optional[FloatOp]:
-    """The :class:`FloatOp` of a leaf module prepare leaves as it is; None for containers."""
-    if isinstance(mod, PASSTHROUGH_MODULES):
+    """The :class:`FloatOp` of a leaf module prepare leaves as it is; None for containers. By the
+    op of its type or a base type (dal.ops), in this order: passthrough, host (a 3-D conv),
+    resize (passthrough for mode nearest), float; else a module with parameters of its own is a
+    ``custom`` float op."""
+    if _module_op(mod, lambda op: op.handling == "passthrough") is not None:
         return FloatOp("passthrough", "passthrough", type(mod).__name__)
-    if isinstance(mod, (nn.Conv3d, nn.ConvTranspose3d)):
-        return FloatOp("float", "conv3d", type(mod).__name__)
-    if isinstance(mod, nn.Upsample):
+    host = _module_op(mod, lambda op: op.handling == "host")
+    if host is not None:
+        return FloatOp("float", host.op_class, type(mod).__name__)
+    if _module_op(mod, lambda op: op.op_class == "resize") is not None:
         mode = str(mod.mode)
         return FloatOp("passthrough" if mode == "nearest" else "float", "resize", mode)
-    for cls in type(mod).__mro__:
-        if cls in FLOAT_MODULES:
-            op_class, fn = FLOAT_MODULES[cls]
-            return FloatOp("float", op_class, fn)
+    op = _module_op(mod, _is_float)
+    if op is not None:
+        return FloatOp("float", *float_op_of(op))
     if next(mod.parameters(recurse=False), None) is not None:
         return FloatOp("float", "custom", type(mod).__name__)
     return None
@@ -126,28 +148,31 @@ def classify_module(mod: nn.Module) -> Optional[FloatOp]:
 
 def classify_node(node) -> Optional[FloatOp]:
     """The :class:`FloatOp` of a traced ``call_function`` / ``call_method`` node (None: not a
-    tensor op worth listing, e.g. ``size()``). ``node`` may also be a call-site stub whose
-    arguments are real tensors (call_sites.py)."""
+    tensor op worth listing, e.g. ``size()``), by the op its target or method name belongs to
+    (dal.ops). ``node`` may also be a call-site stub whose arguments are real tensors
+    (call_sites.py)."""
     host = _host_op(node)
     if host is not None:
         return host
     if node.op == "call_function":
         target = node.target
-        if target in _PASSTHROUGH_FUNCTIONS:
+        op = by_function(target)
+        if op is not None and op.handling == "passthrough":
             return FloatOp("passthrough", "passthrough", getattr(target, "__name__", str(target)))
         if _stochastic_depth(target):
             return FloatOp("passthrough", "passthrough", "stochastic_depth")
-        if target in _FLOAT_FUNCTIONS:
-            return FloatOp("float", *_FLOAT_FUNCTIONS[target])
-        if target is F.interpolate:
+        if _is_float(op):
+            return FloatOp("float", *float_op_of(op))
+        if op is not None and op.op_class == "resize":  # F.interpolate
             mode = str(node.kwargs.get("mode", node.args[3] if len(node.args) > 3 else "nearest"))
             return FloatOp("passthrough" if mode == "nearest" else "float", "resize", mode)
         return None
     if node.op == "call_method":
-        if node.target in _PASSTHROUGH_METHODS:
+        op = by_method(node.target)
+        if op is not None and op.handling == "passthrough":
             return FloatOp("passthrough", "passthrough", node.target)
-        if node.target in _FLOAT_METHODS:
-            return FloatOp("float", *_FLOAT_METHODS[node.target])
+        if _is_float(op):
+            return FloatOp("float", *float_op_of(op))
     return None
 
 
@@ -160,20 +185,20 @@ def _stochastic_depth(target) -> bool:
 
 
 def _host_op(node) -> Optional[FloatOp]:
-    """The FloatOp of a host op class (nonzero, gather, scan, conv3d; a compare with an integer
-    or bool operand), else None."""
+    """The FloatOp of a host op class (nonzero, gather, scan, sort, conv3d, scatter_add; a
+    compare with an integer or bool operand), else None."""
     if node.op == "call_function":
-        found = _HOST_FUNCTIONS.get(node.target) if _hashable(node.target) else None
-        compare = _COMPARE_FUNCTIONS.get(node.target) if _hashable(node.target) else None
+        op = by_function(node.target)
     elif node.op == "call_method":
-        found, compare = _HOST_METHODS.get(node.target), _COMPARE_METHODS.get(node.target)
+        op = by_method(node.target)
     else:
         return None
-    if found is not None:
-        return FloatOp("float", *found)
-    if compare is not None and any(integer_operand(a) for a in node.args[:2]):
-        return FloatOp("float", "compare", compare)
-    return None
+    if not _host_class(op):
+        return None
+    if op.op_class == "compare":
+        return FloatOp("float", "compare", op.name) if any(integer_operand(a) for a in node.args[:2]) else None
+    name = _host_name(op, node.target)
+    return FloatOp("float", op.op_class, name) if name is not None else None
 
 
 def _hashable(target) -> bool:
@@ -259,7 +284,7 @@ def hardware_verdict(hw, op: FloatOp) -> tuple[bool, str]:
     averages codes), a resize whose mode is in ``resize_modes``. Everything else cannot run on
     the NPU; ``text`` then says what would fix it."""
     fn, fp16 = op.function, set(getattr(hw, "fp16_ops", ()) or ())
-    if op.kind == "passthrough" or fn in _RELU_LIKE:
+    if op.kind == "passthrough" or relu_like(fn):
         return True, "exact on integer codes"
     if op.op_class in ("activation", "softmax", "layernorm") and fn.replace("log_", "") in fp16:
         return True, f"runs in FP16 on {hw.name} (fp16_ops)"

@@ -26,25 +26,37 @@ declines (its doc), runs the ops one by one.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Union
 
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _torch_module
 
-from ..formats import FP16
+from .. import ops
+from ..formats import FP16, island
 from ..formats.island import fused_island
 from ..nn.adopt import adopt, float_class_of, release
 from ..nn.base import QATModule
 from ..quantizer import FakeQuantizer
+from .float_ops import relu_like
 
 #: the op classes whose float ops become FP16 islands on an fp16 engine (export/SPEC.md §5a)
 ISLAND_CLASSES = ("activation", "pool", "resize", "softmax")
-_RELU_LIKE = {"relu", "relu6", "hardtanh"}
 _CLASSES: dict[type, type] = {}
-#: the float ops an island computes in one fused pass (dal.formats.island), by exact module type / function
-_FUSED_MODULES = {nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid"}
-_FUSED_FUNCTIONS = {F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid"}
+
+
+@functools.cache
+def fused_modules() -> dict[type, str]:
+    """Exact float module type -> the op an island of it computes in one fused pass: the modules
+    of the ops dal.formats.island fuses (``island.OPS``: hardswish, hardsigmoid; dal.ops)."""
+    return {t: name for name in island.OPS for t in ops.get(name).modules}
+
+
+@functools.cache
+def fused_functions() -> dict:
+    """Float function -> the op an :class:`Fp16Function` of it computes in one fused pass: the
+    functions of the ops dal.formats.island fuses (``F.hardswish``, ``F.hardsigmoid``)."""
+    return {f: name for name in island.OPS for f in ops.get(name).functions}
 
 
 def is_island(hw, float_op) -> bool:
@@ -53,7 +65,7 @@ def is_island(hw, float_op) -> bool:
     fp16 (``hw.compute_precision(op_class) == "fp16"``). Relu-like ops are exact on codes."""
     if float_op is None or float_op.kind != "float" or float_op.op_class not in ISLAND_CLASSES:
         return False
-    if float_op.function in _RELU_LIKE:
+    if relu_like(float_op.function):
         return False
     precision = getattr(hw, "compute_precision", None)
     return precision is not None and precision(float_op.op_class) == "fp16"
@@ -131,7 +143,7 @@ def island_class(base: type) -> type:
     if cls is None:
         cls = _CLASSES[base] = type(f"Fp16{base.__name__}", (Fp16Island, base),
                                     {"__doc__": f"{base.__name__} as an FP16 island (dal.prepare.fp16_island).",
-                                     "fused_op": _FUSED_MODULES.get(base)})
+                                     "fused_op": fused_modules().get(base)})
     return cls
 
 
@@ -155,7 +167,7 @@ class Fp16Function(_IslandEdges):
 
     def forward(self, x, *args, **kwargs):
         # F.hardswish(x) / F.hardsigmoid(x[, inplace]): the input is not the caller's either way
-        op = _FUSED_FUNCTIONS.get(self.fn) if not args and set(kwargs) <= {"inplace"} else None
+        op = fused_functions().get(self.fn) if not args and set(kwargs) <= {"inplace"} else None
         y = self._fused(op, x)
         if y is not None:
             return y
