@@ -168,13 +168,14 @@ def quantized_blocked_linear(inp: torch.Tensor, lo: int, hi: int, w: torch.Tenso
     input codes minus zero point as ONNX QuantizeLinear makes them, a float32 division) in one C++ call
     (``dal_blocked_linear_q``), for a float32 CPU ``inp`` [M, nb * block] (contiguous) and integers
     ``-255 <= lo <= hi <= 255``; None where the kernel is not built, the arguments are not so, or ``inp``
-    holds a NaN (no code: the caller's QuantizeLinear refuses it). Not an op: the eager integer model's
+    holds a NaN (no code: the caller's QuantizeLinear refuses it), or ``w`` / ``s`` are not int8 / float32
+    CPU tensors (a module moved or cast after convert). Not an op: the eager integer model's
     fast path, its bits the op's; shapes are the caller's to keep (``w``, ``s`` from :func:`pack` for
     ``nb`` blocks of ``block``)."""
     lib = library()
     if lib is None or inp.dtype != torch.float32 or inp.device.type != "cpu" or not inp.is_contiguous() \
             or not -X_MAX <= lo <= hi <= X_MAX or inp.dim() != 2 or inp.shape[1] != w.shape[0] * block \
-            or block > KERNEL_BLOCK_MAX:
+            or block > KERNEL_BLOCK_MAX or w.dtype != torch.int8 or s.dtype != torch.float32 or not s.is_cpu:
         return None
     out = torch.empty(inp.shape[0], w.shape[2], dtype=torch.float32)
     if lib.dal_blocked_linear_q(inp.data_ptr(), inp.shape[0], w.data_ptr(), s.data_ptr(), w.shape[0], block,

@@ -10,6 +10,8 @@ Oracle: tests/blocked_oracle.py (export/SPEC.md §5a in Python integers and floa
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -177,6 +179,9 @@ def test_input_codes_in_the_kernel_equal_quantizelinear_then_the_op(rows):
     assert got is not None and got.shape == (1, rows, n)
     np.testing.assert_array_equal(got[0].numpy(), want)
     np.testing.assert_array_equal(bw.value(torch.tensor(want_codes, dtype=torch.float32), s_x).numpy(), want)
+    cast = copy.deepcopy(bw).double()  # its float32 scales become float64: no kernel call on them
+    assert cast.input_value(torch.tensor(x)[None], s_x, lo, hi) is None
+    np.testing.assert_array_equal(cast.value(torch.tensor(want_codes, dtype=torch.float32), s_x).numpy(), want)
     x[-1, 5] = np.nan
     assert bw.input_value(torch.tensor(x), s_x, lo, hi) is None
 
