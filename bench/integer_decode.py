@@ -132,6 +132,8 @@ def split(prefill: bool, reps: int) -> str:
     model, inputs, fp = (int_pre, pre_in, float_pre) if prefill else (int_dec, dec_in, float_dec)
     kinds = {"linears (IntegerLayer, their output quantizers included)": (layers.IntegerLayer, "forward"),
              "linears: the blocked matmul alone (BlockedWeights.value)": (blocked_linear.BlockedWeights, "value"),
+             "linears: the blocked sums with their input codes (BlockedWeights.input_value, the C++ call)":
+                 (blocked_linear.BlockedWeights, "input_value"),
              "quantizers (IntegerQuantizer), every call": (quant_calls.IntegerQuantizer, "forward"),
              "RMSNorm islands (RMSNormForm)": (rmsnorm.RMSNormForm, "forward"),
              "attention products (MatMulForm)": (attention.MatMulForm, "forward"),
