@@ -143,7 +143,8 @@ def test_pack_round_trips_and_refuses_wide_codes():
 
 def test_shape_mismatch_is_named():
     with pytest.raises(ValueError, match="do not fit block 4"):
-        blocked_sums.blocked_linear(torch.zeros(1, 12), blocked_sums.pack(torch.ones(2, 4, 3)), torch.ones(2, 3), 4, 1.0)
+        blocked_sums.blocked_linear(torch.zeros(1, 12), blocked_sums.pack(torch.ones(2, 4, 3)), torch.ones(2, 3),
+                                    4, 1.0)
 
 
 def test_op_traces_with_fake_tensors():
