@@ -65,9 +65,6 @@ def _hardtanh_bounds(func, args, kwargs):
 _BOUNDS = {"relu": _relu_bounds, "relu6": _relu6_bounds, "hardtanh": _hardtanh_bounds}
 #: the ops that leave no node in an eval-mode export (the value passes through), by op name
 _NO_NODE = ("dropout", "identity")
-#: by op name: (the Python int ``n`` with ``x op n == x``, whether ``n op x == x`` too) for the
-#: out-of-place arithmetic whose call with ``n`` (alpha 1) the exporter drops (``exporter_drops``)
-_NEUTRAL = {"add": (0, True), "sub": (0, False), "mul": (1, True)}
 
 
 @per_registry
@@ -85,17 +82,17 @@ def _pass_table(ops) -> frozenset:
 
 @per_registry
 def _arith_table(ops) -> dict:
-    """{callable: op name} of the ``_NEUTRAL`` ops' out-of-place calls (a reflected one only
-    where ``n op x == x``: ``0 + x``, not ``0 - x``)."""
-    return {f: op.name for op in ops if op.name in _NEUTRAL for f in calls_of(op)
-            if not in_place(f) and (_NEUTRAL[op.name][1] or not reflected(f))}
+    """{callable: op} of the out-of-place calls of the ops with a ``neutral`` int (dal.ops; a
+    reflected call only where ``n op x == x``: ``0 + x``, not ``0 - x``)."""
+    return {f: op for op in ops if op.neutral is not None for f in calls_of(op)
+            if not in_place(f) and (op.neutral[1] or not reflected(f))}
 
 
 #: functions the exporter writes as Relu / Clip -> their op's name (derived from dal.ops)
 _ACT = Derived(_act_table)
 #: functions that leave no node in an eval-mode export (the value passes through)
 _PASS = Derived(_pass_table)
-#: out-of-place arithmetic whose call with the Python int ``_NEUTRAL[op][0]`` (alpha 1) the exporter drops
+#: out-of-place arithmetic whose call with its op's neutral Python int (alpha 1) the exporter drops
 _ARITH = Derived(_arith_table)
 
 
@@ -291,9 +288,9 @@ def exporter_drops(func, args, kwargs) -> bool:
     kwargs = kwargs or {}
     if op is None or len(args) != 2 or not isinstance(args[0], torch.Tensor) or set(kwargs) - {"alpha"}:
         return False
-    if op == "mul" and kwargs:
+    if op.name == "mul" and kwargs:
         return False
-    return _is_int(args[1], _NEUTRAL[op][0]) and _is_int(kwargs.get("alpha", 1), 1)
+    return _is_int(args[1], op.neutral[0]) and _is_int(kwargs.get("alpha", 1), 1)
 
 
 def _max_pool_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,

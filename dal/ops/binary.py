@@ -19,6 +19,7 @@ ADD = Op(
     integer_form=None,
     cost="vector",
     fp16_region=("compute", "tail"),
+    neutral=(0, True),
 )
 
 MUL = Op(
@@ -33,6 +34,7 @@ MUL = Op(
     integer_form=None,
     cost="vector",
     fp16_region=("compute", "tail"),
+    neutral=(1, True),
 )
 
 #: a float subtraction of two tensors (prepare classifies its calls by name, as float
@@ -44,6 +46,7 @@ SUB = Op(
     onnx=("Sub",),
     spec="§5a",
     fp16_region=("compute", "tail"),
+    neutral=(0, False),
 )
 
 OPS: tuple[Op, ...] = (ADD, MUL, SUB)

@@ -55,7 +55,11 @@ class Op:
     - ``function``: the function name hardware models use in ``fp16_ops`` / ``lut_ops``
       (``"silu"``), when it differs from ``name`` or matters;
     - ``fp16_region``: its parts in an FP16 / BF16 region of the export, members of
-      :data:`FP16_ROLES` (``("compute", "tail")`` for ``add``), read by dal/export/casts.py.
+      :data:`FP16_ROLES` (``("compute", "tail")`` for ``add``), read by dal/export/casts.py;
+    - ``neutral``: ``(n, both_sides)`` for arithmetic with a neutral Python int: ``x op n == x``,
+      and ``n op x == x`` too when ``both_sides`` (add ``(0, True)``, sub ``(0, False)``, mul
+      ``(1, True)``). An out-of-place call with it (alpha 1) leaves no node in the export
+      (export/SPEC.md §5a), so prepare lists no op there and dal.convert computes none.
     """
 
     name: str
@@ -71,6 +75,7 @@ class Op:
     cost: Optional[str] = None
     function: str = ""
     fp16_region: tuple = ()
+    neutral: Optional[tuple] = None
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -85,6 +90,9 @@ class Op:
                 raise TypeError(f"Op {self.name!r}: {field} must be a tuple, got {type(value).__name__}")
         if any(r not in FP16_ROLES for r in self.fp16_region):
             raise ValueError(f"Op {self.name!r}: fp16_region={self.fp16_region!r}: members are {', '.join(FP16_ROLES)}")
+        if self.neutral is not None and not (isinstance(self.neutral, tuple) and len(self.neutral) == 2
+                                             and type(self.neutral[0]) is int and isinstance(self.neutral[1], bool)):
+            raise TypeError(f"Op {self.name!r}: neutral is (int, bool), got {self.neutral!r}")
         if any(not isinstance(m, str) for m in self.methods):
             raise TypeError(f"Op {self.name!r}: methods are Tensor method names (str), got {self.methods!r}")
         if any(not isinstance(m, type) for m in self.modules):

@@ -15,7 +15,7 @@ import torch
 
 from ..nn.gather import gather_call_args
 from ..nn.scatter_add import scatter_call
-from ..ops import Op, select, version
+from ..ops import Op, get, select, version
 from .float_ops import FloatOp, classify_node
 from .functional_ops import call_form, functional_ops
 
@@ -155,9 +155,10 @@ def _float_arithmetic(name: str, args) -> Optional[FloatOp]:
     if not any(_float_tensor(t) and t.dim() > 0 for t in tensors):
         return None
     base, in_place, reflected = arithmetic_spelling(name)
-    if base in _NEUTRAL and not in_place and len(args) == 2 and not (reflected and _NEUTRAL_AT.get(base)):
-        first = _NEUTRAL_AT.get(base, 0)
-        if any(type(a) is int and a == _NEUTRAL[base] for a in args[first:]):
+    neutral = _neutral(base)
+    if neutral is not None and not in_place and len(args) == 2 and (neutral[1] or not reflected):
+        first = 0 if neutral[1] else 1  # 0 - x is no x, nor is a reflected x.__rsub__(0)
+        if any(type(a) is int and a == neutral[0] for a in args[first:]):
             return None  # x + 0, 0 + x, x - 0, x * 1, 1 * x: the exporter writes no node (export/SPEC.md §5a)
     return FloatOp("float", "elementwise", "float_" + base)
 
@@ -179,11 +180,14 @@ def arithmetic_spelling(name: str) -> tuple[str, bool, bool]:
 
 #: another name of an arithmetic op (Python's ``/`` is ``truediv``; torch.true_divide)
 _ALIASES = {"truediv": "div", "true_divide": "div"}
-#: an op's neutral Python int, keyed by op name: ``x + 0``, ``x - 0``, ``x * 1`` (out of place) are ``x``
-_NEUTRAL = {"add": 0, "sub": 0, "mul": 1}
-#: the first operand that may be the neutral int, keyed by op name (default 0: either operand of a
-#: commutative op): ``0 - x`` is no ``x``, nor is a reflected ``x.__rsub__(0)``
-_NEUTRAL_AT = {"sub": 1}
+
+
+def _neutral(op_name: str):
+    """The registered op's ``neutral`` (dal.ops: ``(n, both_sides)``), None for another name."""
+    try:
+        return get(op_name).neutral
+    except KeyError:
+        return None
 
 
 #: the classes whose methods are tensor methods (torch.Tensor and its C base class), not ``object``
