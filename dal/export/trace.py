@@ -73,16 +73,18 @@ class _Placeholder(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def _placeholders(plan: ExportPlan, sites: dict[int, Site]):
-    """Swap each active quantizer's forward for a placeholder call; always restore it."""
+def placeholders(plan: ExportPlan, sites: dict[int, Site], placeholder=None):
+    """Swap each active quantizer's forward for a placeholder call ``placeholder(x, site)``
+    (default: the TorchScript one, ``_Placeholder.apply``); always restore it."""
     swapped = []
+    call = placeholder or _Placeholder.apply
 
     def make(entry):
         def forward(x):
             sid = next(_IDS)
             site = Site(entry, tuple(x.shape))
             sites[sid] = site
-            return _Placeholder.apply(x, sid)
+            return call(x, sid)
         return forward
 
     try:
@@ -98,7 +100,7 @@ def _placeholders(plan: ExportPlan, sites: dict[int, Site]):
 
 
 @contextlib.contextmanager
-def _flat_outputs(model: nn.Module, names: list[str]):
+def flat_outputs(model: nn.Module, names: list[str]):
     """The model's output nest (dict, dataclass, ``ModelOutput``, lists, ``None`` leaves: see
     dal.nest) as the flat tuple of its tensor leaves while tracing, so the ONNX graph's outputs
     are those leaves in dal.nest's order whatever the TorchScript exporter would make of the
@@ -168,7 +170,7 @@ def trace(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, input_nam
         dynamic_axes = {n: {0: "batch"} for n in input_names + list(output_names or [])}
     buf = io.BytesIO()
     leaf_names: list[str] = []
-    with eval_mode(model), _placeholders(plan, sites), _flat_outputs(model, leaf_names), torch.enable_grad(), \
+    with eval_mode(model), placeholders(plan, sites), flat_outputs(model, leaf_names), torch.enable_grad(), \
             warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always", category=torch.jit.TracerWarning)  # judged below (data_flow.py)
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
@@ -206,4 +208,4 @@ def _after_trace(model, args, plan, seen) -> None:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
     if traced_flow:
         with eval_mode(model):
-            check_static(model, args, lambda: _placeholders(plan, {}))
+            check_static(model, args, lambda: placeholders(plan, {}))
