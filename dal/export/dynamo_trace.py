@@ -12,7 +12,9 @@ into initializers; dal's fold.py folds what it leaves.
 Opsets: the dynamo exporter writes opset 18 and newer. A file asked for at an older opset (13 for
 INT8) is traced at 18 and taken down before the rewrites (:func:`_down_to`: ``onnx.version_converter``
 has no down adapters for most operators): where an operator's schema moved ``axes`` from an
-attribute to a constant input (``ReduceMean`` at 18), the input goes back to the attribute; every
+attribute to a constant input (``ReduceMean`` at 18), the input goes back to the attribute; an
+attribute the older schema lacks is dropped when it holds the newer schema's default (``Reshape``'s
+``allowzero=0``, ``Resize``'s ``antialias=0``); every
 standard node must then pass ``onnx.checker.check_node`` at the older opset, or the trace is a
 :class:`CaptureError` like a failed capture.
 
@@ -149,7 +151,18 @@ def trace_dynamo(model: nn.Module, args: tuple, plan: ExportPlan, opset: int, in
 
 def _clean(proto: onnx.ModelProto) -> None:
     """Drop what the dynamo exporter adds beyond the graph: per-node and model metadata (stack
-    traces, torch's module names), ``value_info``, doc strings. dal writes its own metadata."""
+    traces, torch's module names), ``value_info``, doc strings (dal writes its own metadata); and
+    ``Reshape``'s ``allowzero=1`` (torch's ``view``: a 0 in the shape is 0) where the shape is a
+    constant without 0, where it means what the TorchScript route's ``Reshape`` means."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in proto.graph.initializer}
+    for node in proto.graph.node:
+        if node.op_type == "Reshape" and len(node.input) > 1 and node.input[1] in inits and \
+                0 not in numpy_helper.to_array(inits[node.input[1]]).tolist():
+            kept = [a for a in node.attribute if not (a.name == "allowzero" and a.i == 1)]
+            del node.attribute[:]
+            node.attribute.extend(kept)
     del proto.metadata_props[:]
     del proto.graph.value_info[:]
     for node in proto.graph.node:
@@ -200,6 +213,7 @@ def _down_to(proto: onnx.ModelProto, opset: int, name: str) -> None:
                 axes = numpy_helper.to_array(inits[node.input[k]]).tolist()
                 del node.input[k:]
                 node.attribute.append(helper.make_attribute("axes", [int(a) for a in axes]))
+        _drop_default_attributes(node, new, old)
         try:
             checker.check_node(node, ctx)
         except Exception as exc:
@@ -213,15 +227,17 @@ def _down_to(proto: onnx.ModelProto, opset: int, name: str) -> None:
 def _optimize(model) -> None:
     """What ``torch.onnx.export(optimize=True)`` runs (``onnxscript.optimizer.optimize_ir``: inline,
     constant folding, rewrite rules, dead code, constants lifted to initializers, duplicates
-    merged), on the ``onnx_ir`` model in place, less the rewrite rule ``Flatten -> Reshape``: the
-    TorchScript route writes ``Flatten`` (dynamo_ops.py)."""
+    merged), on the ``onnx_ir`` model in place, less two kinds of rewrite rules: ``Flatten ->
+    Reshape`` (the TorchScript route writes ``Flatten``: dynamo_ops.py) and the removal of an
+    all-zero bias from Conv / Gemm (dal quantizes that bias to int32 codes like any other)."""
     import onnx_ir as ir
     import onnx_ir.passes.common as common
     from onnxscript import rewriter
     from onnxscript.optimizer import _constant_folding
-    from onnxscript.rewriter.rules.common import _basic_rules
+    from onnxscript.rewriter.rules.common import _basic_rules, _remove_optional_bias
 
-    rules = [r for r in rewriter._DEFAULT_REWRITE_RULES if r is not _basic_rules.flatten_to_reshape_rule]
+    dropped = {id(_basic_rules.flatten_to_reshape_rule), *(id(r) for r in _remove_optional_bias.rules)}
+    rules = [r for r in rewriter._DEFAULT_REWRITE_RULES if id(r) not in dropped]
     ir.passes.Sequential(
         common.InlinePass(),
         ir.passes.PassManager([_constant_folding.FoldConstantsPass(
@@ -237,3 +253,19 @@ def _optimize(model) -> None:
         common.OutputFixPass(),
         common.NameFixPass(),
     )(model)
+
+
+def _drop_default_attributes(node, new, old) -> None:
+    """Remove from ``node`` each attribute schema ``old`` lacks whose value is schema ``new``'s default."""
+    from onnx import helper
+
+    keep = []
+    for a in node.attribute:
+        default = new.attributes[a.name].default_value if a.name in new.attributes else None
+        if a.name not in old.attributes and default is not None and default.type == a.type and \
+                helper.get_attribute_value(default) == helper.get_attribute_value(a):
+            continue
+        keep.append(a)
+    if len(keep) != len(node.attribute):
+        del node.attribute[:]
+        node.attribute.extend(keep)
