@@ -14,7 +14,8 @@ INT8) is traced at 18 and taken down before the rewrites (:func:`_down_to`: ``on
 has no down adapters for most operators): where an operator's schema moved ``axes`` from an
 attribute to a constant input (``ReduceMean`` at 18), the input goes back to the attribute; an
 attribute the older schema lacks is dropped when it holds the newer schema's default (``Reshape``'s
-``allowzero=0``, ``Resize``'s ``antialias=0``); every
+``allowzero=0``, ``Resize``'s ``antialias=0``); ``HardSwish`` (opset 14) below 14 becomes what
+TorchScript writes there, ``Mul(x, HardSigmoid(x, alpha=1/6))``; every
 standard node must then pass ``onnx.checker.check_node`` at the older opset, or the trace is a
 :class:`CaptureError` like a failed capture.
 
@@ -190,6 +191,8 @@ def _down_to(proto: onnx.ModelProto, opset: int, name: str) -> None:
     from onnx import checker, defs, helper, numpy_helper
 
     g = proto.graph
+    if opset < 14:
+        _hardswish_as_torchscript(g)
     inits = {t.name: t for t in g.initializer}
     ctx = checker.C.CheckerContext()
     ctx.ir_version = proto.ir_version
@@ -269,3 +272,21 @@ def _drop_default_attributes(node, new, old) -> None:
     if len(keep) != len(node.attribute):
         del node.attribute[:]
         node.attribute.extend(keep)
+
+
+def _hardswish_as_torchscript(g) -> None:
+    """Each ``HardSwish(x)`` node of ``g`` as ``Mul(x, HardSigmoid(x, alpha=1/6, beta=0.5))``, the
+    TorchScript exporter's form below opset 14 (torch.onnx symbolic_opset9.hardswish), in place."""
+    from onnx import helper
+
+    nodes = []
+    for node in g.node:
+        if node.op_type != "HardSwish" or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        x, y = node.input[0], node.output[0]
+        gate = f"{y}.hardsigmoid"
+        nodes.append(helper.make_node("HardSigmoid", [x], [gate], name=f"{node.name}.hardsigmoid", alpha=1.0 / 6))
+        nodes.append(helper.make_node("Mul", [x, gate], [y], name=node.name))
+    del g.node[:]
+    g.node.extend(nodes)

@@ -100,7 +100,8 @@ def test_mixed_formats_routes_agree():
 
 
 class FunctionalOps(nn.Module):
-    """add, cat and matmul as functions, between two convolutions."""
+    """add, cat and matmul as functions, between two convolutions; a hardswish, which the dynamo
+    exporter writes as HardSwish (opset 14) and TorchScript at opset 13 as HardSigmoid + Mul."""
 
     def __init__(self):
         super().__init__()
@@ -109,7 +110,7 @@ class FunctionalOps(nn.Module):
         self.head = nn.Linear(16, 4)
 
     def forward(self, x):
-        a, b = self.a(x), self.b(x)
+        a, b = nn.functional.hardswish(self.a(x)), self.b(x)
         y = torch.cat([a + b, a], dim=1)                        # (N, 16, H, W)
         y = torch.matmul(y, y.transpose(2, 3))                  # (N, 16, H, H)
         return self.head(y.mean((2, 3)))
