@@ -2,8 +2,8 @@
 
 This is the TorchScript route, export_onnx's default; dynamo_trace.py is the torch.export route
 writing the same placeholders, and routes.py picks one (``route=``). Why TorchScript stays the
-default: measured, the TorchScript exporter exports ResNet-18 (64x64, one thread) in ~1.2 s of
-CPU against ~7 s for the dynamo route (torch.export, run_decompositions, onnxscript), and with
+default: measured, the TorchScript exporter exports ResNet-18 (64x64, one thread) in ~1 s of
+CPU against ~5.5-6 s for the dynamo route (torch.export, run_decompositions, onnxscript), and with
 ``do_constant_folding=True`` it folds everything computed from parameters - BN folding, 2:4
 masks, the int32 fake quantization of biases - into initializers for free. torch's own
 fake-quant symbolics cannot express INT4 / FP8, so each quantizer call becomes one node
