@@ -166,7 +166,7 @@ def test_auto_falls_back_to_torchscript_and_says_why():
     assert meta["dal.export_route_reason"].startswith("dynamo capture failed: ")
     with pytest.raises(ExportError, match="torch.export could not capture"):
         export_onnx(model, (x,), route="dynamo")
-    assert _meta(export_onnx(model, (x,)))["dal.export_route_reason"] == "asked"  # the default: torchscript
+    assert _meta(export_onnx(model, (x,), route="torchscript"))["dal.export_route_reason"] == "asked"
 
 
 def test_unknown_route_is_refused():
