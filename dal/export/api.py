@@ -24,6 +24,7 @@ from .graph import Graph
 from .metadata import write_metadata
 from .plan import TRACE_MAX_OPSET, make_plan
 from .qdq import is_placeholder, rewrite_scaled
+from .routes import DEFAULT_ROUTE, try_dynamo
 from .trace import PLACEHOLDER_DOMAIN, trace
 
 # Operators whose meaning changed between opset 20 (where the graph is traced) and 21..23.
@@ -34,7 +35,8 @@ _CHANGED_AFTER_20 = {"GroupNormalization"}
 def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[torch.Tensor]],
                 path: Optional[Union[str, os.PathLike]] = None, opset: Optional[int] = None,
                 dynamic_batch: bool = False, input_names: Optional[Sequence[str]] = None,
-                output_names: Optional[Sequence[str]] = None, metadata: Optional[dict] = None) -> onnx.ModelProto:
+                output_names: Optional[Sequence[str]] = None, metadata: Optional[dict] = None,
+                route: str = DEFAULT_ROUTE) -> onnx.ModelProto:
     """Export a calibrated / trained QAT model as QDQ ONNX and return the ModelProto.
 
     Contract (details in export/SPEC.md):
@@ -59,6 +61,9 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
     ``output.out``, ``output.aux.0`` (``{"out": t, "aux": [t2]}``). Inputs are ``input``
     (``input_0``, ... for several), unless ``input_names`` / ``output_names`` (one per leaf) say otherwise.
 
+    ``route``: ``"torchscript"`` (default), ``"dynamo"`` (torch.export) or ``"auto"`` (dynamo, else
+    TorchScript); ``dal.export_route`` / ``dal.export_route_reason`` record it (export/routes.py).
+
     Raises ExportError for quantizers still observing, quantizers the exporter cannot place,
     or an opset too low; each error lists every offender.
 
@@ -77,17 +82,12 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
     names_in = list(input_names) if input_names else (["input"] if len(args) == 1 else
                                                       [f"input_{k}" for k in range(len(args))])
     names_out = list(output_names) if output_names else None
-    try:
-        with _held_stdout(enabled=not explicit):
-            proto, sites, leaf_names = trace(model, args, plan, opset, names_in, names_out, dynamic_batch)
-    except ExportError as err:
-        # The formats decide the default opset, but the float graph may need a newer one
-        # (scaled_dot_product_attention: 14): torch says which; retry once at that opset.
-        needed = _opset_torch_asks_for(err)
-        if explicit or needed is None or needed <= opset:
-            raise
-        opset = needed
-        proto, sites, leaf_names = trace(model, args, plan, opset, names_in, names_out, dynamic_batch)
+    traced, route_record = try_dynamo(route, model, args, plan, opset, names_in, names_out, dynamic_batch)
+    if traced is not None:
+        proto, sites, leaf_names = traced
+    else:
+        proto, sites, leaf_names, opset = _trace_torchscript(model, args, plan, opset, explicit, names_in, names_out,
+                                                             dynamic_batch)
     graph = Graph(proto)
     fold_constants(graph)
     rewrite_float_casts(graph, sites)
@@ -100,9 +100,10 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
     if not output_names:
         _name_outputs(proto, (getattr(model, "output_names", None) if model is not detector else None) or leaf_names)
     _set_opset(proto, opset)
+    metadata = {**(metadata or {}), **route_record}
     boundary = boundary_json(detector, model)
     if boundary is not None:
-        metadata = {**(metadata or {}), "dal.boundary": boundary}
+        metadata = {**metadata, "dal.boundary": boundary}
     write_metadata(proto, detector, infos, metadata)
     proto.producer_name, proto.producer_version = "dal", _version()
     check_no_float64_quantize(proto)  # before the checker, whose message names neither the layer nor the cause
@@ -111,6 +112,20 @@ def export_onnx(model: nn.Module, example_inputs: Union[torch.Tensor, Sequence[t
     if path is not None:
         onnx.save(proto, os.fspath(path))
     return proto
+
+
+def _trace_torchscript(model, args, plan, opset, explicit, names_in, names_out, dynamic_batch):
+    """trace.py's ``(proto, sites, leaf names)`` and the opset traced at: the formats decide the
+    default opset, but the float graph may need a newer one (scaled_dot_product_attention: 14);
+    torch says which, and an implicit opset is retried once at that one."""
+    try:
+        with _held_stdout(enabled=not explicit):
+            return (*trace(model, args, plan, opset, names_in, names_out, dynamic_batch), opset)
+    except ExportError as err:
+        needed = _opset_torch_asks_for(err)
+        if explicit or needed is None or needed <= opset:
+            raise
+        return (*trace(model, args, plan, needed, names_in, names_out, dynamic_batch), needed)
 
 
 class _Held:

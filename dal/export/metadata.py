@@ -12,6 +12,8 @@ Keys (values are strings; JSON where structured):
 * ``dal.sparse_24``   JSON object ``{codes initializer name: reduction axis}`` for weights trained
   with a 2:4 mask whose stored codes are 2:4 along that axis (at most 2 non-zero codes in every
   group of 4 consecutive elements).
+
+export_onnx adds ``dal.export_route`` / ``dal.export_route_reason`` (dal/export/routes.py).
 """
 from __future__ import annotations
 
