@@ -53,7 +53,7 @@ FOREIGN_INTERNALS = {
     "_buffers": ("a module's own buffer slots, None slots included (named_buffers skips them)",
                  ("dal/nn/tree.py",)),
     "_version": ("a tensor's in-place version counter, which tells a cache its tensor changed: torch has no "
-                 "public accessor", ("dal/convert/quant_calls.py", "dal/convert/matmul_f64.py",
+                 "public accessor", ("dal/convert/quant_calls.py", "dal/convert/matmul_f64.py", "dal/convert/codes_boundary.py",
                                      "dal/sparsity/controller.py")),
     "_conv_forward": ("nn.Conv*'s convolution with a weight other than its own, padding_mode included: no "
                       "public method takes the weight", ("dal/ptq/layers.py", "dal/convert/float_layers.py")),
@@ -90,6 +90,15 @@ FOREIGN_INTERNALS = {
     "_get_const": ("as _maybe_get_const", ("dal/export/symbolics.py",)),
     "_is_constant": ("as _maybe_get_const", ("dal/export/symbolics.py",)),
     "_is_none": ("as _maybe_get_const", ("dal/export/symbolics.py",)),
+    "_DEFAULT_REWRITE_RULES": ("onnxscript's default rewrite rules, which torch.onnx.export(optimize=True) runs: the "
+                               "dynamo route runs them less two (Flatten -> Reshape, an all-zero bias removed), "
+                               "which no public API allows (export only; an onnxscript upgrade may move them)",
+                               ("dal/export/dynamo_trace.py",)),
+    "_constant_folding": ("onnxscript's constant-folding pass and its size limits, as optimize=True runs it "
+                          "(export only)", ("dal/export/dynamo_trace.py",)),
+    "_basic_rules": ("the Flatten -> Reshape rule, to leave it out (export only)", ("dal/export/dynamo_trace.py",)),
+    "_remove_optional_bias": ("the all-zero-bias removal rules, to leave them out (export only)",
+                              ("dal/export/dynamo_trace.py",)),
 }
 
 
