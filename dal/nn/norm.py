@@ -17,6 +17,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -133,5 +135,41 @@ class Fp16InstanceNorm2d(_Fp16Norm, nn.InstanceNorm2d):
                                                  use_input_stats, self.momentum or 0.0, self.eps))
 
 
-#: float normalisation type -> the FP16 module prepare builds on FP16 hardware
-FP16_NORMS = {nn.GroupNorm: Fp16GroupNorm, nn.InstanceNorm2d: Fp16InstanceNorm2d}
+def fp16_norms() -> dict:
+    """Float normalisation type -> the FP16 module prepare builds for it on FP16 hardware: every
+    module type of a registered float op (:mod:`dal.ops`) whose ``qat_module`` is one of this file's FP16
+    norms (nn.GroupNorm -> Fp16GroupNorm, nn.InstanceNorm2d -> Fp16InstanceNorm2d), in
+    registration order. Read again when an op is registered or unregistered."""
+    from ..ops import version
+
+    return dict(_fp16_norms(version()))
+
+
+@functools.cache
+def _fp16_norms(_version: int) -> tuple:
+    from ..ops import all_ops
+
+    pairs = []
+    for op in all_ops():
+        qat = op.resolve("qat_module") if op.handling == "float" and op.qat_module is not None else None
+        if isinstance(qat, type) and issubclass(qat, _Fp16Norm):
+            pairs += [(t, qat) for t in op.modules]
+    return tuple(pairs)
+
+
+@functools.cache
+def batch_norm_types() -> tuple:
+    """The batch norms of any rank (nn.BatchNorm1d / 2d / 3d): the module types of dal's own ops
+    (:func:`dal.hardware.op_classes.dal_ops`) whose export pattern is an ONNX
+    ``BatchNormalization`` (a per-channel affine from running statistics, foldable into the
+    weighted layer before it)."""
+    from ..hardware.op_classes import dal_ops
+
+    return tuple(t for op in dal_ops() if "BatchNormalization" in op.onnx for t in op.modules)
+
+
+def __getattr__(name: str):
+    """``FP16_NORMS``: :func:`fp16_norms`, derived from dal.ops when read."""
+    if name == "FP16_NORMS":
+        return fp16_norms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..nn import QConvBn2d, QConvBnReLU2d
 from ..nn.conv_frozen_bn import QConvFrozenBn2d, QConvFrozenBnReLU2d
-from ..nn.norm import FP16_NORMS
+from ..nn.norm import fp16_norms
 from ..nn.norm_act import ActAfterFold, NormActAffine, bare_batchnorm, is_norm_act
 from ..nn.registry import QAT_MODULES, registry_type
 from ..nn.fast_path import stay_on_module_path
@@ -31,12 +31,12 @@ def _norm_class(action: str, float_type: type):
     """The normalisation module the plan chose for a ``float_type`` module and ``action``, or
     None: the QAT module of the float normalisation op matching the type exactly (dal.ops:
     QBatchNorm2d, Fp16GroupNorm, Fp16InstanceNorm2d), for ``fp16`` when it is an FP16 norm
-    (dal.nn.norm.FP16_NORMS), else for ``quantize``."""
+    (dal.nn.norm.fp16_norms), else for ``quantize``."""
     op = by_module(float_type)
     if op is None or op.handling != "float" or op.qat_module is None:
         return None
     cls = op.resolve("qat_module")
-    return cls if action == ("fp16" if cls in FP16_NORMS.values() else "quantize") else None
+    return cls if action == ("fp16" if cls in fp16_norms().values() else "quantize") else None
 
 
 def apply_plan(model: nn.Module, plan: list[Step], cap: Capture, actions: ModelActions = None) -> nn.Module:

@@ -16,7 +16,7 @@ from ..config.problems import Problem
 from ..formats import INT16
 from ..recipe import check_against_hardware
 from ..recipe.errors import RecipeError
-from ..nn.norm import FP16_NORMS
+from ..nn.norm import fp16_norms
 from ..nn.registry import QAT_MODULES, registry_type
 from ..hardware.op_classes import HOST_OP_CLASSES, OP_CLASS_ROLES
 from .float_ops import hardware_verdict
@@ -24,7 +24,12 @@ from .call_sites import routes_island
 from .fp16_island import is_island
 from .plan import Step
 
-FP16_NORM_NAMES = {t.__name__: c.__name__ for t, c in FP16_NORMS.items()}
+
+def _fp16_norm_names() -> dict:
+    """Float norm type name -> its FP16 module's name (dal.nn.norm.fp16_norms)."""
+    return {t.__name__: c.__name__ for t, c in fp16_norms().items()}
+
+
 #: actions whose recipe spec the recipe check reads
 QUANTIZING = ("quantize", "fuse", "functional")
 
@@ -43,7 +48,7 @@ def check_plan(plan: list[Step], recipe, hw, model=None) -> list[Step]:
     checked = []
     for step in plan:
         if _fp16_norm(step, hw):
-            checked.append(dataclasses.replace(step, action="fp16", built=FP16_NORM_NAMES[step.type_name], reason=_join(
+            checked.append(dataclasses.replace(step, action="fp16", built=_fp16_norm_names()[step.type_name], reason=_join(
                 step.reason, f"runs in FP16 on {hw.name}'s vector engine (its FP16 layer norm; dal.nn.norm)")))
             continue
         if _rmsnorm(step):
@@ -230,7 +235,7 @@ def _rmsnorm_verdict(step: Step, recipe, hw) -> tuple[Step, Problem | None]:
 def _fp16_norm(step: Step, hw) -> bool:
     """A GroupNorm / InstanceNorm2d module left in float, on hardware whose vector engine runs a
     normalisation in FP16 (``layernorm`` in ``fp16_ops``): prepare makes it an FP16 module."""
-    return (step.action == "float" and step.site is None and step.type_name in FP16_NORM_NAMES
+    return (step.action == "float" and step.site is None and step.type_name in _fp16_norm_names()
             and "layernorm" in set(getattr(hw, "fp16_ops", ()) or ()))
 
 

@@ -19,9 +19,8 @@ from torch import nn
 
 from ..calibration.batches import iter_inputs
 from ..nn.conv_bn import QConvBn2d
+from ..nn.norm import batch_norm_types
 from ..quantizer import quantizer_states
-
-_BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
 def reestimate_bn(model: nn.Module, data: Iterable, num_batches: Optional[int] = 16, *,
@@ -32,7 +31,7 @@ def reestimate_bn(model: nn.Module, data: Iterable, num_batches: Optional[int] =
     Example:
         >>> dal.ptq.reestimate_bn(qat_model, train_loader, num_batches=50)   # doctest: +SKIP
     """
-    bns = [(n, m) for n, m in model.named_modules() if isinstance(m, _BN) and m.track_running_stats]
+    bns = [(n, m) for n, m in model.named_modules() if isinstance(m, batch_norm_types()) and m.track_running_stats]
     if not bns:
         return []
     owners = [m for m in model.modules() if isinstance(m, QConvBn2d)]

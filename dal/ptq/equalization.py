@@ -21,10 +21,12 @@ becomes a per-channel clip ``ChannelClip(0, 6 / s_i)``, which keeps the function
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
-from .fold_bn import CONV_TYPES, set_module, traced
+from .fold_bn import conv_types, set_module, traced
 
 
 class ChannelClip(nn.Module):
@@ -40,16 +42,23 @@ class ChannelClip(nn.Module):
 
 
 def _is_depthwise(m) -> bool:
-    return isinstance(m, CONV_TYPES) and m.groups == m.in_channels == m.out_channels and m.groups > 1
+    return isinstance(m, conv_types()) and m.groups == m.in_channels == m.out_channels and m.groups > 1
 
 
 def _weighted(m) -> bool:
-    return (isinstance(m, CONV_TYPES) and (m.groups == 1 or _is_depthwise(m))) or isinstance(m, nn.Linear)
+    return (isinstance(m, conv_types()) and (m.groups == 1 or _is_depthwise(m))) or isinstance(m, nn.Linear)
+
+
+@functools.cache
+def _relu_functions() -> frozenset:
+    """The out-of-place functions of dal.ops' ``relu`` (torch.relu, F.relu): homogeneous,
+    ``relu(x / s) == relu(x) / s`` for ``s > 0``. (The in-place torch.relu_ is not matched.)"""
+    from ..ops import get
+
+    return frozenset(f for f in get("relu").functions if not f.__name__.endswith("_"))
 
 
 def _activation_kind(node, mods):
-    import torch.nn.functional as F
-
     if node.op == "call_module":
         m = mods.get(node.target)
         if isinstance(m, (nn.Identity, nn.ReLU)):
@@ -58,7 +67,7 @@ def _activation_kind(node, mods):
             return "clip"
         if isinstance(m, nn.ReLU6) or (isinstance(m, nn.Hardtanh) and (m.min_val, m.max_val) == (0.0, 6.0)):
             return "relu6"
-    if node.op == "call_function" and node.target in (torch.relu, F.relu):
+    if node.op == "call_function" and node.target in _relu_functions():
         return "homogeneous"
     return None
 

@@ -13,8 +13,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+from ..nn.norm import batch_norm_types
+from ..sparsity.layout import weighted_types
+
+
+def conv_types() -> tuple:
+    """The convolutions a BatchNorm folds into: nn.Conv1d / 2d / 3d (weight ``[out, in/groups, *k]``;
+    dal.sparsity.layout.weighted_types of op class conv, read from dal.ops)."""
+    return weighted_types("conv")
+
+
+def __getattr__(name: str):
+    """``CONV_TYPES`` (:func:`conv_types`) and ``BN_TYPES`` (dal.nn.norm.batch_norm_types), derived
+    from dal.ops when read."""
+    if name == "CONV_TYPES":
+        return conv_types()
+    if name == "BN_TYPES":
+        return batch_norm_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def set_module(model: nn.Module, path: str, new: nn.Module) -> None:
@@ -55,7 +71,7 @@ def fold_batchnorm(model: nn.Module) -> list[tuple[str, str]]:
     mods = dict(model.named_modules())
     pairs = []
     for node in gm.graph.nodes:
-        if node.op != "call_module" or not isinstance(mods.get(node.target), BN_TYPES):
+        if node.op != "call_module" or not isinstance(mods.get(node.target), batch_norm_types()):
             continue
         src = node.args[0]
         if getattr(src, "op", None) != "call_module" or len(src.users) != 1:
@@ -64,7 +80,7 @@ def fold_batchnorm(model: nn.Module) -> list[tuple[str, str]]:
         if not bn.track_running_stats or bn.running_mean is None:
             continue
         with torch.no_grad():
-            if isinstance(layer, CONV_TYPES) and layer.out_channels == bn.num_features:
+            if isinstance(layer, conv_types()) and layer.out_channels == bn.num_features:
                 w, b = fuse_conv_bn_weights(layer.weight, layer.bias, bn.running_mean, bn.running_var, bn.eps,
                                             bn.weight, bn.bias)
             elif isinstance(layer, nn.Linear) and layer.out_features == bn.num_features:

@@ -18,17 +18,51 @@ Subclasses (dal's ``QLinear``, ``QConv2d``, ...) follow their torch base class.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
-__all__ = ["SPARSE_TYPES", "reduction_axis", "op_class", "reduction_group_length",
+__all__ = ["SPARSE_TYPES", "sparse_types", "weighted_types", "reduction_axis", "op_class", "reduction_group_length",
            "to_groups", "from_groups"]
 
-#: Module types whose weight can carry an N:M mask (subclasses included).
-SPARSE_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
-                nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+@functools.cache
+def _weighted() -> dict:
+    """Float module type -> its hardware op class, for the op classes that reduce a weight against
+    an activation input (roles ``weight`` and ``input``: linear, conv, conv_transpose; a 3-D conv
+    is named conv / conv_transpose): the module types of dal's own ops (dal.ops, read through
+    :func:`dal.hardware.op_classes.module_op_classes`), a type that subclasses another one left
+    out (``isinstance`` against its base finds it)."""
+    from ..hardware.op_classes import OP_CLASS_ROLES, dal_ops, module_op_classes
 
-_CONV_T = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+    classes = module_op_classes()
+    found = {}
+    for op in dal_ops():
+        for t in op.modules:
+            cls = classes.get(t.__name__)
+            if cls is not None and {"weight", "input"} <= set(OP_CLASS_ROLES[cls]):
+                found[t] = cls
+    return {t: c for t, c in found.items() if not any(u is not t and issubclass(t, u) for u in found)}
+
+
+def weighted_types(*op_classes: str) -> tuple:
+    """The float module types (subclasses included through ``isinstance``) of the weighted ops of
+    these hardware op classes (all of linear, conv, conv_transpose when none is given), e.g.
+    ``weighted_types("conv")`` is (nn.Conv1d, nn.Conv2d, nn.Conv3d)."""
+    return tuple(t for t, c in _weighted().items() if not op_classes or c in op_classes)
+
+
+def sparse_types() -> tuple:
+    """Module types whose weight can carry an N:M mask (subclasses included): nn.Linear,
+    nn.Conv1d/2d/3d, nn.ConvTranspose1d/2d/3d (:func:`weighted_types`)."""
+    return weighted_types()
+
+
+def __getattr__(name: str):
+    """``SPARSE_TYPES``: :func:`sparse_types`, derived from dal.ops when read."""
+    if name == "SPARSE_TYPES":
+        return sparse_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def reduction_axis(module: nn.Module) -> int:
@@ -37,9 +71,9 @@ def reduction_axis(module: nn.Module) -> int:
     >>> reduction_axis(nn.Linear(8, 4)), reduction_axis(nn.ConvTranspose2d(8, 4, 3))
     (1, 0)
     """
-    if isinstance(module, _CONV_T):
+    if isinstance(module, weighted_types("conv_transpose")):
         return 0
-    if isinstance(module, SPARSE_TYPES):
+    if isinstance(module, sparse_types()):
         return 1
     raise TypeError(f"{type(module).__name__} is not a Linear / Conv / ConvTranspose module")
 
@@ -49,9 +83,9 @@ def op_class(module: nn.Module) -> str:
     ``"conv_transpose"``."""
     if isinstance(module, nn.Linear):
         return "linear"
-    if isinstance(module, _CONV_T):
+    if isinstance(module, weighted_types("conv_transpose")):
         return "conv_transpose"
-    if isinstance(module, SPARSE_TYPES):
+    if isinstance(module, sparse_types()):
         return "conv"
     raise TypeError(f"{type(module).__name__} is not a Linear / Conv / ConvTranspose module")
 

@@ -40,19 +40,30 @@ is left unpermuted and the reason is reported.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
-from .layout import reduction_axis
+from ..nn.norm import batch_norm_types
+from .layout import reduction_axis, weighted_types
 
 __all__ = ["search_permutation", "retained_with_permutation", "find_sequential_pairs",
            "permute_sequential_pairs"]
 
 _ACTS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Hardswish,
          nn.Hardsigmoid, nn.Mish, nn.ELU, nn.Dropout, nn.Identity)
-_BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-_FAMILY = {nn.Linear: "linear", nn.Conv1d: "conv1d", nn.Conv2d: "conv2d", nn.Conv3d: "conv3d"}
 _ROW_BUDGET = 1 << 24  # elements of the [rows, C, K] temporary when building D
+
+
+@functools.cache
+def _family() -> dict:
+    """Layer type -> its op's name (dal.ops): the plain layers whose weight is ``[out, in, *k]``
+    (nn.Linear, nn.Conv1d/2d/3d: :func:`~dal.sparsity.layout.weighted_types` of linear and conv).
+    A producer and a consumer pair up only when they are the same op."""
+    from ..ops import by_module
+
+    return {t: by_module(t).name for t in weighted_types("linear", "conv")}
 
 
 def _magnitudes(weight: Tensor, axis: int) -> Tensor:
@@ -161,14 +172,15 @@ def find_sequential_pairs(model: nn.Module):
             continue
         leaves = list(_leaves(mod, name))
         for i, (pname, prod) in enumerate(leaves):
-            fam = _FAMILY.get(type(prod))
+            family = _family()
+            fam = family.get(type(prod))
             if fam is None or getattr(prod, "groups", 1) != 1:
                 continue
             ch = prod.weight.shape[0]
             mids = []
             for cname, cons in leaves[i + 1:]:
-                if type(cons) in _FAMILY:
-                    ok = (_FAMILY[type(cons)] == fam and getattr(cons, "groups", 1) == 1
+                if type(cons) in family:
+                    ok = (family[type(cons)] == fam and getattr(cons, "groups", 1) == 1
                           and cons.weight.shape[reduction_axis(cons)] == ch)
                     if ok and cname not in seen:
                         seen.add(cname)
@@ -176,7 +188,7 @@ def find_sequential_pairs(model: nn.Module):
                     break
                 if type(cons) in _ACTS:
                     mids.append(cname)
-                elif type(cons) in _BN and cons.num_features == ch:
+                elif type(cons) in batch_norm_types() and cons.num_features == ch:
                     mids.append(cname)
                 else:
                     break
@@ -192,7 +204,7 @@ def _apply(model: nn.Module, prod_name: str, mids: "list[str]", cons_name: str,
     tensors = [prod.weight, prod.bias]
     for mid in mids:
         bn = model.get_submodule(mid)
-        if isinstance(bn, _BN):
+        if isinstance(bn, batch_norm_types()):
             tensors += [bn.weight, bn.bias, bn.running_mean, bn.running_var]
     for t in tensors:
         if t is not None:
@@ -210,7 +222,7 @@ def permute_sequential_pairs(model: nn.Module, consumers: "set[str]", n: int = 2
     notes = {}
     for name in consumers:
         mod = model.get_submodule(name)
-        if type(mod) not in _FAMILY:
+        if type(mod) not in _family():
             notes[name] = (f"not permuted: {type(mod).__name__} is not a plain torch "
                            "Linear/ConvNd (permute the float model, before prepare_qat)")
         else:

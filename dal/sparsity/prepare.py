@@ -6,7 +6,7 @@ from typing import Callable, Iterable, Union
 from torch import nn
 
 from .controller import CONTROLLER_ATTR, SparsityController, find_controller
-from .layout import SPARSE_TYPES, op_class, reduction_axis, reduction_group_length
+from .layout import sparse_types, op_class, reduction_axis, reduction_group_length
 from .pattern import parse_pattern
 from .permute import permute_sequential_pairs
 from .schedule import SparsitySchedule, resolve_schedule
@@ -96,7 +96,7 @@ def prepare_sparse(model: nn.Module, pattern: str = "2:4",
     chosen: "dict[str, int]" = {}
     skipped: "dict[str, str]" = {}
     for name, mod in model.named_modules():
-        if not isinstance(mod, SPARSE_TYPES):
+        if not isinstance(mod, sparse_types()):
             continue
         if getattr(mod, "weight_mask", None) is not None:
             raise ValueError(f"module {name!r} already has a weight_mask buffer; remove it "

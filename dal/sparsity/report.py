@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from .controller import find_controller
-from .layout import SPARSE_TYPES, op_class, reduction_axis, to_groups
+from .layout import sparse_types, op_class, reduction_axis, to_groups
 
 __all__ = ["SparsityReport", "report"]
 
@@ -78,7 +78,7 @@ def report(model: nn.Module) -> SparsityReport:
     rows, step = [], 0
     with torch.no_grad():
         for name, mod in model.named_modules():
-            if not isinstance(mod, SPARSE_TYPES):
+            if not isinstance(mod, sparse_types()):
                 continue
             w = mod.weight
             if isinstance(w, nn.parameter.UninitializedParameter):
