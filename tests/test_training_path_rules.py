@@ -70,6 +70,7 @@ EXCEPTIONS = {
     ("formats/native.py", "ctypes.CDLL"): "the kernel loader: loads the library it built (build time, not a flag)",
     ("formats/island.py", "ctypes.CDLL"): "the FP16 island kernel's loader, as native.py's",
     ("kernels/lsq_kernel.py", "ctypes.CDLL"): "the LSQ backward kernel's loader, as native.py's",
+    ("kernels/blocked_sums.py", "ctypes.CDLL"): "the integer model's blocked-linear kernel's loader (dal.convert, not a QAT step), as native.py's",
     ("formats/native.py", "os.environ"): "XDG_CACHE_HOME (where the build is cached) and CXX (which compiler "
                                          "builds it): where and how to build, read when building, not a switch",
 }
