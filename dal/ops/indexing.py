@@ -17,6 +17,7 @@ GATHER = Op(
     spec="§5d",
     integer_form=None,
     cost=None,
+    call_form="index",
 )
 
 SCATTER_ADD = Op(
@@ -30,6 +31,7 @@ SCATTER_ADD = Op(
     spec="§5c",
     integer_form=None,
     cost=None,
+    call_form="index",
 )
 
 OPS: tuple[Op, ...] = (GATHER, SCATTER_ADD)

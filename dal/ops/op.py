@@ -29,6 +29,14 @@ FP16_ROLES = ("compute", "tail")
 #: ``free`` (folded away or exact on codes: no cycles of its own).
 COST_CLASSES = ("matrix", "vector", "free")
 
+#: how prepare reads the call of a ``functional`` op (its fx node and its call-site capture):
+#: ``operands`` (two tensor operands: ``a + b``, ``a @ b``, ``torch.mul(a, b)``, no ``alpha``),
+#: ``sequence`` (``torch.cat(tensors, dim)``: two or more tensors), ``sampling``
+#: (``F.grid_sample(input, grid, ...)`` / ``torch.grid_sampler``: dal.nn.grid_sample), ``index``
+#: (a scatter-add / gather: ``dal.nn.scatter_add.scatter_call`` / ``dal.nn.gather.gather_call_args``
+#: parse it, and a site no recipe rule quantizes stays the host op it is)
+CALL_FORMS = ("operands", "sequence", "sampling", "index")
+
 Ref = Union[str, Callable, type, None]
 
 
@@ -60,6 +68,8 @@ class Op:
       and ``n op x == x`` too when ``both_sides`` (add ``(0, True)``, sub ``(0, False)``, mul
       ``(1, True)``). An out-of-place call with it (alpha 1) leaves no node in the export
       (export/SPEC.md §5a), so prepare lists no op there and dal.convert computes none.
+    - ``call_form``: how prepare reads a call of a ``functional`` op, one of :data:`CALL_FORMS`
+      (``"operands"``, the default: two tensor operands; ``"sequence"`` for ``cat``).
     """
 
     name: str
@@ -76,6 +86,7 @@ class Op:
     function: str = ""
     fp16_region: tuple = ()
     neutral: Optional[tuple] = None
+    call_form: str = "operands"
 
     def __post_init__(self):
         if not self.name or not isinstance(self.name, str):
@@ -88,6 +99,8 @@ class Op:
             value = getattr(self, field)
             if not isinstance(value, tuple):
                 raise TypeError(f"Op {self.name!r}: {field} must be a tuple, got {type(value).__name__}")
+        if self.call_form not in CALL_FORMS:
+            raise ValueError(f"Op {self.name!r}: call_form={self.call_form!r} is not one of {', '.join(CALL_FORMS)}")
         if any(r not in FP16_ROLES for r in self.fp16_region):
             raise ValueError(f"Op {self.name!r}: fp16_region={self.fp16_region!r}: members are {', '.join(FP16_ROLES)}")
         if self.neutral is not None and not (isinstance(self.neutral, tuple) and len(self.neutral) == 2

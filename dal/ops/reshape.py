@@ -25,6 +25,7 @@ CAT = Op(
     integer_form=None,
     cost="vector",
     fp16_region=("compute",),
+    call_form="sequence",
 )
 
 FLATTEN = Op(

@@ -20,6 +20,7 @@ GRID_SAMPLE = Op(
     spec="§5b",
     integer_form="dal.convert.grid_sample:float_grid_sample",
     cost=None,
+    call_form="sampling",
 )
 
 RESIZE = Op(

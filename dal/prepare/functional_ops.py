@@ -16,22 +16,19 @@ import torch.fx as fx
 from torch import nn
 
 from ..nn.tree import has_instance_attribute
-from ..ops import Op, by_function, by_method, select, version
+from ..ops import Op, all_ops, by_function, by_method, select, version
 
 # ---- functional ops: the registry's ops of handling "functional" (dal.ops) ----------------------
-#: how prepare reads a functional op's call, keyed by op name; an op not named here takes two
-#: tensor operands (``a + b``, ``a @ b``, ``torch.mul(a, b)``, no ``alpha``):
-#: ``sequence`` (``torch.cat(tensors, dim)``: two or more tensors), ``sampling``
-#: (``F.grid_sample(input, grid, ...)`` / ``torch.grid_sampler``: dal.nn.grid_sample), ``index``
-#: (a scatter-add / gather: ``dal.nn.scatter_add.scatter_call`` / ``dal.nn.gather.gather_call_args``
-#: parse it, and a site no recipe rule quantizes stays the host op it is)
-CALL_FORMS = {"cat": "sequence", "grid_sample": "sampling", "scatter_add": "index", "gather": "index"}
-
-
 def call_form(kind: str) -> str:
-    """How prepare reads a call of the functional op named ``kind``: ``CALL_FORMS[kind]``, else
-    ``"operands"`` (two tensor operands)."""
-    return CALL_FORMS.get(kind, "operands")
+    """How prepare reads a call of the functional op named ``kind``: that op's ``call_form``
+    (dal.ops: ``"operands"``, two tensor operands, ``"sequence"``, ``"sampling"`` or ``"index"``);
+    ``"operands"`` for a name no op has."""
+    return _call_forms(version()).get(kind, "operands")
+
+
+@functools.cache
+def _call_forms(_version: int) -> dict[str, str]:
+    return {op.name: op.call_form for op in all_ops()}
 
 
 def functional_ops() -> tuple[Op, ...]:
