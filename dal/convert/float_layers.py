@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 import torch.nn.functional as F
 
 from .errors import ConvertError
@@ -27,16 +28,19 @@ from .op_forms import Derived, per_registry
 from .wrapped import float_attribute
 from ..nn.tree import own_slots
 
-#: the ops (dal.ops names) whose float layer has this form
-_FLOAT_LAYER_OPS = ("linear", "conv1d", "conv2d", "conv3d")
-
-
 @per_registry
 def _float_layer_types(ops) -> tuple:
-    """Those ops' module types that compute ``F.linear`` (a Linear) or define their own
-    ``_conv_forward`` (a ConvNd; a transposed conv inherits _ConvNd's placeholder)."""
-    return tuple(t for op in ops if op.name in _FLOAT_LAYER_OPS for t in op.modules
-                 if issubclass(t, nn.Linear) or "_conv_forward" in vars(t))
+    """The registered ops' module types that compute ``F.linear`` (an ``nn.Linear``, a lazy one
+    excepted: it has no weight until it runs) or define their own ``_conv_forward`` (a ConvNd; a
+    transposed conv inherits _ConvNd's placeholder)."""
+    return tuple(t for op in ops for t in op.modules
+                 if (issubclass(t, nn.Linear) and not issubclass(t, LazyModuleMixin)) or _own_conv_forward(t))
+
+
+def _own_conv_forward(t: type) -> bool:
+    """Whether class ``t`` defines ``_conv_forward`` itself (not inherited)."""
+    f = getattr(t, "_conv_forward", None)
+    return f is not None and getattr(f, "__qualname__", "") == f"{t.__qualname__}._conv_forward"
 
 
 #: the float layers that have this form: exactly these classes (a QAT subclass is an integer
