@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 from .op import Op
 
 #: the family files, one per op family (dal/ops/<family>.py, each with ``OPS``: a tuple of Op)
-FAMILIES = ("weighted", "conv_bn", "binary", "reshape", "normalization", "activations", "pooling",
+FAMILIES = ("weighted", "binary", "reshape", "normalization", "activations", "pooling",
             "attention", "islands", "sampling", "indexing", "host")
 
 _OPS: dict[str, Op] = {}

@@ -1,6 +1,0 @@
-"""conv_bn ops (filled by the registry migration)."""
-from __future__ import annotations
-
-from .op import Op
-
-OPS: tuple[Op, ...] = ()
