@@ -13,7 +13,7 @@ from typing import Iterator, Optional
 import torch.fx as fx
 from torch import nn
 
-from ..ops import by_function, by_method, by_module
+from ..ops import by_call
 from .frozen_bn import is_frozen_batchnorm
 from .norm_act import is_norm_act
 
@@ -195,14 +195,7 @@ def _is_relu(node: fx.Node, modules: dict) -> bool:
     """The node computes the op named ``relu`` of :mod:`dal.ops` (its module type, functions or
     Tensor methods: ``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu_()``): the ReLU a
     conv-BN chain fuses."""
-    if node.op == "call_module":
-        op = by_module(type(modules.get(node.target)))
-    elif node.op == "call_function":
-        op = by_function(node.target)
-    elif node.op == "call_method":
-        op = by_method(node.target)
-    else:
-        return False
+    op = by_call(node.op, type(modules.get(node.target)) if node.op == "call_module" else node.target)
     return op is not None and op.name == "relu"
 
 

@@ -7,8 +7,8 @@
     class QClampScale(dal.nn.QATModule, ClampScale): ...
 """
 from .op import COST_CLASSES, HANDLINGS, Op, resolve_ref
-from .registry import (all_ops, by_function, by_method, by_module, functions_of, get, methods_of, modules_of,
+from .registry import (all_ops, by_call, by_function, by_method, by_module, functions_of, get, methods_of, modules_of,
                        register, select, unregister, version)
 
-__all__ = ["COST_CLASSES", "HANDLINGS", "Op", "all_ops", "by_function", "by_method", "by_module", "functions_of",
+__all__ = ["COST_CLASSES", "HANDLINGS", "Op", "all_ops", "by_call", "by_function", "by_method", "by_module", "functions_of",
            "get", "methods_of", "modules_of", "register", "resolve_ref", "select", "unregister", "version"]

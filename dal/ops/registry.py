@@ -171,6 +171,19 @@ def by_module(module_type: type) -> Optional[Op]:
     return _BY_MODULE.get(module_type)
 
 
+def by_call(kind: str, target) -> Optional[Op]:
+    """The op a call names, as an fx node states it: ``kind`` ``"call_function"`` (``target`` a
+    callable), ``"call_method"`` (a Tensor method name) or ``"call_module"`` (``target`` the
+    module's type); None for another kind or a target no op matches."""
+    if kind == "call_function":
+        return by_function(target)
+    if kind == "call_method":
+        return by_method(target)
+    if kind == "call_module":
+        return by_module(target)
+    return None
+
+
 def functions_of(*ops: Op) -> frozenset:
     """Every function of ``ops`` (a derived table: ``functions_of(*select(handling="functional"))``)."""
     return frozenset(f for op in ops for f in op.functions)

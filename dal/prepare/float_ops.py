@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..hardware.op_classes import HOST_OP_CLASSES
-from ..ops import Op, all_ops, by_function, by_method, by_module
+from ..ops import Op, all_ops, by_call, by_function, by_method, by_module
 from ..ops import normalization as _normalization
 
 # The ops come from dal's op registry (dal.ops): an op of handling "passthrough" is exact on codes,
@@ -187,12 +187,7 @@ def _stochastic_depth(target) -> bool:
 def _host_op(node) -> Optional[FloatOp]:
     """The FloatOp of a host op class (nonzero, gather, scan, sort, conv3d, scatter_add; a
     compare with an integer or bool operand), else None."""
-    if node.op == "call_function":
-        op = by_function(node.target)
-    elif node.op == "call_method":
-        op = by_method(node.target)
-    else:
-        return None
+    op = by_call(node.op, node.target) if node.op in ("call_function", "call_method") else None
     if not _host_class(op):
         return None
     if op.op_class == "compare":
