@@ -24,9 +24,9 @@ CPU: the C++ kernel ``dal_blocked_linear`` (``dal/formats/csrc/blocked_sums.cpp`
 use by ``dal.formats.native.compile_library``, AVX2 ``vpmaddwd`` on int8 weights: a quarter of the
 float32 block sums' weight bytes, one call instead of nine torch ops), for float32 ``x`` when the
 kernel is built; elsewhere (other devices, no compiler) the generic implementation: the same loop in
-plain torch on float64, the same bits. Why a ``torch.library.Library`` op rather than
-``torch.library.custom_op``: its dispatch costs ~4 us per call against ~14 us (one thread), on a
-step that makes 28 such calls; a fake implementation lets torch.compile / torch.export trace it.
+plain torch on float64, the same bits. It is a ``torch.library.Library`` op rather than a
+``torch.library.custom_op`` for the lower per-call dispatch (bench/results/integer_decode.md); a
+fake implementation lets torch.compile / torch.export trace it.
 """
 from __future__ import annotations
 
