@@ -33,7 +33,7 @@ LOG_SOFTMAX = Op(
     qat_module=None,
     onnx=("LogSoftmax",),
     spec="§5a",
-    integer_form=None,
+    integer_form="dal.convert.exp_activations:log_softmax_f64",
     cost="vector",
 )
 
