@@ -17,7 +17,6 @@ MATMUL = Op(
     qat_module="dal.nn.functional:QMatMul",
     onnx=("MatMul",),
     spec="§5a",
-    integer_form=None,
     cost="matrix",
     fp16_region=("compute",),
 )

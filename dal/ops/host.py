@@ -21,12 +21,6 @@ NONZERO = Op(
     handling="host",
     functions=(torch.nonzero,),
     methods=("nonzero",),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 ARGWHERE = Op(
@@ -35,12 +29,6 @@ ARGWHERE = Op(
     handling="host",
     functions=(torch.argwhere,),
     methods=("argwhere",),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 MASKED_SELECT = Op(
@@ -49,12 +37,6 @@ MASKED_SELECT = Op(
     handling="host",
     functions=(torch.masked_select,),
     methods=("masked_select",),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 UNIQUE = Op(
@@ -63,12 +45,6 @@ UNIQUE = Op(
     handling="host",
     functions=(torch.unique,),
     methods=("unique",),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 CUMSUM = Op(
@@ -77,12 +53,7 @@ CUMSUM = Op(
     handling="host",
     functions=(torch.cumsum,),
     methods=("cumsum",),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
     integer_form="dal.convert.float_ops:cumsum_f64",
-    cost=None,
 )
 
 CUMPROD = Op(
@@ -91,12 +62,6 @@ CUMPROD = Op(
     handling="host",
     functions=(torch.cumprod,),
     methods=("cumprod",),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 CUMMAX = Op(
@@ -104,13 +69,6 @@ CUMMAX = Op(
     op_class="scan",
     handling="host",
     functions=(torch.cummax,),
-    methods=(),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 CUMMIN = Op(
@@ -118,13 +76,6 @@ CUMMIN = Op(
     op_class="scan",
     handling="host",
     functions=(torch.cummin,),
-    methods=(),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 SORT = Op(
@@ -133,12 +84,6 @@ SORT = Op(
     handling="host",
     functions=(torch.sort,),
     methods=("sort",),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 ARGSORT = Op(
@@ -147,12 +92,6 @@ ARGSORT = Op(
     handling="host",
     functions=(torch.argsort,),
     methods=("argsort",),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 TOPK = Op(
@@ -161,12 +100,7 @@ TOPK = Op(
     handling="host",
     functions=(torch.topk,),
     methods=("topk",),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
     integer_form="dal.convert.float_ops:topk_onnx",
-    cost=None,
 )
 
 CONV3D = Op(
@@ -174,13 +108,7 @@ CONV3D = Op(
     op_class="conv3d",
     handling="host",
     functions=(F.conv3d,),
-    methods=(),
     modules=(nn.Conv3d, nn.ConvTranspose3d),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 LT = Op(
@@ -189,12 +117,6 @@ LT = Op(
     handling="host",
     functions=(operator.lt, torch.lt, torch.less),
     methods=("lt", "__lt__"),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 LE = Op(
@@ -203,12 +125,6 @@ LE = Op(
     handling="host",
     functions=(operator.le, torch.le, torch.less_equal),
     methods=("le", "__le__"),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 GT = Op(
@@ -217,12 +133,6 @@ GT = Op(
     handling="host",
     functions=(operator.gt, torch.gt, torch.greater),
     methods=("gt", "__gt__"),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 GE = Op(
@@ -231,12 +141,6 @@ GE = Op(
     handling="host",
     functions=(operator.ge, torch.ge, torch.greater_equal),
     methods=("ge", "__ge__"),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 EQ = Op(
@@ -245,12 +149,6 @@ EQ = Op(
     handling="host",
     functions=(operator.eq, torch.eq),
     methods=("eq", "__eq__"),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 NE = Op(
@@ -259,12 +157,6 @@ NE = Op(
     handling="host",
     functions=(operator.ne, torch.ne, torch.not_equal),
     methods=("ne", "__ne__"),
-    modules=(),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
-    cost=None,
 )
 
 OPS: tuple[Op, ...] = (

@@ -15,8 +15,6 @@ GATHER = Op(
     qat_module="dal.nn.gather:QGather",
     onnx=("GatherElements", "Gather"),
     spec="§5d",
-    integer_form=None,
-    cost=None,
     call_form="index",
 )
 
@@ -29,8 +27,6 @@ SCATTER_ADD = Op(
     qat_module="dal.nn.scatter_add:QScatterAdd",
     onnx=("ScatterElements", "ScatterND"),
     spec="§5c",
-    integer_form=None,
-    cost=None,
     call_form="index",
 )
 

@@ -17,14 +17,10 @@ BATCHNORM2D = Op(
     name="batchnorm2d",
     op_class="custom",
     handling="float",
-    functions=(),
-    methods=(),
     modules=(nn.BatchNorm2d,),
     qat_module="dal.nn.norm:QBatchNorm2d",
     onnx=("Conv", "BatchNormalization"),
     spec="§5a",
-    integer_form=None,
-    cost=None,
     function="batchnorm",
 )
 
@@ -33,13 +29,10 @@ BATCHNORM = Op(
     op_class="custom",
     handling="float",
     functions=(F.batch_norm,),
-    methods=(),
     modules=(nn.BatchNorm1d, nn.BatchNorm3d),
-    qat_module=None,
     onnx=("BatchNormalization",),
     spec="§5a",
     integer_form="dal.convert.float_ops:batch_norm_f64",
-    cost=None,
 )
 
 LAYERNORM = Op(
@@ -47,9 +40,7 @@ LAYERNORM = Op(
     op_class="layernorm",
     handling="float",
     functions=(F.layer_norm,),
-    methods=(),
     modules=(nn.LayerNorm,),
-    qat_module=None,
     onnx=("LayerNormalization", "ReduceMean", "Sub", "Pow", "Add", "Sqrt", "Div", "Mul"),
     spec="§5a",
     integer_form="dal.convert.float_ops:layer_norm_form",  # a form factory (func, opset): dal/convert/op_forms.py
@@ -61,27 +52,21 @@ GROUPNORM = Op(
     op_class="custom",
     handling="float",
     functions=(F.group_norm,),
-    methods=(),
     modules=(nn.GroupNorm,),
     qat_module="dal.nn.norm:Fp16GroupNorm",
     onnx=("Reshape", "InstanceNormalization", "Shape", "Mul", "Add"),
     spec="§5a",
     integer_form="dal.convert.instancenorm:group_norm_onnx",
-    cost=None,
 )
 
 INSTANCENORM2D = Op(
     name="instancenorm2d",
     op_class="custom",
     handling="float",
-    functions=(),
-    methods=(),
     modules=(nn.InstanceNorm2d,),
     qat_module="dal.nn.norm:Fp16InstanceNorm2d",
     onnx=("InstanceNormalization",),
     spec="§5a",
-    integer_form=None,
-    cost=None,
     function="instancenorm",
 )
 
@@ -90,27 +75,18 @@ INSTANCENORM = Op(
     op_class="custom",
     handling="float",
     functions=(F.instance_norm,),
-    methods=(),
     modules=(nn.InstanceNorm1d,),
-    qat_module=None,
     onnx=("InstanceNormalization",),
     spec="§5a",
     integer_form="dal.convert.float_ops:instance_norm_form",
-    cost=None,
 )
 
 RMSNORM = Op(
     name="rmsnorm",
     op_class="custom",
     handling="float",
-    functions=(),
-    methods=(),
-    modules=(),
-    qat_module=None,
     onnx=("Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"),
     spec="§5a",
-    integer_form=None,
-    cost=None,
 )
 
 OPS: tuple[Op, ...] = (BATCHNORM2D, BATCHNORM, LAYERNORM, GROUPNORM, INSTANCENORM2D, INSTANCENORM, RMSNORM)

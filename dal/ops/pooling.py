@@ -15,12 +15,9 @@ MAX_POOL = Op(
     op_class="pool",
     handling="passthrough",
     functions=(F.max_pool1d, F.max_pool2d, F.max_pool3d, F.adaptive_max_pool2d),
-    methods=(),
     modules=(nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d),
-    qat_module=None,
     onnx=("MaxPool", "GlobalMaxPool"),
     spec="§5a",
-    integer_form=None,
     cost="vector",
 )
 
@@ -29,9 +26,7 @@ AVG_POOL = Op(
     op_class="pool",
     handling="float",
     functions=(F.avg_pool2d, F.adaptive_avg_pool2d, F.adaptive_avg_pool1d),
-    methods=(),
     modules=(nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d),
-    qat_module=None,
     onnx=("AveragePool", "GlobalAveragePool"),
     spec="§5a",
     integer_form="dal.convert.float_ops:average_pool_form",  # a form factory (func, opset): dal/convert/op_forms.py
@@ -45,8 +40,6 @@ MEAN = Op(
     handling="float",
     functions=(torch.mean,),
     methods=("mean",),
-    modules=(),
-    qat_module=None,
     onnx=("ReduceMean",),
     spec="§5a",
     integer_form="dal.convert.float_ops:reduce_mean_f64",
@@ -58,13 +51,9 @@ LP_POOL = Op(
     name="lp_pool",
     op_class="pool",
     handling="quantize",
-    functions=(),
-    methods=(),
     modules=(nn.LPPool1d, nn.LPPool2d, nn.LPPool3d),
-    qat_module=None,
     onnx=("Pow", "AveragePool", "Sign", "Abs", "Relu", "Mul"),
     spec="§5a",
-    integer_form=None,
     cost="vector",
 )
 

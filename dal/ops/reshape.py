@@ -18,11 +18,9 @@ CAT = Op(
     op_class="cat",
     handling="functional",
     functions=(torch.cat, torch.concat, torch.concatenate),
-    methods=(),
     qat_module="dal.nn.functional:QCat",
     onnx=("Concat",),
     spec="§5a",
-    integer_form=None,
     cost="vector",
     fp16_region=("compute",),
     call_form="sequence",
@@ -35,10 +33,8 @@ FLATTEN = Op(
     functions=(torch.flatten,),
     methods=("flatten",),
     modules=(nn.Flatten,),
-    qat_module=None,
     onnx=("Flatten",),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -46,13 +42,9 @@ UNFLATTEN = Op(
     name="unflatten",
     op_class="custom",
     handling="passthrough",
-    functions=(),
-    methods=(),
     modules=(nn.Unflatten,),
-    qat_module=None,
     onnx=("Reshape", "Shape", "Slice", "Concat", "Add", "Mod"),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -62,11 +54,8 @@ RESHAPE = Op(
     handling="passthrough",
     functions=(torch.reshape,),
     methods=("reshape", "view", "view_as", "reshape_as"),
-    modules=(),
-    qat_module=None,
     onnx=("Reshape",),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -76,11 +65,8 @@ PERMUTE = Op(
     handling="passthrough",
     functions=(torch.permute,),
     methods=("permute", "movedim"),
-    modules=(),
-    qat_module=None,
     onnx=("Transpose",),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -90,11 +76,8 @@ TRANSPOSE = Op(
     handling="passthrough",
     functions=(torch.transpose, torch.t),
     methods=("transpose", "t"),
-    modules=(),
-    qat_module=None,
     onnx=("Transpose",),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -104,11 +87,8 @@ SQUEEZE = Op(
     handling="passthrough",
     functions=(torch.squeeze, torch.unsqueeze),
     methods=("squeeze", "unsqueeze"),
-    modules=(),
-    qat_module=None,
     onnx=("Squeeze", "Unsqueeze"),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -118,11 +98,8 @@ SPLIT = Op(
     handling="passthrough",
     functions=(torch.chunk, torch.split),
     methods=("chunk", "split", "unbind"),
-    modules=(),
-    qat_module=None,
     onnx=("Split", "Slice", "Squeeze", "Shape", "Gather", "Add", "Div", "Mul"),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -132,11 +109,8 @@ SLICE = Op(
     handling="passthrough",
     functions=(operator.getitem, torch.narrow),
     methods=("__getitem__", "narrow"),
-    modules=(),
-    qat_module=None,
     onnx=("Slice", "Gather"),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -144,13 +118,9 @@ EXPAND = Op(
     name="expand",
     op_class="custom",
     handling="passthrough",
-    functions=(),
     methods=("expand", "expand_as", "repeat"),
-    modules=(),
-    qat_module=None,
     onnx=("Expand", "Tile"),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -158,13 +128,9 @@ FLIP = Op(
     name="flip",
     op_class="custom",
     handling="passthrough",
-    functions=(),
     methods=("flip",),
-    modules=(),
-    qat_module=None,
     onnx=("Slice",),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -173,12 +139,8 @@ STACK = Op(
     op_class="custom",
     handling="passthrough",
     functions=(torch.stack,),
-    methods=(),
-    modules=(),
-    qat_module=None,
     onnx=("Unsqueeze", "Concat"),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -187,12 +149,9 @@ PAD = Op(
     op_class="custom",
     handling="passthrough",
     functions=(F.pad,),
-    methods=(),
     modules=(nn.ZeroPad2d,),
-    qat_module=None,
     onnx=("Pad", "Concat", "Reshape", "Slice", "Transpose", "Cast"),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -200,13 +159,7 @@ CHANNEL_SHUFFLE = Op(
     name="channel_shuffle",
     op_class="custom",
     handling="passthrough",
-    functions=(),
-    methods=(),
     modules=(nn.ChannelShuffle,),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
     cost="free",
 )
 
@@ -214,13 +167,9 @@ PIXEL_SHUFFLE = Op(
     name="pixel_shuffle",
     op_class="custom",
     handling="passthrough",
-    functions=(),
-    methods=(),
     modules=(nn.PixelShuffle, nn.PixelUnshuffle),
-    qat_module=None,
     onnx=("DepthToSpace", "Reshape", "Transpose"),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 
@@ -228,13 +177,8 @@ IDENTITY = Op(
     name="identity",
     op_class="custom",
     handling="passthrough",
-    functions=(),
     methods=("contiguous", "detach", "clone"),
     modules=(nn.Identity,),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
     cost="free",
 )
 
@@ -243,12 +187,7 @@ DROPOUT = Op(
     op_class="custom",
     handling="passthrough",
     functions=(F.dropout,),
-    methods=(),
     modules=(nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout),
-    qat_module=None,
-    onnx=(),
-    spec="",
-    integer_form=None,
     cost="free",
 )
 
@@ -256,13 +195,9 @@ CAST = Op(
     name="cast",
     op_class="custom",
     handling="passthrough",
-    functions=(),
     methods=("to", "float", "type_as"),
-    modules=(),
-    qat_module=None,
     onnx=("Cast",),
     spec="§5h",
-    integer_form=None,
     cost="free",
 )
 

@@ -14,12 +14,10 @@ GRID_SAMPLE = Op(
     op_class="grid_sample",
     handling="functional",
     functions=(F.grid_sample, torch.grid_sampler),
-    methods=(),
     qat_module="dal.nn.grid_sample:QGridSample",
     onnx=("GridSample",),
     spec="§5b",
     integer_form="dal.convert.grid_sample:float_grid_sample",
-    cost=None,
     call_form="sampling",
 )
 
@@ -28,9 +26,7 @@ RESIZE = Op(
     op_class="resize",
     handling="float",
     functions=(F.interpolate,),
-    methods=(),
     modules=(nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d),
-    qat_module=None,
     onnx=("Resize",),
     spec="§5a",
     integer_form="dal.convert.float_ops:interpolate_f64",
