@@ -28,6 +28,8 @@
 #include <immintrin.h>
 #endif
 
+#include "int_code.h"
+
 namespace {
 
 // One block's input codes of row m into xp as (x_2j, x_2j+1) int16 pairs. quant 0: the input holds
@@ -45,9 +47,9 @@ inline int64_t block_codes(const float* xb, int64_t B, int64_t flat0, int quant,
             if (k >= B) { c[h] = 0; continue; }
             float v = xb[k];
             if (quant) {
-                v = std::rint(v / s_in);
+                v = int_code_round(v, s_in);
                 if (v != v) return 1 + flat0 + k;
-                v = v < lo ? lo : (v > hi ? hi : v);
+                v = int_code_clamp(v, lo, hi);
             } else if (!(v >= -255.0f && v <= 255.0f) || static_cast<float>(static_cast<int32_t>(v)) != v) {
                 return 1 + flat0 + k;
             }

@@ -34,6 +34,7 @@
 #endif
 
 #include "fp8_round.h"
+#include "int_code.h"
 
 namespace {
 
@@ -45,10 +46,8 @@ inline uint32_t fp8_nan_bits(int mode) { return mode == MODE_E4M3 ? 0x7ff00000u 
 inline int fq_one(float x, float s, float lo, float hi, int mode, float* out) {
     float v = x / s;
     if (mode == MODE_INT) {
-        float r = std::nearbyint(v);
-        float c = r < lo ? lo : r;
-        c = c > hi ? hi : c;
-        *out = c * s;
+        float r = int_code_round(x, s);
+        *out = int_code_clamp(r, lo, hi) * s;
         return (r >= lo) & (r <= hi);
     }
     int mant, emin;
