@@ -14,13 +14,23 @@ from typing import Callable, Iterator
 from torch import nn
 
 from .. import ops as _ops
+from ..hardware.op_classes import ALL_OP_CLASSES, check_op_class
 from .adopt import float_class_of
 
 
 def _quantize_op(float_type):
-    """The registry's op that swaps ``float_type`` for a QAT module, or None."""
+    """The registry's op that swaps ``float_type`` for a QAT module, or None. An op whose
+    ``op_class`` is neither a hardware op class nor ``"custom"`` is a ValueError naming it (a
+    recipe rule could never quantize it: it would stay float without a word)."""
     op = _ops.by_module(float_type) if isinstance(float_type, type) else None
-    return op if op is not None and op.handling == "quantize" and op.qat_module is not None else None
+    if op is None or op.handling != "quantize" or op.qat_module is None:
+        return None
+    if op.op_class != "custom" and op.op_class not in ALL_OP_CLASSES:
+        try:
+            check_op_class(op.op_class)
+        except ValueError as err:
+            raise ValueError(f"dal.ops op {op.name!r} (float type {float_type.__qualname__}): {err}") from None
+    return op
 
 
 class _ModuleView(Mapping):

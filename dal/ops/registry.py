@@ -96,9 +96,10 @@ def register(op_or_type=None, **fields) -> Any:
 def unregister(name: str) -> Op:
     """Remove the user's op ``name`` (registered by :func:`register`) and its patterns; return it.
 
-    The family files' ops cannot be removed (ValueError); an unknown name is a KeyError. Stages
-    that cached a table derived from the registry keep it: unregister is for tests and sessions
-    that register an op for a while (``try: ... finally: dal.ops.unregister("ClampScale")``)."""
+    The family files' ops cannot be removed (ValueError); an unknown name is a KeyError. The
+    :func:`version` changes, so tables derived from the registry are rebuilt on their next use;
+    a model already prepared keeps the QAT modules it was given. For tests and sessions that
+    register an op for a while (``try: ... finally: dal.ops.unregister("ClampScale")``)."""
     op = get(name)
     if name not in _USER:
         raise ValueError(f"op {name!r} is declared by a dal/ops family file; only ops added by "

@@ -74,3 +74,19 @@ def test_every_functional_op_builds_a_qat_module_of_its_op_class():
         assert isinstance(cls, type) and issubclass(cls, QATModule), (op.name, cls)
         assert cls.op_class == op.op_class, (op.name, cls.__name__, cls.op_class, op.op_class)
         assert op.functions or op.methods, op.name  # something in a model matches it
+
+
+class _Square(torch.nn.Module):
+    def forward(self, x):
+        return x * x
+
+
+def test_a_misspelt_op_class_is_refused_when_prepare_meets_it(registered):
+    @dal.ops.register(_Square, name="user_square", op_class="activaton")
+    class QSquare(QATModule, _Square):
+        def forward(self, x):
+            return self.finish(x * x)
+    registered.append("user_square")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), _Square())
+    with pytest.raises(ValueError, match=r"op 'user_square' \(float type _Square\).*'activaton'.*did you mean 'activation'"):
+        dal.prepare_qat(model, recipe="int8_balanced", hardware="a2000")
