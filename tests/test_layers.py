@@ -14,7 +14,7 @@ ROOT = Path(dal.__file__).parent
 # "dal" for dal/__init__.py, the package's facade above everything (its names load lazily).
 LAYERS = {
     "formats": 0, "config": 0, "nest": 0, "kernels": 0.5, "observers": 1, "quantizer": 2, "quantizer_ops": 2,
-    "ops": 2.5, "hardware": 3, "recipe": 3, "nn": 4, "sparsity": 5,
+    "ops": 2.5, "hardware": 3, "recipe": 3, "nn": 4, "capture": 4.5, "sparsity": 5,
     "replace": 6, "prepare": 7, "calibration": 8, "checkpoint": 8, "preprocess": 8, "export": 9, "convert": 9.5,
     "verification": 10, "analysis": 10, "cost": 10, "ptq": 10,
     "distill": 10, "lightning": 11, "integrations": 11, "cli": 11, "__main__": 11, "dal": 12,
