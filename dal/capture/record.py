@@ -74,15 +74,33 @@ class Call:
         return by_function(self.target) or by_method(getattr(self.target, "__name__", "") or "")
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A :class:`Call` as plain data (it pickles and deep-copies with a model): ``kind``,
+    ``name`` (the module's type name, or the function's / method's name), ``op`` (its
+    :mod:`dal.ops` op's name, or None), ``path``, ``site``, ``in_meta``, ``out_meta``, ``depth``."""
+
+    kind: str
+    name: str
+    op: Optional[str]
+    path: str
+    site: str
+    in_meta: tuple
+    out_meta: tuple
+    depth: int
+
+
 @dataclass
 class Record:
     """One forward's calls (``calls``, in completion order: a module's call after the calls made
     inside it), ``outputs`` (the value keys of the root's tensor outputs, in ``dal.nest`` order),
-    ``called`` (ids of the modules whose forward ran, opaque or not, inside an opaque one
-    included) and ``ran`` (the root's forward returned)."""
+    ``returned`` (what the root's forward returned, as it returned it: held as long as the
+    record), ``called`` (ids of the modules whose forward ran, opaque or not,
+    inside an opaque one included) and ``ran`` (the root's forward returned)."""
 
     calls: list = field(default_factory=list)
     outputs: tuple = ()
+    returned: Any = None
     called: set = field(default_factory=set)
     ran: bool = False
     _keys: dict = field(default_factory=dict, repr=False)       # id(tensor) -> (weakref, key)
@@ -132,6 +150,16 @@ class Record:
     def modules(self) -> list:
         """The module calls, in order."""
         return [c for c in self.calls if c.kind == "module"]
+
+    def entries(self) -> tuple:
+        """Every call as an :class:`Entry`, in order."""
+        found = []
+        for c in self.calls:
+            op = c.op
+            name = type(c.target).__name__ if c.kind == "module" else getattr(c.target, "__name__", "") or repr(c.target)
+            found.append(Entry(c.kind, name, op.name if op is not None else None, c.path, c.site, c.in_meta,
+                               c.out_meta, c.depth))
+        return tuple(found)
 
     def readers(self) -> dict:
         """{value key: [the calls that read it, in order]}."""

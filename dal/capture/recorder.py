@@ -128,8 +128,9 @@ class _Recorder(TorchFunctionMode):
 
 @contextlib.contextmanager
 def recording(model: nn.Module, opaque: Optional[Callable] = None, functions: bool = True, sites: bool = False,
-              keep_args: bool = False) -> Iterator[Record]:
-    """Record every forward of ``model`` run inside the block into the :class:`Record` it yields.
+              keep_args: bool = False, into: Optional[Record] = None) -> Iterator[Record]:
+    """Record every forward of ``model`` run inside the block into the :class:`Record` it yields
+    (``into``, or a new one).
 
     ``opaque(module) -> bool``: modules recorded as one call, nothing inside them (default: none).
     ``functions``: record torch function calls (False: module calls only, no mode entered).
@@ -137,7 +138,7 @@ def recording(model: nn.Module, opaque: Optional[Callable] = None, functions: bo
     call's arguments (their tensors stay alive as long as the record). The root's outputs
     (``Record.outputs``) are those of the last forward of ``model`` itself."""
     global _RUNNING
-    record = Record()
+    record = Record() if into is None else into
     paths = {}
     for path, mod in model.named_modules(remove_duplicate=False):
         paths.setdefault(id(mod), path)
@@ -146,6 +147,7 @@ def recording(model: nn.Module, opaque: Optional[Callable] = None, functions: bo
     def leave_root(module, args, kwargs, out):
         record.ran = True
         record.outputs = record.read(tensors(out))
+        record.returned = out
 
     hooks = []
     for mod in model.modules():

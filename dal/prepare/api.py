@@ -12,12 +12,14 @@ plan (the accumulator and channel-alignment checks of the result add notes).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Optional
 
 import torch
 from torch import nn
 
+from ..capture import Record, recording
 from ..hardware.op_classes import OP_CLASSES as HW_OP_CLASSES
 from ..nn.modes import eval_mode
 from ..nn.registry import float_type_name, op_class_of
@@ -28,7 +30,7 @@ from .apply import apply_plan
 from .boundary import host_steps, is_detector
 from .check import check_plan, refuse_host, refuse_nothing_quantized
 from .constraints import check_constraints, constraint_notes
-from .example_run import RunRecord, decide, recording
+from .example_run import decide, site_result
 from .handle import Prepared, attach
 from .plan import build_plan, capture
 from .report import PrepareReport, rows_from_plan
@@ -97,7 +99,7 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
                              for n, m in model.named_modules() if n)
     resolve = _resolver(rec)
     cap = capture(model)  # changes nothing (fx traces each forward; dal.nn.own_forward)
-    run = RunRecord() if example_inputs is not None else None
+    run = Record() if example_inputs is not None else None
     site_plan, site_notes = _sites(model, cap, resolve, example_inputs, checked, run)
     plan = host_steps(model, build_plan(model, cap, resolve, site_plan))
     if hw is not None:
@@ -113,7 +115,7 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     report.rows, notes = render(rows_from_plan(plan), actions)
     report.notes += site_notes + notes
     constraint_notes(model, hw, report)  # read-only checks of the result (accumulators, alignment)
-    attach(model, Prepared(rec, hw, report, plan, actions))
+    attach(model, Prepared(rec, hw, report, plan, actions, run.entries() if run is not None else ()))
     return model
 
 
@@ -130,7 +132,7 @@ def _inputs_checked_first(model, rec, example_inputs) -> tuple:
     return example_inputs, False
 
 
-def _sites(model, cap, resolve, example_inputs, checked: bool, run: Optional[RunRecord]):
+def _sites(model, cap, resolve, example_inputs, checked: bool, run: Optional[Record]):
     """``capture_sites`` with one float forward on the example inputs before apply, recorded into
     ``run`` (``example_run``: which modules run, which produce the outputs). The call-site
     discovery runs the example inputs only when some forward did not trace (``cap.untraced``),
@@ -145,12 +147,18 @@ def _sites(model, cap, resolve, example_inputs, checked: bool, run: Optional[Run
         _check_example_inputs(model, example_inputs, run, changed=checked)
         checked = True
     try:
-        with recording(model, run if on_example else None):
-            return capture_sites(model, cap, resolve, discover_on, run.site_result if on_example else None)
+        with _recording(model, run if on_example else None):
+            return capture_sites(model, cap, resolve, discover_on, site_result(run) if on_example else None)
     except Exception:
         if not checked:
             _check_example_inputs(model, example_inputs)  # raises naming the inputs if they are at fault
         raise
+
+
+def _recording(model: nn.Module, run: Optional[Record]):
+    """``dal.capture.recording`` into ``run`` (module and function calls, their call sites), or
+    nothing when ``run`` is None."""
+    return contextlib.nullcontext() if run is None else recording(model, sites=True, into=run)
 
 
 def _resolver(rec):
@@ -172,13 +180,13 @@ def _refuse_unknown(plan, strict: bool, model, rec) -> None:
                          f"module:\n{listing}")
 
 
-def _check_example_inputs(model: nn.Module, example_inputs: tuple, run: Optional[RunRecord] = None,
+def _check_example_inputs(model: nn.Module, example_inputs: tuple, run: Optional[Record] = None,
                           changed: bool = False) -> None:
     """One float forward (eval, quantizers off, no grad) before anything is swapped, recorded
     into ``run``: example inputs the model cannot take are named here, not as an error deep
     inside a half-prepared model. ``changed``: operator replacement already changed the model."""
     try:
-        with recording(model, run), eval_mode(model), quantizer_states(model, "off"), torch.no_grad():
+        with _recording(model, run), eval_mode(model), quantizer_states(model, "off"), torch.no_grad():
             model(*example_inputs)
     except Exception as err:
         shapes = [tuple(t.shape) if torch.is_tensor(t) else type(t).__name__ for t in example_inputs]

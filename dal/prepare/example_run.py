@@ -1,10 +1,10 @@
 """What one forward of the FLOAT model on the example inputs decides, before anything is swapped.
 
 ``prepare_qat`` with ``example_inputs`` runs the float model once before apply (the forward that
-checks the inputs, or the call-site discovery when a forward does not trace). :func:`recording`
-puts a forward pre-hook and a forward hook on every module for that forward and fills a
-:class:`RunRecord`: which modules' forwards ran, and which modules returned each tensor the root
-returned (innermost first, as the hooks fire). From it, before apply (:func:`decide`):
+checks the inputs, or the call-site discovery when a forward does not trace), recorded by
+``dal.capture.recording`` into a :class:`dal.capture.Record`: every module and function call,
+which modules' forwards ran, and which modules returned each tensor the root returned (innermost
+first, as the hooks fire). From it, before apply (:func:`decide`):
 
 * a step that would swap in a QAT module built from a float module (``quantize``, ``fuse``, an
   ``fp16`` module)
@@ -15,20 +15,20 @@ returned (innermost first, as the hooks fire). From it, before apply (:func:`dec
   tensor, as a forward hook on the QAT model would see it) are the model's output producers: they
   get an output quantizer when the recipe says ``quantize_outputs: true``, else a note names them.
 
-The hooks also keep torch's fused TransformerEncoderLayer path off for that forward (torch takes
-it only when no submodule has hooks), so every Linear the QAT model will call is seen called.
+The recorder's hooks also keep torch's fused TransformerEncoderLayer path off for that forward
+(torch takes it only when no submodule has hooks), so every Linear the QAT model will call is seen
+called. prepare keeps the record (``dal.prepared(model).record``, the root's output released).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 
+from ..capture import Record
 from ..nn.base import QATModule
 from ..nn.norm_act import is_norm_act
 from ..nn.registry import float_type_name, op_class_of
@@ -36,68 +36,19 @@ from ..nn.registry import float_type_name, op_class_of
 NEVER_RUNS = "its forward never runs on the example inputs (weights used functionally); left in float"
 
 
-@dataclass
-class RunRecord:
-    """``called``: ids of the modules whose forward ran; ``returned``: id of a tensor a module
-    returned -> (a weak reference to it, ids of the modules that returned it, innermost first);
-    ``outputs``: the root's tensor outputs (a tensor, or the tensors of a returned list / tuple)."""
-
-    called: set = field(default_factory=set)
-    returned: dict = field(default_factory=dict)
-    outputs: list = field(default_factory=list)
-    ran: bool = False
-
-    def note(self, t, key) -> None:
-        """``key`` returned tensor ``t`` (a module id, ``(id, i)``, or ``("site", path)``)."""
-        if not torch.is_tensor(t):
-            return
-        entry = self.returned.get(id(t))
-        if entry is None or entry[0]() is not t:  # a new tensor (an id may be reused after a free)
-            entry = self.returned[id(t)] = (weakref.ref(t), [])
-        entry[1].append(key)
-
-    def site_result(self, path: str, t) -> None:
-        """A call site's call (``call_sites.discover``) returned ``t``."""
-        self.note(t, ("site", path))
-
-    def returned_by(self, t: torch.Tensor) -> list[int]:
-        """Ids of the modules that returned ``t`` (the same object), innermost first."""
-        entry = self.returned.get(id(t))
-        return entry[1] if entry is not None and entry[0]() is t else []
+def output_tensors(record: Record) -> list:
+    """The root's tensor outputs the producers are looked for: a tensor, or the tensors of a
+    returned list / tuple (a dict's or a ``ModelOutput``'s values are the loss's business)."""
+    out = record.returned
+    if torch.is_tensor(out):
+        return [out]
+    return [o for o in (out if isinstance(out, (list, tuple)) else []) if torch.is_tensor(o)]
 
 
-@contextlib.contextmanager
-def recording(model: nn.Module, record: Optional[RunRecord]):
-    """Fill ``record`` from every forward of ``model`` inside the block (None: record nothing)."""
-    if record is None:
-        yield None
-        return
-
-    def enter(module, args):
-        record.called.add(id(module))
-
-    def leave(module, args, out):
-        if torch.is_tensor(out):
-            record.note(out, id(module))
-        elif isinstance(out, (list, tuple)):  # an element of a returned list / tuple: keyed apart
-            for i, o in enumerate(out):
-                record.note(o, (id(module), i))
-        if module is model:
-            record.ran = True
-            record.outputs = [out] if torch.is_tensor(out) else [o for o in (
-                out if isinstance(out, (list, tuple)) else []) if torch.is_tensor(o)]
-
-    hooks = []
-    try:
-        for mod in model.modules():
-            if isinstance(mod, torch.jit.ScriptModule):
-                continue  # no Python hooks on a scripted module; prepare keeps it as it is
-            hooks.append(mod.register_forward_pre_hook(enter))
-            hooks.append(mod.register_forward_hook(leave))
-        yield record
-    finally:
-        for h in hooks:
-            h.remove()
+def site_result(record: Record):
+    """``(site path, tensor)`` callback for ``call_sites.discover``: a call site's call returned
+    the tensor (who returned what: :meth:`Record.note`)."""
+    return lambda path, t: record.note(t, ("site", path))
 
 
 @dataclass(frozen=True)
@@ -110,7 +61,7 @@ class Outputs:
     specs: tuple = ()  # ((path, TensorSpec), ...)
 
 
-def decide(plan: list, model: nn.Module, cap, record: Optional[RunRecord], resolve,
+def decide(plan: list, model: nn.Module, cap, record: Optional[Record], resolve,
            quantize_outputs: bool) -> tuple[list, tuple, Outputs]:
     """``(plan, to_float, outputs)`` from a float forward's ``record`` (None: no example inputs,
     nothing decided): steps whose float module never ran become float steps (:data:`NEVER_RUNS`),
@@ -127,7 +78,7 @@ def decide(plan: list, model: nn.Module, cap, record: Optional[RunRecord], resol
             and s.path in gone else s for s in plan]
     taps = _taps(plan, modules, cap, resolve, gone)
     paths, specs = [], []
-    for t in record.outputs:
+    for t in output_tensors(record):
         tapped = [taps[i] for i in record.returned_by(t) if i in taps]
         if not tapped:
             continue
@@ -138,7 +89,7 @@ def decide(plan: list, model: nn.Module, cap, record: Optional[RunRecord], resol
     return plan, to_float, Outputs(tuple(paths), bool(quantize_outputs), tuple(specs) if quantize_outputs else ())
 
 
-def _never_ran(step, modules: dict, record: RunRecord):
+def _never_ran(step, modules: dict, record: Record):
     """A quantize / fuse / fp16 module step whose float module (the conv of a fused chain) never
     ran: float."""
     if step.site is not None or step.action not in ("quantize", "fuse", "fp16") or (step.action != "fuse" and step.node):
@@ -165,7 +116,7 @@ def _taps(plan: list, modules: dict, cap, resolve, gone: set) -> dict:
             ok = hasattr(mod, "output_quant") and getattr(mod, "output_quant", None) is None and _eligible(spec)
             taps[id(mod)] = (path, spec if ok else None)
     for s in plan:
-        if s.site is not None:  # a call site's module, seen by the discovery forward (RunRecord.site_result)
+        if s.site is not None:  # a call site's module, seen by the discovery forward (site_result)
             if s.action == "functional":
                 taps[("site", s.path)] = (s.path, s.spec if _eligible(s.spec) else None)
             continue

@@ -25,13 +25,16 @@ _WRAPPED = ("module", "_orig_mod")
 class Prepared:
     """What ``prepare_qat`` decided: ``recipe`` (a ``dal.recipe.Recipe``), ``hardware`` (a
     ``HardwareModel`` or None), ``report`` (the ``PrepareReport``, rendered from ``plan`` and
-    ``actions``: the steps and the model-wide actions, ``dal.prepare.actions.ModelActions``)."""
+    ``actions``: the steps and the model-wide actions, ``dal.prepare.actions.ModelActions``),
+    ``calls`` (the float example forward's record, ``dal.capture.Entry`` per module and function
+    call, in order; empty without example inputs)."""
 
     recipe: Any
     hardware: Any
     report: Any
     plan: list = field(default_factory=list, repr=False)
     actions: Any = field(default=None, repr=False)
+    calls: tuple = field(default=(), repr=False)
 
 
 def attach(model: nn.Module, handle: Prepared) -> nn.Module:
