@@ -11,6 +11,13 @@ computes the same output on every call: it is kept and returned while the parame
 and the quantizer's own buffers (scale, zero point, state) are unchanged (their ``_version``
 counters and storage).
 
+A frozen per-tensor quantizer (integer or FP8) and a float16 / bfloat16 cast quantizer, on a plain
+contiguous float32 CPU tensor, go straight to the C++ call ``FakeQuantizer.forward`` reaches for
+it (dal.formats' ``dal_fq_forward_fixed`` / ``dal_fp_cast_round_trip``, the same arguments), its
+constant arguments made once and re-made after any attribute set on the quantizer and when its
+scale or zero point is written in place (``_direct``): the ~10 Python calls of checks that
+``FakeQuantizer.forward`` makes on the way are per-call cost, no value.
+
 The forms of float islands (attention.py ``MatMulForm`` / ``SoftmaxForm``, rmsnorm.py) turn the
 handling off the same way (:func:`dispatch_off`), except while the probe records a forward.
 """
@@ -21,6 +28,8 @@ import contextlib
 import torch
 from torch import nn
 
+from ..formats import fp_cast, native
+from ..formats.fused import kernel_mode
 from ..quantizer import FakeQuantizer
 from .probe import recording
 
@@ -41,15 +50,79 @@ class IntegerQuantizer(FakeQuantizer):
     #: ``(key, output, output's version)`` of the last Parameter input (``_kept``): a plain
     #: attribute, not a buffer; the class default keeps its lookup off nn.Module.__getattr__
     _kept_output = None
+    #: the direct C++ call's plan (``_make_direct``), a plain attribute
+    _direct_plan = None
 
     def _get_name(self) -> str:
         return "FakeQuantizer"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch._C.DisableTorchFunction():
-            if isinstance(x, nn.Parameter) and not torch.is_grad_enabled():
+            if type(x) is torch.Tensor:
+                y = self._direct(x)
+                if y is not None:
+                    return y
+            elif isinstance(x, nn.Parameter) and not torch.is_grad_enabled():
                 return self._kept(x)
             return super().forward(x)
+
+    def __setattr__(self, name: str, value) -> None:
+        # any attribute set (the state's mirror, training, format, a new scale or zero point tensor,
+        # use_kernel) drops the direct call's plan; in-place writes are seen by _direct's versions
+        object.__setattr__(self, "_direct_plan", None)
+        super().__setattr__(name, value)
+
+    def _make_direct(self) -> tuple:
+        """The direct call's plan, ``(kind, constant arguments, scale, its version, zero point, its
+        version)``: kind "fq" (arguments: scale ptr, zp ptr, qmin, qmax, FP8 max, mode) where
+        ``FakeQuantizer.forward`` on a plain contiguous float32 CPU tensor without grad ends in
+        ``fixed_fake_quantize`` of a per-tensor layout (its ``_kernel`` route, not tracking: the
+        scale is fixed); "cast" (argument: the dtype code) where it ends in ``kernel_round_trip`` (a
+        float16 / bfloat16 cast quantizer, while that kernel is switched on); None elsewhere (the
+        whole forward runs)."""
+        lib = native.library()
+        s, z = self.scale, self.zero_point
+        plan = (None, (), s, s._version, z, z._version)
+        if lib is None or self.training:
+            return plan
+        if self._kernel and self.granularity.axis is None and s.dtype == torch.float32 and s.numel() == 1 \
+                and s.is_contiguous() and s.is_cpu and z.dtype == torch.int32 and z.numel() == 1 \
+                and z.is_contiguous() and z.is_cpu:
+            fmt = self.fmt
+            return ("fq", (s.data_ptr(), z.data_ptr(), float(self.qmin), float(self.qmax),
+                           fmt.max_value if fmt.is_float8 else 0.0, kernel_mode(fmt))) + plan[2:]
+        if self.casts and not self.fake_quantizes:
+            code = fp_cast.DTYPE_CODES.get(self.fmt.torch_dtype())
+            if code is not None:
+                return ("cast", (code,)) + plan[2:]
+        return plan
+
+    def _direct(self, x: torch.Tensor):
+        """This call's output by the C++ call ``FakeQuantizer.forward`` would make (module doc), or
+        None: the whole forward decides (another tensor or quantizer kind, tracing, compiling). The
+        plan is re-made after any attribute set on the quantizer and when its scale or zero point
+        tensor was written in place (their versions)."""
+        if x.dtype != torch.float32 or x.requires_grad or not x.is_cpu or not x.is_contiguous() \
+                or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return None
+        n = x.numel()
+        plan = self._direct_plan
+        if plan is None or plan[2]._version != plan[3] or plan[4]._version != plan[5]:
+            plan = self._make_direct()
+            object.__setattr__(self, "_direct_plan", plan)
+        kind, args = plan[0], plan[1]
+        if kind is None or n == 0:
+            return None
+        if kind == "fq":
+            out = torch.empty_like(x)
+            native.library().dal_fq_forward_fixed(x.data_ptr(), out.data_ptr(), None, 1, n, 1, 1, args[0], args[1],
+                                                  args[2], args[3], args[4], args[5], torch.get_num_threads())
+            return out
+        if not fp_cast.kernel_enabled():  # switched off since the plan: torch's two casts (the forward)
+            return None
+        out = torch.empty_like(x)
+        native.library().dal_fp_cast_round_trip(x.data_ptr(), out.data_ptr(), n, args[0], torch.get_num_threads())
+        return out
 
     def _key(self, x: torch.Tensor) -> tuple:
         return (id(x), x.data_ptr(), x._version, self.state, self.scale._version, self.zero_point._version,
