@@ -174,7 +174,8 @@ def check_accounts(model: nn.Module, run, npu: tuple = (), example_inputs=None) 
     extra = [(o, k, c) for (o, k), c in listed.items() if c and (o, k) not in direct and _npu_side(o, npu)]
     assert not wrong, f"(owner, op, calls recorded, rows in the report): {wrong[:10]}"
     assert not extra, f"report rows for ops the float forward never called: {extra[:10]}"
-    return {"leaves": len(rec.leaves), "calls": sum(rec.calls.values()), "rows": len(rows)}
+    return {"leaves": len(rec.leaves), "calls": sum(rec.calls.values()), "rows": len(rows), "recorder": rec,
+            "prepared": prepared}
 
 
 def pad_and_join(x, y):
@@ -225,6 +226,20 @@ def test_report_accounts_with_example_inputs(name):
     x = torch.randn(shape)
     counts = check_accounts(make(), lambda m: m(x), example_inputs=(x,))
     assert counts["leaves"] >= 3
+    # the capture record prepare kept (dal.prepared(model).calls, dal.capture) holds what the
+    # recorder here saw: the leaf modules that ran, and per owner the + * @ cat of float tensors
+    rec, calls = counts["recorder"], dal.prepared(counts["prepared"]).calls
+    assert calls, "prepare with example inputs keeps its record"
+    assert {e.path for e in calls if e.kind == "module" and e.path in rec.leaves} == set(rec.leaves)
+    seen = collections.Counter()
+    for e in calls:
+        kind = _KIND.get(e.name) if e.kind == "function" else None
+        if kind is not None and sum(m.dtype.is_floating_point and len(m.shape) >= 1 for m in e.in_meta) >= 2:
+            seen[(e.path, kind)] += 1
+    want = collections.Counter()
+    for (owner, kind, _), n in rec.calls.items():
+        want[(owner, kind)] += n
+    assert seen == want and (name == "MnistCNN" or sum(seen.values()) > 0)
 
 
 DETECTORS = {  # the NPU side of each (the rest is the host's: transform, RPN / RoI heads' logic, NMS)
