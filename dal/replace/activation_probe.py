@@ -8,7 +8,7 @@ Libraries define their own activation classes (timm's ``GELU`` / ``SiLU`` / ``Ha
   are matched by type, ``lut.lut_types``), and
 * run once, under ``torch.no_grad`` on a fixed probe (8193 points from -32 to 32, beyond a
   clipped GELU's usual +-10, as a ``[1, 1, 8193]`` tensor), it calls only elementwise torch
-  functions (seen by a ``TorchFunctionMode``; a matmul, conv, reduction or random op rules it
+  functions (recorded by ``dal.capture``; a matmul, conv, reduction or random op rules it
   out) and returns a tensor
   of the probe's shape within ``1e-5 * (1 + |f(x)|)`` of ``f(x)`` at every point, for exactly one
   candidate ``f`` (GELU exact or tanh, SiLU, Sigmoid, Tanh, HardSwish, HardSigmoid).
@@ -25,8 +25,8 @@ from typing import Optional
 import torch
 
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
+from ..capture import recording
 from ..nn.tree import own_slots
 
 TOLERANCE = 1e-5
@@ -48,14 +48,13 @@ def _probe() -> torch.Tensor:
     return torch.linspace(-32.0, 32.0, 8193, dtype=torch.float32).reshape(1, 1, -1)
 
 
-class _Calls(TorchFunctionMode):
-    def __init__(self):
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.append(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
+def _function_names(module: nn.Module, x: torch.Tensor):
+    """``(output, names)``: ``module(x)`` under no_grad, recorded by ``dal.capture``; ``names``: the
+    torch functions it called that made a tensor, in order."""
+    with torch.no_grad():
+        with recording(module, sites=False) as record:
+            y = module(x)
+    return y, [getattr(c.target, "__name__", str(c.target)) for c in record.functions()]
 
 
 def candidate(module: nn.Module) -> bool:
@@ -79,15 +78,13 @@ def _probe_once(module: nn.Module) -> Optional[tuple[str, str]]:
     from .lut import apply_function
 
     x = _probe()
-    calls = _Calls()
     try:
-        with torch.no_grad(), calls:
-            y = module(x.clone())
+        y, names = _function_names(module, x.clone())
     except Exception:  # noqa: BLE001 - a module that does not take one tensor is no activation
         return None
     if not isinstance(y, torch.Tensor) or y.shape != x.shape or y.dtype != x.dtype or not torch.isfinite(y).all():
         return None
-    if not calls.names or any(bad in name.lower() for name in calls.names for bad in _NOT_POINTWISE):
+    if not names or any(bad in name.lower() for name in names for bad in _NOT_POINTWISE):
         return None
     hits = []
     for fn, approximate in candidates():
@@ -98,11 +95,8 @@ def _probe_once(module: nn.Module) -> Optional[tuple[str, str]]:
 
 
 def function_calls(module: nn.Module) -> list[str]:
-    """The torch functions ``module`` calls on the probe, in order (for reports)."""
-    calls, x = _Calls(), _probe()  # the probe is made outside the mode: its calls are not the module's
-    with torch.no_grad(), calls:
-        module(x)
-    return calls.names
+    """The torch functions ``module`` calls on the probe that make a tensor, in order (for reports)."""
+    return _function_names(module, _probe())[1]
 
 
 
