@@ -1,0 +1,121 @@
+"""The cost model charges the function calls a model's own forward makes (dal.cost.torch_graph):
+``F.adaptive_avg_pool2d``, ``torch.matmul`` / ``@`` and ``x + y`` are layers, named by the module
+whose forward calls them; free calls (reshapes, relu) and calls on constants only are not. The
+oracles: the element counts of the tensors the test computes itself with torch, MACs from torch's
+own FLOP counter, and the exported ONNX file read by the graph-side cost model."""
+import collections
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import dal
+from dal.cost import estimate
+from dal.cost.torch_graph import trace_layers
+
+HW = 8 * 8  # the spatial size of the example input: reshapes use constants, so the exported
+            # graph's shapes are inferred without data propagation
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        s = x + y
+        s = s + y  # the same call site again: a second layer
+        t = s.reshape(-1, 4, HW)
+        return s, torch.matmul(t.transpose(1, 2), t)  # between two activations
+
+
+class FnNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.block = Block()
+        self.w = nn.Parameter(torch.randn(4, 6))
+        self.register_buffer("pos", torch.arange(4.0))
+
+    def forward(self, x):
+        s, a = self.block(F.relu(self.stem(x)))  # relu: free
+        p = F.adaptive_avg_pool2d(s, 1).flatten(1)
+        scale = (self.pos * 0.25).exp()  # from a buffer only: folded into a constant, no layer
+        return (p * scale) @ self.w, a  # a data x constant product, then x @ W (a linear layer)
+
+
+def _oracle(m, x) -> dict:
+    """name -> (op class, input elements, output elements), from the test's own torch calls."""
+    with torch.no_grad():
+        h = F.relu(m.stem(x))
+        y = m.block.conv(h)
+        s1 = h + y
+        s2 = s1 + y
+        t = s2.reshape(-1, 4, HW)
+        a = torch.matmul(t.transpose(1, 2), t)
+        p = F.adaptive_avg_pool2d(s2, 1).flatten(1)
+        ps = p * (m.pos * 0.25).exp()
+        out = ps @ m.w
+    return {"block.add": ("add", h.numel() + y.numel(), s1.numel()),
+            "block.add#2": ("add", s1.numel() + y.numel(), s2.numel()),
+            "block.matmul": ("matmul", 2 * t.numel(), a.numel()),
+            "adaptive_avg_pool2d": ("pool", s2.numel(), p.numel() * 1 * 1),
+            "mul": ("mul", p.numel(), ps.numel()),      # the constant operand is not an input
+            "matmul": ("linear", ps.numel(), out.numel())}
+
+
+def _flop_macs(fn) -> int:
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops() // 2  # 2 FLOPs per multiply-accumulate
+
+
+def test_function_calls_are_layers_with_torchs_element_counts():
+    torch.manual_seed(0)
+    m, x = FnNet().eval(), torch.randn(2, 3, 8, 8)
+    layers = trace_layers(m, (x,))
+    expected = _oracle(m, x)
+    names = [g.name for g, _ in layers]
+    assert names == ["stem", "block.conv", "block.add", "block.add#2", "block.matmul", "adaptive_avg_pool2d",
+                     "mul", "matmul"]
+    got = {g.name: (g.op_class, g.input_elems, g.output_elems) for g, mod in layers if mod is None}
+    assert got == expected
+    geoms = {g.name: g for g, _ in layers}
+    t = torch.randn(2, 4, HW)
+    assert geoms["block.matmul"].macs == _flop_macs(lambda: torch.matmul(t.transpose(1, 2), t)) == 2 * HW * HW * 4
+    assert geoms["matmul"].macs == _flop_macs(lambda: torch.randn(2, 4) @ m.w) == 2 * 6 * 4
+    assert geoms["matmul"].weight_elems == m.w.numel() and geoms["block.matmul"].weight_elems == 0
+    # every multiply-accumulate of the forward is in a layer: torch's counter over the whole model
+    assert sum(g.macs for g, _ in layers) == _flop_macs(lambda: m(x))
+    assert all(g.macs == 0 for g in geoms.values() if g.op_class in ("add", "mul", "pool"))
+
+
+W8_CONV_LINEAR = {"name": "conv_linear_only", "rules": [  # the functional ops stay function calls
+    {"type": ["conv", "linear"], "weight": {"format": "int8", "granularity": "per_channel", "symmetric": True},
+     "input": {"format": "int8"}}]}
+
+
+def test_function_layers_agree_with_the_exported_graph(tmp_path):
+    """The prepared model (modules + record) and its exported file (nodes + element types):
+    the same layers by op class, MACs, elements and formats, the same total cycles. Names differ
+    (the graph names a functional node by its ONNX scope)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    q = dal.prepare_qat(FnNet().eval(), recipe=W8_CONV_LINEAR, hardware="a2000", example_inputs=(x,))
+    dal.calibrate(q, [x], progress=False)
+    path = tmp_path / "fn.onnx"
+    dal.export_onnx(q, (x,), str(path))
+    a, b = estimate(q, example_inputs=(x,)), estimate(path)
+
+    def rows(est):
+        return collections.Counter((r.geom.op_class, r.geom.macs, r.geom.input_elems, r.geom.output_elems,
+                                    r.choice.label if r.choice else None) for r in est.rows)
+
+    # prepare made the pooling an FP16 island module; the rest are still the forward's own calls
+    assert [g.name for g, mod in trace_layers(q, (x,)) if mod is None] == \
+        ["block.add", "block.add#2", "block.matmul", "mul", "matmul"]
+    assert rows(a) == rows(b) and len(a.rows) == 8
+    assert a.total_cycles == pytest.approx(b.total_cycles)
