@@ -8,12 +8,13 @@ whose output also feeds a float op runs in float. One max pool or nearest interp
 before the quantizer(s) (ResNet's stem: Conv -> Relu -> MaxPool -> {Q, Q}): the group's codes
 are pooled / resized, which is exact since the requantizer is non-decreasing (``pass_through``). The same
 structure is read here from the torch model itself, with no ONNX file: one forward of the QAT
-model under a ``TorchFunctionMode`` records every torch function called at the top level (not
-inside a quantizer or a weighted layer) and which tensors it read and wrote, plus every
-FakeQuantizer and weighted-layer call (module hooks). In-place functions (``relu_``) write a
-new version of their input. Calls whose result is not a tensor (``x.shape``, ``x.size()``) are
-shape queries, which the ONNX graph does not have, and are ignored. ``x + 0`` and ``x * 1`` with a
-Python int pass the value through: the exporter drops them (``exporter_drops``).
+model captured by :mod:`dal.capture` (every FakeQuantizer and weighted layer opaque) gives every
+torch function called outside a quantizer or a weighted layer and which values it read and
+wrote, plus every FakeQuantizer and weighted-layer call (:class:`Event`). In-place functions
+(``relu_``) write a new version of their input. Calls whose result is not a tensor (``x.shape``,
+``x.size()``) are shape queries, which the ONNX graph does not have, and are not recorded.
+``x + 0`` and ``x * 1`` with a Python int pass the value through: the exporter drops them
+(``exporter_drops``).
 
 Which calls belong to which op is the op registry's (dal.ops, read through op_forms.py, on first
 use); what the probe makes of an op (a Relu / Clip's bounds, an op that leaves no node, the
@@ -27,10 +28,8 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
-from ..nest import tensors
+from ..capture import Record, recording
 from ..quantizer import FakeQuantizer
 from .op_forms import Derived, calls_of, in_place, in_place_variant, per_registry, reflected
 
@@ -98,6 +97,9 @@ _ARITH = Derived(_arith_table)
 
 @dataclass
 class Event:
+    """One call the plans walk (:func:`_events`): a torch function, a quantizer or a weighted
+    layer, the value keys (dal.capture) it read and wrote, a function's arguments."""
+
     kind: str          # "func", "quant" or "layer"
     obj: Any           # the function, the FakeQuantizer, or the weighted layer
     ins: list          # value keys read
@@ -137,85 +139,30 @@ def _is_int_per_tensor(q) -> bool:
             and q.initialized and q.granularity.axis is None)
 
 
-class _Recorder(TorchFunctionMode):
-    def __init__(self, layers: set):
-        super().__init__()
-        self.layers, self.depth = layers, 0
-        self.events: list[Event] = []
-        self.key: dict[int, int] = {}
-        self.alive: list = []   # keeps every tensor seen alive, so no id() is reused
-        self.count = 0
-        self.inputs_of: dict[int, list] = {}  # id(module) -> its input keys, from pre to post
-
-    def read(self, tensors) -> list:
-        keys = []
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                if id(t) not in self.key:
-                    self.write([t])
-                keys.append(self.key[id(t)])
-        return keys
-
-    def write(self, tensors) -> list:
-        keys = []
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                self.count += 1
-                self.key[id(t)] = self.count
-                self.alive.append(t)
-                keys.append(self.count)
-        return keys
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.depth == 0:
-            flat_out = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-            if flat_out:
-                ins = self.read(tree_flatten((args, kwargs or {}))[0])
-                self.events.append(Event("func", func, ins, self.write(flat_out), args, kwargs))
-        return out
-
-    def pre(self, mod, inputs):
-        if self.depth == 0:
-            self.inputs_of[id(mod)] = self.read(tree_flatten(inputs)[0])
-        self.depth += 1
-
-    def post(self, mod, inputs, output):
-        self.depth -= 1
-        if self.depth == 0:
-            kind = "quant" if isinstance(mod, FakeQuantizer) else "layer"
-            outs = self.write([t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)])
-            self.events.append(Event(kind, mod, self.inputs_of.pop(id(mod), []), outs))
-
-
-#: how many :func:`record` forwards are running (see :func:`recording`)
-_RECORDING = 0
-
-
-def recording() -> bool:
-    """Whether a :func:`record` forward is running: the integer model's forms then keep torch-function
-    handling on (quant_calls.py ``dispatch_off``), so the recorder sees the functions they call."""
-    return _RECORDING > 0
+def _events(rec: Record) -> list[Event]:
+    """The events of a record: every function call (``"func"``) and every opaque module call, a
+    quantizer's (``"quant"``) or a weighted layer's (``"layer"``), in completion order. A
+    transparent module's call is no event: it writes no value (its outputs are the values the
+    calls inside it wrote)."""
+    found = []
+    for c in rec.calls:
+        if c.kind == "function":
+            found.append(Event("func", c.target, list(c.ins), list(c.outs), c.args, c.kwargs))
+        elif c.opaque:
+            kind = "quant" if isinstance(c.target, FakeQuantizer) else "layer"
+            found.append(Event(kind, c.target, list(c.ins), list(c.outs)))
+    return found
 
 
 def record(model: nn.Module, args: tuple, kwargs: dict, layers: list) -> tuple[list, set]:
-    """(events, output keys) of one forward of ``model``; ``layers`` are opaque like quantizers."""
-    global _RECORDING
-    rec = _Recorder(set(map(id, layers)))
-    hooks = []
-    for m in model.modules():
-        if isinstance(m, FakeQuantizer) or id(m) in rec.layers:
-            hooks.append(m.register_forward_pre_hook(rec.pre))
-            hooks.append(m.register_forward_hook(rec.post))
-    _RECORDING += 1
-    try:
-        with torch.no_grad(), rec:
-            out = model(*args, **kwargs)
-    finally:
-        _RECORDING -= 1
-        for h in hooks:
-            h.remove()
-    return rec.events, set(rec.read(tensors(out)))  # any nest (dataclasses too: dal.nest)
+    """(events, output keys) of one forward of ``model`` under ``torch.no_grad`` (dal.capture,
+    arguments kept: the plans read a Relu / Clip's bounds and a pool's arguments from them);
+    every FakeQuantizer and ``layers`` are opaque."""
+    ids = set(map(id, layers))
+    with torch.no_grad(), recording(model, opaque=lambda m: isinstance(m, FakeQuantizer) or id(m) in ids,
+                                    keep_args=True) as rec:
+        model(*args, **kwargs)
+    return _events(rec), set(rec.outputs)  # the root's tensor leaves, any nest (dal.nest)
 
 
 def plan_groups(events: list, outputs: set) -> dict[int, list[GroupPlan]]:

@@ -19,7 +19,7 @@ scale or zero point is written in place (``_direct``): the ~10 Python calls of c
 ``FakeQuantizer.forward`` makes on the way are per-call cost, no value.
 
 The forms of float islands (attention.py ``MatMulForm`` / ``SoftmaxForm``, rmsnorm.py) turn the
-handling off the same way (:func:`dispatch_off`), except while the probe records a forward.
+handling off the same way (:func:`dispatch_off`), except while a forward is captured (dal.capture).
 """
 from __future__ import annotations
 
@@ -28,17 +28,17 @@ import contextlib
 import torch
 from torch import nn
 
+from ..capture import capturing
 from ..formats import fp_cast, native
 from ..formats.fused import kernel_mode
 from ..quantizer import FakeQuantizer
-from .probe import recording
 
 
 def dispatch_off():
     """A context in which torch-function handling (NPUFloatOps' per-call dispatch) is off, for a
-    form none of whose ops NPUFloatOps replaces; a no-op context while the probe records a forward
-    (probe.py ``recording``), whose mode must see the functions a form calls at the top level."""
-    return contextlib.nullcontext() if recording() else torch._C.DisableTorchFunction()
+    form none of whose ops NPUFloatOps replaces; a no-op context while a forward is captured
+    (``dal.capture.capturing``: the probe's, probe.py), whose mode must see the functions a form calls."""
+    return contextlib.nullcontext() if capturing() else torch._C.DisableTorchFunction()
 
 
 class IntegerQuantizer(FakeQuantizer):
