@@ -119,3 +119,33 @@ def test_function_layers_agree_with_the_exported_graph(tmp_path):
         ["block.add", "block.add#2", "block.matmul", "mul", "matmul"]
     assert rows(a) == rows(b) and len(a.rows) == 8
     assert a.total_cycles == pytest.approx(b.total_cycles)
+
+
+class _Calls(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x, x)
+
+
+def test_a_users_function_op_is_charged_by_its_cost_field():
+    """A function the user registers is charged as its op's cost says (vector: its elements;
+    free: nothing); a matrix op with no MAC formula for a function call is refused, by name."""
+    x = torch.randn(2, 3, 5)
+    try:
+        dal.ops.register(dal.ops.Op("user_atan2", "activation", "float", functions=(torch.atan2,), cost="vector"))
+        (geom, mod), = trace_layers(_Calls(torch.atan2), (x,))
+        assert (geom.name, geom.op_class, geom.input_elems, geom.output_elems, mod) == \
+            ("atan2", "activation", 2 * x.numel(), torch.atan2(x, x).numel(), None)
+        dal.ops.unregister("user_atan2")
+        dal.ops.register(dal.ops.Op("user_atan2", "activation", "float", functions=(torch.atan2,), cost="free"))
+        assert trace_layers(_Calls(torch.atan2), (x,)) == []
+        dal.ops.register(dal.ops.Op("user_kron", "conv", "float", functions=(torch.kron,), cost="matrix"))
+        with pytest.raises(ValueError, match=r"kron at <root> is op 'user_kron' \(cost='matrix', op class 'conv'\)"):
+            trace_layers(_Calls(torch.kron), (x,))
+    finally:
+        for name in ("user_atan2", "user_kron"):
+            if name in {o.name for o in dal.ops.all_ops()}:
+                dal.ops.unregister(name)
