@@ -142,6 +142,12 @@ class Record:
         entry = self._returned.get(id(t))
         return entry[1] if entry is not None and entry[0]() is t else []
 
+    def take(self, other: "Record") -> None:
+        """Hold ``other``'s content instead of this record's own (a recording is moved in, or,
+        with a new ``Record()``, this one is emptied)."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(other, name))
+
     # -- views -----------------------------------------------------------------------------
     def functions(self) -> list:
         """The function calls, in order."""

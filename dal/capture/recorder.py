@@ -77,14 +77,15 @@ class _Recorder(TorchFunctionMode):
         self.functions, self.sites, self.keep_args = functions, sites, keep_args
         self.stack: list = []   # (module, is opaque, input keys, input meta) of the running forwards
         self.hidden = 0          # how many opaque forwards are running
+        self.busy = False        # a hook is running: its own torch calls are not the model's
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.hidden or not self.functions:
+        if self.hidden or self.busy or not self.functions:  # busy: the hooks' own shape reads
             return func(*args, **kwargs)
         site = _site() if self.sites else ""
         out = func(*args, **kwargs)
-        made = tensors(out)
+        made = [out] if type(out) is torch.Tensor else tensors(out)
         if made:
             read = tensors((args, kwargs))
             ins = self.record.read(read)
@@ -95,6 +96,20 @@ class _Recorder(TorchFunctionMode):
         return out
 
     def enter(self, module, args, kwargs):
+        self.busy = True
+        try:
+            self._enter(module, args, kwargs)
+        finally:
+            self.busy = False
+
+    def leave(self, module, args, kwargs, out):
+        self.busy = True
+        try:
+            self._leave(module, args, kwargs, out)
+        finally:
+            self.busy = False
+
+    def _enter(self, module, args, kwargs):
         self.record.called.add(id(module))
         hide = bool(self.opaque(module))
         if self.hidden:
@@ -104,9 +119,9 @@ class _Recorder(TorchFunctionMode):
             self.stack.append((module, hide, self.record.read(read), meta_of(read)))
         self.hidden += hide
 
-    def leave(self, module, args, kwargs, out):
+    def _leave(self, module, args, kwargs, out):
         if not self.stack or self.stack[-1][0] is not module:
-            return None  # an exception unwound a forward whose pre-hook never ran
+            return  # an exception unwound a forward whose pre-hook never ran
         _, hide, ins, in_meta = self.stack.pop()
         self.hidden -= hide
         if torch.is_tensor(out):
@@ -115,7 +130,7 @@ class _Recorder(TorchFunctionMode):
             for i, o in enumerate(out):
                 self.record.note(o, (id(module), i))
         if self.hidden:
-            return None
+            return
         made = tensors(out)
         # an opaque module's outputs are new values; any other module passes on the values the
         # calls inside it wrote (a value it returns unseen, e.g. made by a C++ extension, is new)
@@ -123,7 +138,6 @@ class _Recorder(TorchFunctionMode):
         self.record.calls.append(Call(
             "module", module, self.paths.get(id(module), ""), ins, outs, in_meta, meta_of(made), len(self.stack),
             "", hide, tuple(args) if self.keep_args else (), dict(kwargs) if self.keep_args else None))
-        return None
 
 
 @contextlib.contextmanager

@@ -59,12 +59,13 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
             has no engine for (report status "host": nonzero, integer compares, cumsum, ...).
 
     Forwards: with ``example_inputs``, prepare runs the float model once, before anything is
-    swapped (eval, quantizers off, no grad): bad inputs are named before anything is touched;
-    the same forward finds the call sites of forwards fx cannot trace, and records
-    (``example_run``) the modules that never run (they stay float: their weights are used
-    functionally elsewhere) and the layers producing the outputs. Add the forwards operator
-    replacement makes (its input check first, two to validate its swaps, then this one after it)
-    and a detector's zero batch (below). Without them, none but that zero batch
+    swapped (eval, quantizers off, no grad), recorded by ``dal.capture``: bad inputs are named
+    before anything is touched; the same forward finds the call sites of forwards fx cannot
+    trace, and records (``example_run``) the modules that never run (they stay float: their
+    weights are used functionally elsewhere) and the layers producing the outputs. Operator
+    replacement validates its swaps with two forwards (before and after); the second is that
+    record, so a ``replace:`` recipe makes two, three when a forward does not trace. A detector
+    adds its zero batch (below). Without example inputs, none but that zero batch
     (``bench/prepare.py`` counts them).
 
     Forwards torch.fx cannot trace (FeaturePyramidNetwork, heads over a list of levels) have their
@@ -91,15 +92,15 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     hw_name = hardware if hardware is not None else rec.hardware
     hw = load_hardware(hw_name) if hw_name is not None else None
     model = model if inplace else copy.deepcopy(model)
-    example_inputs, checked = _inputs_checked_first(model, rec, example_inputs)
+    example_inputs = _as_tuple(example_inputs)
     report = PrepareReport(recipe=rec.name, hardware=getattr(hw, "name", str(hw_name)))
-    model = _replace_operators(model, rec, hw, example_inputs, report)
+    run = Record() if example_inputs is not None else None
+    model, checked = _replace_operators(model, rec, hw, example_inputs, report, run)
     # position: first / last rules (the first conv, the classifier) become rules by name.
     rec = rec.bind_positions((n, float_type_name(m), c if (c := op_class_of(m)) in HW_OP_CLASSES else None)
                              for n, m in model.named_modules() if n)
     resolve = _resolver(rec)
     cap = capture(model)  # changes nothing (fx traces each forward; dal.nn.own_forward)
-    run = Record() if example_inputs is not None else None
     site_plan, site_notes = _sites(model, cap, resolve, example_inputs, checked, run)
     plan = host_steps(model, build_plan(model, cap, resolve, site_plan))
     if hw is not None:
@@ -119,17 +120,10 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     return model
 
 
-def _inputs_checked_first(model, rec, example_inputs) -> tuple:
-    """``(example inputs as a tuple or None, checked)``: a recipe with ``replace:`` rules changes
-    the model before the capture, so its inputs are checked by a float forward first; otherwise
-    the check waits for :func:`_sites`, which may combine it with the call-site discovery."""
+def _as_tuple(example_inputs) -> Optional[tuple]:
     if example_inputs is None:
-        return None, True
-    example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
-    if rec.replace or any(r.replace for r in rec.rules):
-        _check_example_inputs(model, example_inputs)
-        return example_inputs, True
-    return example_inputs, False
+        return None
+    return tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
 
 
 def _sites(model, cap, resolve, example_inputs, checked: bool, run: Optional[Record]):
@@ -138,12 +132,16 @@ def _sites(model, cap, resolve, example_inputs, checked: bool, run: Optional[Rec
     discovery runs the example inputs only when some forward did not trace (``cap.untraced``),
     and then it is also the check of the inputs and the record (on failure a plain float forward
     names the inputs, nothing changed yet); otherwise, or for a detector (discovered on its own
-    zero batch), the check is that forward (after operator replacement, which checked the inputs
-    first: a forward of its own). So prepare with ``example_inputs`` makes one forward of the
-    model, plus a detector's zero batch and operator replacement's (and its input check)."""
+    zero batch), the check is that forward, unless operator replacement's forward on the replaced
+    model already filled ``run``. So prepare with ``example_inputs`` makes one forward of the
+    model, plus a detector's zero batch; with ``replace:`` rules, replacement's two (before and
+    after its swaps; the second is the record), and a third when a forward does not trace (the
+    call-site discovery needs the replaced model captured first)."""
     discover_on = example_inputs if cap.untraced else None
     on_example = discover_on is not None and not is_detector(model)  # the discovery runs the example inputs
-    if example_inputs is not None and not on_example:
+    if on_example and run.ran:
+        run.take(Record())  # operator replacement's forward is recorded again by the discovery's
+    if example_inputs is not None and not on_example and not run.ran:
         _check_example_inputs(model, example_inputs, run, changed=checked)
         checked = True
     try:
@@ -195,11 +193,14 @@ def _check_example_inputs(model: nn.Module, example_inputs: tuple, run: Optional
                          f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
 
 
-def _replace_operators(model, rec, hw, example_inputs, report):
-    """Operator auto-replacement before fusing and swapping, so the hardware's own operators are
-    what gets quantized and trained: the recipe's top-level ``replace:`` list over the whole
-    model, then each rule name that only recipe rules list (``rules[i].replace``), offered only
-    the modules whose first matching recipe rule lists it (first match decides, as for specs)."""
+def _replace_operators(model, rec, hw, example_inputs, report, run: Optional[Record]) -> tuple:
+    """``(model, checked)``: operator auto-replacement before fusing and swapping, so the
+    hardware's own operators are what gets quantized and trained: the recipe's top-level
+    ``replace:`` list over the whole model, then each rule name that only recipe rules list
+    (``rules[i].replace``), offered only the modules whose first matching recipe rule lists it
+    (first match decides, as for specs). Its forward on the replaced model (the swaps' check) is
+    recorded into ``run``, prepare's float forward: ``checked`` says it ran. Example inputs the
+    float model cannot take are named as prepare names them (a plain forward, on failure only)."""
     everywhere = list(getattr(rec, "replace", ()) or ())
     owners: dict[str, set] = {}
     for i, recipe_rule in enumerate(getattr(rec, "rules", ())):
@@ -207,7 +208,7 @@ def _replace_operators(model, rec, hw, example_inputs, report):
             if name not in everywhere:
                 owners.setdefault(name, set()).add(i)
     if not everywhere and not owners:
-        return model
+        return model, False
     from ..replace import auto_replace
 
     def scoped(indices):
@@ -216,11 +217,15 @@ def _replace_operators(model, rec, hw, example_inputs, report):
             return rec.match(path, float_type_name(mod), None if op_class == "custom" else op_class) in indices
         return where
 
-    ex = example_inputs if example_inputs is None or isinstance(example_inputs, tuple) else (example_inputs,)
-    result = auto_replace(model, rules=everywhere + list(owners), hardware=hw, example_inputs=ex,
-                          scope={name: scoped(frozenset(idx)) for name, idx in owners.items()})
+    try:
+        result = auto_replace(model, rules=everywhere + list(owners), hardware=hw, example_inputs=example_inputs,
+                              scope={name: scoped(frozenset(idx)) for name, idx in owners.items()}, record=run)
+    except Exception:
+        if example_inputs is not None:
+            _check_example_inputs(model, example_inputs)  # raises naming the inputs if they are at fault
+        raise
     report.replacements = result
     report.notes.append(f"operator replacement: {result.summary()}")
     model = getattr(result, "model", model)
     report.notes += attach_quantizers(model, rec, hw)  # the KV caches npu_attention built (dal.replace.hf_attention)
-    return model
+    return model, run is not None and run.ran

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from typing import Optional
 
+import contextlib
+
 import torch
 from torch import nn
 
+from ..capture import Record, recording
 from ..nn.base import QATModule
 from ..nn.modes import eval_mode
 from ..nn.tree import set_submodule
@@ -65,8 +68,10 @@ def _tensor_of(out):
     return None
 
 
-def _capture(model: nn.Module, modules: dict[str, nn.Module], example_inputs: tuple) -> dict[str, torch.Tensor]:
-    """Every output of each module in ``modules`` on one eval-mode, no-grad run of ``model``.
+def _capture(model: nn.Module, modules: dict[str, nn.Module], example_inputs: tuple,
+             record: Optional[Record] = None) -> dict[str, torch.Tensor]:
+    """Every output of each module in ``modules`` on one eval-mode, no-grad run of ``model``,
+    recorded into ``record`` by ``dal.capture`` when given.
 
     Eval mode because dropout would make before and after incomparable; each module's own
     training flag is restored afterwards.
@@ -79,8 +84,9 @@ def _capture(model: nn.Module, modules: dict[str, nn.Module], example_inputs: tu
             if t is not None:
                 seen[path].append(t.detach().float().flatten())
         hooks.append(mod.register_forward_hook(hook))
+    recorded = recording(model, sites=True, into=record) if record is not None else contextlib.nullcontext()
     try:
-        with eval_mode(model), torch.no_grad():
+        with eval_mode(model), torch.no_grad(), recorded:
             model(*example_inputs)
     finally:
         for h in hooks:
@@ -132,7 +138,7 @@ def _drift(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> tuple[Option
 
 
 def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=None,
-                 strict: bool = False, scope: Optional[dict] = None) -> ReplaceReport:
+                 strict: bool = False, scope: Optional[dict] = None, record: Optional[Record] = None) -> ReplaceReport:
     """Replace operators of ``model`` (in place) by the hardware's own versions; return a report.
 
     Args:
@@ -148,6 +154,9 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
         scope: ``{rule name: predicate(path, module) -> bool}``; a rule named here is only offered
             the modules its predicate accepts (prepare uses it for recipe rules' own ``replace:``
             lists, which apply to the layers those recipe rules match). Other rules see every module.
+        record: a ``dal.capture.Record`` that the forward checking the swaps (on the replaced model)
+            is recorded into; it stays empty when that forward does not run (no example inputs,
+            nothing swapped) or a replacement is undone. prepare reads it as its float forward.
 
     Contract:
         * each rule's ``match(module, path)`` is asked top-down; a module replaced by one rule
@@ -191,8 +200,10 @@ def auto_replace(model: nn.Module, rules=None, hardware=None, example_inputs=Non
                          f"replacement: {_first_error_line(err)}") from err
 
     report.model = model = _swap_in(model, built, report)
-    after, broken = _check_swaps(model, swaps, before, example_inputs)
+    after, broken = _check_swaps(model, swaps, before, example_inputs, record)
     if broken:
+        if record is not None:
+            record.take(Record())  # it recorded a model that is given back
         for rname, path, why in broken:
             report.failed.append(RuleFailure(rname, path, why))
         report.model = _swap_back(model, swaps)
@@ -272,11 +283,13 @@ def _swap_in(model: nn.Module, built: list, report: ReplaceReport) -> nn.Module:
     return model
 
 
-def _check_swaps(model: nn.Module, swaps: list, before: dict, example_inputs) -> tuple[dict, list]:
+def _check_swaps(model: nn.Module, swaps: list, before: dict, example_inputs,
+                 record: Optional[Record] = None) -> tuple[dict, list]:
     """(outputs after the swap, broken): broken lists (rule, path, why) for a replacement whose
-    forward raises, or whose output is not finite where the original's was."""
+    forward raises, or whose output is not finite where the original's was. The forward is
+    recorded into ``record`` when given."""
     try:
-        after = _capture(model, {p: n for _, _, p, _, n in swaps}, example_inputs) if before else {}
+        after = _capture(model, {p: n for _, _, p, _, n in swaps}, example_inputs, record) if before else {}
         broken = [(rname, path, "its output on the example inputs is not finite (the original's is)")
                   for rname, _, path, _, _ in swaps
                   if path in after and bool(torch.isfinite(before.get(path, after[path])).all())

@@ -63,3 +63,23 @@ def test_bad_example_inputs_are_named_when_the_forward_is_the_call_site_discover
                                          r"\(nothing was changed\)"):
         dal.prepare_qat(model, "int8_balanced", hardware="a2000", example_inputs=(torch.randn(2, 3, 28, 28),))
     assert type(model.conv1) is nn.Conv2d
+
+
+@pytest.mark.parametrize("make", [MnistCNN, Untraceable], ids=["traceable", "untraceable"])
+def test_operator_replacement_forward_is_the_record(make):
+    """A ``replace:`` recipe: replacement checks its swaps with a forward before and one after
+    them; the second is prepare's recorded float forward (dal.capture), so a traceable model
+    makes two forwards, and one fx cannot trace a third (the call-site discovery). The record
+    still decides: the output producer gets its output quantizer."""
+    from dal.recipe import load_recipe
+
+    probe = Probe()
+    model = nn.Sequential(probe, make(), nn.Hardswish())  # lut_activation replaces the Hardswish
+    x = torch.randn(2, 1, 28, 28)
+    recipe = {**load_recipe("int8_balanced").to_dict(), "replace": ["lut_activation"], "name": "int8+lut"}
+    q = dal.prepare_qat(model, recipe, hardware="a2000", example_inputs=(x,), quantize_outputs=True)
+    handle = dal.prepared(q)
+    assert handle.report.replacements.replacements, "the rule replaced something"
+    assert probe.calls == (2 if make is MnistCNN else 3)
+    assert any(e.kind == "module" and e.path == "2" for e in handle.calls)
+    assert handle.actions.outputs.paths
