@@ -24,10 +24,12 @@ function of its parent).
 Who captures with it, and how many forwards each makes:
 
 * ``prepare_qat`` with ``example_inputs``: the one float forward before anything is swapped (which
-  modules ran, who returned the model's outputs, the call sites of forwards fx cannot trace are
-  keyed in the same forward by ``dal.prepare.call_sites``): 1 forward, plus operator
-  replacement's own when the recipe has ``replace:`` rules, and a detector's zero batch (its NPU
-  part, when no example inputs are given);
+  modules ran, who returned the model's outputs; the call sites of forwards fx cannot trace are
+  keyed in the same forward by ``dal.prepare.call_sites``, whose own mode also routes them in
+  training): 1 forward. A ``replace:`` recipe: operator replacement's forward before its swaps,
+  and its forward after them, which is this record: 2 (3 when a forward does not trace: the
+  discovery needs the replaced model's fx capture first). A detector adds its zero batch (its
+  NPU part); without example inputs prepare makes no forward but that one;
 * ``dal.convert``'s integer groups (``dal.convert.probe``): one forward of the QAT / integer model,
   quantizers and weighted layers opaque;
 * the cost model (``dal.cost.torch_graph``): one forward, the layers it charges opaque.
