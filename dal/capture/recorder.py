@@ -60,6 +60,22 @@ def capturing() -> bool:
     return _RUNNING > 0
 
 
+def _flat(value, found: list) -> list:
+    """The tensors of a call's arguments or result (tuples, lists, dicts, nested), in order; any
+    other container (a ``ModelOutput``, a dataclass) by ``dal.nest``."""
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _flat(v, found)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _flat(v, found)
+    elif value is not None and not isinstance(value, (int, float, bool, str, torch.dtype, torch.device)):
+        found.extend(tensors(value))
+    return found
+
+
 def _site() -> str:
     """``file.py:line`` of the first frame outside torch's package, above the recorder."""
     f = inspect.currentframe()
@@ -87,9 +103,11 @@ class _Recorder(TorchFunctionMode):
             return func(*args, **kwargs)
         site = _site() if self.sites else ""
         out = func(*args, **kwargs)
-        made = [out] if type(out) is torch.Tensor else tensors(out)
+        made = [out] if type(out) is torch.Tensor else _flat(out, [])
         if made:
-            read = tensors((args, kwargs))
+            read = _flat(args, [])
+            if kwargs:
+                _flat(kwargs, read)
             ins = self.record.read(read)
             owner = self.paths.get(id(self.stack[-1][0]), "") if self.stack else ""
             self.record.calls.append(Call(
@@ -117,7 +135,7 @@ class _Recorder(TorchFunctionMode):
         if self.hidden:
             self.stack.append((module, hide, (), ()))
         else:
-            read = tensors((args, kwargs))
+            read = _flat(kwargs, _flat(args, []))
             self.stack.append((module, hide, self.record.read(read), meta_of(read)))
         self.hidden += hide
 
@@ -133,7 +151,7 @@ class _Recorder(TorchFunctionMode):
                 self.record.note(o, (id(module), i))
         if self.hidden:
             return
-        made = tensors(out)
+        made = _flat(out, [])
         # an opaque module's outputs are new values; any other module passes on the values the
         # calls inside it wrote (a value it returns unseen, e.g. made by a C++ extension, is new)
         outs = self.record.write(made) if hide else self.record.read(made)
