@@ -1,6 +1,8 @@
 """The layers of an exported QDQ ONNX file as the cost model sees them, read from the graph alone.
 
-Shapes come from ``onnx.shape_inference`` (a symbolic dimension counts as 1). Formats come from
+Shapes come from ``onnx.shape_inference`` with data propagation (a shape the graph computes,
+``flatten(2)``'s or ``F.interpolate``'s ``Shape -> Concat``, is followed; a dimension still
+symbolic counts as 1). Formats come from
 the element types: a compute node's input produced by a ``DequantizeLinear`` runs in the type
 that DQ reads (``uint8``, ``int4``, ``float8e4m3fn``...); a ``float16`` tensor is FP16; a float32
 input not produced by a DQ is a float op (FP16 where the hardware runs that op class in FP16,
@@ -13,6 +15,10 @@ Which node types are layers, and of which op class, comes from the op registry: 
 belongs to an op of :mod:`dal.ops` (its ``onnx`` field), and that op's ``cost`` says whether it is
 a matrix layer, a vector layer or free (``dal.cost.op_costs.onnx_node_ops``); vector ops exact on
 codes (``handling="passthrough"``) are the ones that take the format of the layer before them.
+A vector node's input elements are those of its data inputs: initializers, ``Constant`` outputs
+and shape arithmetic (``Shape`` and whatever is computed from shapes and constants alone,
+:meth:`_Graph.constants`) are not counted, and a vector node computed from them alone is no
+layer, as ``dal.cost.torch_graph`` does not charge a call on constants.
 
 Layer names are the module paths dal's exporter writes into Q/DQ node names
 (``stem.0.weight_quant/DequantizeLinear`` -> ``stem.0``), else the ONNX node name. Node types
@@ -41,10 +47,12 @@ class _Graph:
         import onnx
 
         model = onnx.load(str(path))
-        try:
-            model = onnx.shape_inference.infer_shapes(model)
-        except Exception:  # noqa: BLE001 - shapes then come only from what the file declares
-            pass
+        for data_prop in (True, False):  # data_prop: follow the shapes the graph computes (Shape -> Concat)
+            try:
+                model = onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
+                break
+            except Exception:  # noqa: BLE001 - without both, shapes come only from what the file declares
+                continue
         self.meta = {p.key: p.value for p in model.metadata_props}
         g = model.graph
         self.nodes = list(g.node)
@@ -61,6 +69,19 @@ class _Graph:
             self.shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim]
         for name, t in self.inits.items():
             self.types[name], self.shapes[name] = t.data_type, list(t.dims)
+
+    def constants(self) -> set:
+        """Values computed without the graph's data: initializers, ``Constant`` outputs, ``Shape`` /
+        ``Size`` outputs (the exporter keeps shape arithmetic, which a fixed-size model does before
+        it runs), and the outputs of any node but a ``DequantizeLinear`` (a quantized constant
+        operand keeps its format) whose inputs are all constants."""
+        const = set(self.inits)
+        for n in self.nodes:  # topological order
+            ins = [i for i in n.input if i]
+            if n.op_type in ("Constant", "Shape", "Size") or (
+                    n.op_type != "DequantizeLinear" and ins and all(i in const for i in ins)):
+                const.update(n.output)
+        return const
 
     def numel(self, name: str) -> int:
         return math.prod(self.shapes.get(name, [0])) if name in self.shapes else 0
@@ -171,6 +192,7 @@ def onnx_layers(path, hardware=None):
     hw = load_hardware(hardware if hardware is not None else meta_hw) if (hardware or meta_hw) else None
     geoms, choices, previous = [], {}, None
     matrix_ops, vector_ops, passthrough = onnx_classes("matrix"), onnx_classes("vector"), onnx_passthrough()
+    const = g.constants()
     for node in g.nodes:
         if node.op_type in matrix_ops:
             geom, w = _matrix(g, node, matrix_ops[node.op_type])
@@ -185,7 +207,9 @@ def onnx_layers(path, hardware=None):
                 choice = Choice(wf, x, g.out_fmt(node.output[0]) or x, sparse=sparse)
         elif node.op_type in vector_ops:
             op_class = vector_ops[node.op_type]
-            data = [i for i in node.input if i and i not in g.inits and g.producer.get(i, node).op_type != "Constant"]
+            data = [i for i in node.input if i and i not in const]
+            if not data:  # shape arithmetic or a constant the exporter did not fold: no layer
+                continue
             geom = LayerGeom(_layer_name(g, node, None), op_class, 0, 0, sum(g.numel(i) for i in data),
                              g.numel(node.output[0]), type_name=node.op_type)
             x = next((f for f in (g.fmt(i) for i in data) if f is not None), None)

@@ -15,8 +15,8 @@ import dal
 from dal.cost import estimate
 from dal.cost.torch_graph import trace_layers
 
-HW = 8 * 8  # the spatial size of the example input: reshapes use constants, so the exported
-            # graph's shapes are inferred without data propagation
+HW = 8 * 8  # the spatial size of the example input. The reshape names it: flatten(2) exports a
+            # Slice of a Shape, which onnx's shape inference does not follow (no rank for MatMul)
 
 
 class Block(nn.Module):
@@ -44,7 +44,8 @@ class FnNet(nn.Module):
         s, a = self.block(F.relu(self.stem(x)))  # relu: free
         p = F.adaptive_avg_pool2d(s, 1).flatten(1)
         scale = (self.pos * 0.25).exp()  # from a buffer only: folded into a constant, no layer
-        return (p * scale) @ self.w, a  # a data x constant product, then x @ W (a linear layer)
+        up = F.interpolate(s[:, :, ::2, ::2], size=s.shape[-2:])  # exported sizes: Shape -> Slice -> Concat
+        return (p * scale) @ self.w, a, up  # a data x constant product, then x @ W (a linear layer)
 
 
 def _oracle(m, x) -> dict:
@@ -59,12 +60,15 @@ def _oracle(m, x) -> dict:
         p = F.adaptive_avg_pool2d(s2, 1).flatten(1)
         ps = p * (m.pos * 0.25).exp()
         out = ps @ m.w
+        half = s2[:, :, ::2, ::2]
+        up = F.interpolate(half, size=s2.shape[-2:])
     return {"block.add": ("add", h.numel() + y.numel(), s1.numel()),
             "block.add#2": ("add", s1.numel() + y.numel(), s2.numel()),
             "block.matmul": ("matmul", 2 * t.numel(), a.numel()),
             "adaptive_avg_pool2d": ("pool", s2.numel(), p.numel() * 1 * 1),
             "mul": ("mul", p.numel(), ps.numel()),      # the constant operand is not an input
-            "matmul": ("linear", ps.numel(), out.numel())}
+            "matmul": ("linear", ps.numel(), out.numel()),
+            "interpolate": ("resize", half.numel(), up.numel())}
 
 
 def _flop_macs(fn) -> int:
@@ -80,7 +84,7 @@ def test_function_calls_are_layers_with_torchs_element_counts():
     expected = _oracle(m, x)
     names = [g.name for g, _ in layers]
     assert names == ["stem", "block.conv", "block.add", "block.add#2", "block.matmul", "adaptive_avg_pool2d",
-                     "mul", "matmul"]
+                     "interpolate", "mul", "matmul"]
     got = {g.name: (g.op_class, g.input_elems, g.output_elems) for g, mod in layers if mod is None}
     assert got == expected
     geoms = {g.name: g for g, _ in layers}
@@ -101,7 +105,8 @@ W8_CONV_LINEAR = {"name": "conv_linear_only", "rules": [  # the functional ops s
 def test_function_layers_agree_with_the_exported_graph(tmp_path):
     """The prepared model (modules + record) and its exported file (nodes + element types):
     the same layers by op class, MACs, elements and formats, the same total cycles. Names differ
-    (the graph names a functional node by its ONNX scope)."""
+    (the graph names a functional node by its ONNX scope). The resize's sizes are computed in the
+    exported graph (``Shape -> Slice -> Concat``): the graph reader follows them (data propagation)."""
     torch.manual_seed(0)
     x = torch.randn(1, 3, 8, 8)
     q = dal.prepare_qat(FnNet().eval(), recipe=W8_CONV_LINEAR, hardware="a2000", example_inputs=(x,))
@@ -116,8 +121,8 @@ def test_function_layers_agree_with_the_exported_graph(tmp_path):
 
     # prepare made the pooling an FP16 island module; the rest are still the forward's own calls
     assert [g.name for g, mod in trace_layers(q, (x,)) if mod is None] == \
-        ["block.add", "block.add#2", "block.matmul", "mul", "matmul"]
-    assert rows(a) == rows(b) and len(a.rows) == 8
+        ["block.add", "block.add#2", "block.matmul", "interpolate", "mul", "matmul"]
+    assert rows(a) == rows(b) and len(a.rows) == 9
     assert a.total_cycles == pytest.approx(b.total_cycles)
 
 
