@@ -158,6 +158,11 @@ def is_24(codes: Optional[np.ndarray], axis: int = 1) -> bool:
 def _matrix(g: _Graph, node, op_class: str):
     x, w = node.input[0], node.input[1]
     out = node.output[0]
+    unknown = [v for v in (x, w, out) if not g.shapes.get(v)]
+    if unknown:
+        raise ValueError(f"dal.estimate: {node.op_type} node {node.name!r}: the shape of {', '.join(unknown)} is "
+                         "unknown (onnx shape inference did not follow the graph's shape arithmetic); estimate the "
+                         "prepared model instead, or export with shapes the graph states (a reshape to constants)")
     wshape = g.shapes.get(w, [])
     weighted = g.weight_codes(w) is not None or w in g.inits
     if op_class == "matmul" and weighted:

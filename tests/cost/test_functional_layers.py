@@ -154,3 +154,21 @@ def test_a_users_function_op_is_charged_by_its_cost_field():
         for name in ("user_atan2", "user_kron"):
             if name in {o.name for o in dal.ops.all_ops()}:
                 dal.ops.unregister(name)
+
+
+class _Flat(nn.Module):
+    def forward(self, x):
+        t = x.flatten(2)  # exported as Reshape(Concat(Slice(Shape(x)), -1)): onnx infers no shape
+        return torch.matmul(t.transpose(1, 2), t)
+
+
+def test_exported_matmul_of_unknown_shape_is_refused_by_name(tmp_path):
+    x = torch.randn(1, 3, 4, 4)
+    q = dal.prepare_qat(_Flat(), recipe=W8_CONV_LINEAR, hardware="a2000", example_inputs=(x,))
+    path = tmp_path / "flat.onnx"
+    dal.export_onnx(q, (x,), str(path))
+    (geom, _), = trace_layers(q, (x,))  # the torch side has the shapes
+    assert (geom.name, geom.macs) == ("matmul", 16 * 16 * 3)
+    with pytest.raises(ValueError, match=r"MatMul node '/MatMul': the shape of /Transpose_output_0, "
+                                         r"/Reshape_output_0 is unknown"):
+        estimate(path)
