@@ -14,6 +14,9 @@ not charged, and a quantizer, are opaque too: their op's cost covers their insid
   nothing: they fold into the producer's requantizer (a clip of its output range). Reshapes and
   dropout are free too (``cost="free"``).
 
+A module layer's input elements are those of every tensor it was called with (keyword arguments
+included: an attention mask), its output elements those of every tensor it returned.
+
 Function calls the model's own code makes outside those modules (``F.adaptive_avg_pool2d``,
 ``x + y``, ``torch.matmul`` in a forward) are layers too, by the ``cost`` of their op in
 :mod:`dal.ops` (:attr:`dal.capture.Call.op`): ``"vector"``: a layer of the op's class, its
