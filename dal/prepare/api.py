@@ -91,10 +91,9 @@ def prepare_qat(model: nn.Module, recipe="int8_balanced", hardware=None, example
     rec = load_recipe(recipe)
     hw_name = hardware if hardware is not None else rec.hardware
     hw = load_hardware(hw_name) if hw_name is not None else None
-    model = model if inplace else copy.deepcopy(model)
-    example_inputs = _as_tuple(example_inputs)
+    model, example_inputs = model if inplace else copy.deepcopy(model), _as_tuple(example_inputs)
     report = PrepareReport(recipe=rec.name, hardware=getattr(hw, "name", str(hw_name)))
-    run = Record() if example_inputs is not None else None
+    run = Record() if example_inputs is not None else None  # the float forward's (dal.capture)
     model, checked = _replace_operators(model, rec, hw, example_inputs, report, run)
     # position: first / last rules (the first conv, the classifier) become rules by name.
     rec = rec.bind_positions((n, float_type_name(m), c if (c := op_class_of(m)) in HW_OP_CLASSES else None)
