@@ -214,18 +214,21 @@ def _budget(value, reference: float, what: str) -> float:
 
 
 def _shared_inputs(model, example_inputs, names) -> list:
-    """Groups of searched layers whose forward reads the very same input tensor."""
+    """Groups of searched layers whose forward reads the very same input tensor (the same value
+    in one ``dal.capture`` record of a forward)."""
     import torch
 
+    from ..capture import capture
+
+    wanted = set(names)
+    with torch.no_grad():
+        record = capture(model, *example_inputs, functions=False, sites=False)
     seen: dict = {}
-    handles = [model.get_submodule(n).register_forward_pre_hook(
-        lambda m, a, n=n: seen.setdefault((a[0].data_ptr(), tuple(a[0].shape)), []).append(n)) for n in names]
-    try:
-        with torch.no_grad():
-            model(*example_inputs)
-    finally:
-        for h in handles:
-            h.remove()
+    for c in record.modules():
+        if c.path in wanted and c.ins:
+            seen.setdefault(c.ins[0], [])
+            if c.path not in seen[c.ins[0]]:
+                seen[c.ins[0]].append(c.path)
     return [g for g in seen.values() if len(g) > 1]
 
 
