@@ -26,6 +26,7 @@ from .errors import ConvertError
 from .float_ops import NPUFloatOps
 from .forms import swap_forms
 from .layers import IntegerLayer, fan_value
+from .nan_screen import holds_nan
 from .opset import called_functions, export_opset
 from .probe import plan_groups, record
 from .quant_calls import use_integer_quantizers
@@ -99,7 +100,7 @@ def _refuse_nan(args: tuple, kwargs: dict) -> None:
     named = [(f"input {i}", a) for i, a in enumerate(args)] + [(f"input {k!r}", v) for k, v in kwargs.items()]
     for name, value in named:
         for j, t in enumerate(tensors(value)):  # any nest (dal.nest), dataclasses too
-            if t.is_floating_point() and bool(torch.isnan(t).any()):
+            if t.is_floating_point() and holds_nan(t):
                 where = "" if j == 0 and isinstance(value, torch.Tensor) else f" (tensor {j} in it)"
                 n = int(torch.isnan(t).sum())
                 raise ConvertError(f"integer model: {name}{where} holds {n} NaN of {t.numel()} elements; "

@@ -45,6 +45,7 @@ from .accumulate import chunk_bounds, conv_exact, limit, linear_exact, refuse_in
 from .errors import ConvertError
 from .fp16_region import half_dtype, half_forward
 from .matmul_f64 import matmul_f64, weight_kn
+from .nan_screen import holds_nan
 from .probe import GroupPlan
 from .quant_calls import dispatch_off
 from .requant import FixedPoint
@@ -239,7 +240,7 @@ class IntegerLayer(WrapsModule):
         if s_x is None or s_x.device != x.device:
             s_x = self._s_x32 = torch.tensor(self.s_x, dtype=torch.float32, device=x.device)
         xi = torch.round(x.float() / s_x)
-        if bool(torch.isnan(xi).any()):
+        if holds_nan(xi):
             raise ConvertError(f"{self.path}: its input holds {int(torch.isnan(xi).sum())} NaN; the NPU's "
                                f"QuantizeLinear ({self.qat.input_quant.name}) has no code for NaN")
         return xi.clamp_(self.x_lo, self.x_hi)
