@@ -22,8 +22,17 @@ plus an INT8 KV-cache rule on the a2000; decode: one token at position 128 with 
   rows); "without NPUFloatOps" runs the whole step without the integer model's torch-function mode
   (other numbers: silu in torch's float32; the cost of the dispatch).
 
+- floor (``--floor``): what a captured step (Python run once per graph, not per op and module) could
+  reach at best: the aten ops of one integer decode (or ``--prefill``) step recorded (a
+  ``TorchDispatchMode``) and replayed from Python on their recorded arguments, one call each, no
+  module, form or quantizer code in between; the CPU time the step spends inside dal's C++ calls and
+  numpy (which a capture keeps); the per-call cost of an aten overload against the torch-level call
+  a captured graph makes; with ``--dynamo`` also ``torch.compile(step, backend="eager")`` as the
+  model is today: its graphs, graph breaks, compile time, step time and outputs.
+
     .venv/bin/python bench/integer_decode.py --base /tmp/h3base [--rounds 4] [--reps 9] [--inner 5]
     .venv/bin/python bench/integer_decode.py --split [--prefill] [--reps 15]
+    .venv/bin/python bench/integer_decode.py --floor [--prefill] [--reps 15] [--dynamo]
 """
 from __future__ import annotations
 
@@ -208,6 +217,175 @@ def split(prefill: bool, reps: int) -> str:
     return text
 
 
+def _ext_timers(record: list):
+    """Wrap dal's C++ calls (the fake-quant and blocked-sum kernels) and the numpy routines of the
+    integer model (softmax's exp, the float-island MatMul) so that each call's CPU seconds are appended
+    to ``record``; returns the function that undoes it."""
+    from dal.convert import attention, layers
+    from dal.formats import native
+    from dal.kernels import blocked_sums
+
+    undo = []
+
+    def timed(f):
+        def g(*a):
+            c = time.process_time()
+            out = f(*a)
+            record.append(time.process_time() - c)
+            return out
+        return g
+    for lib, names in ((native.library(), ("dal_fq_forward_fixed", "dal_fp_cast_round_trip", "dal_fq_forward")),
+                       (blocked_sums.library(), ("dal_blocked_linear_q", "dal_blocked_linear"))):
+        for n in names if lib is not None else ():
+            f = getattr(lib, n)
+            setattr(lib, n, timed(f))
+            undo.append((lib, n, f))
+    for mod, n in ((attention, "exp_f32"), (layers, "matmul_f64")):
+        f = getattr(mod, n)
+        setattr(mod, n, timed(f))
+        undo.append((mod, n, f))
+
+    def restore():
+        for obj, n, f in undo:
+            setattr(obj, n, f)
+    return restore
+
+
+def floor(prefill: bool, reps: int, dynamo: bool) -> str:
+    """The floor of a captured integer step (module doc), as markdown lines."""
+    import collections
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode  # measurement only: the aten ops of a step
+
+    sys.path.insert(0, HERE)
+    torch.set_num_threads(1)
+    import llm_int_profile
+
+    int_pre, int_dec, pre_in, dec_in, float_pre, float_dec, _ = llm_int_profile.models()
+    model, inputs, fp = (int_pre, pre_in, float_pre) if prefill else (int_dec, dec_in, float_dec)
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if func is not torch.ops.aten._local_scalar_dense.default:  # .item(): a host read, not an op
+                self.ops.append((func, args, kwargs))
+            return out
+
+    ext: list = []
+    lines = []
+    with torch.no_grad():
+        model(*inputs)
+        with Recorder() as rec:
+            model(*inputs)
+        ops = rec.ops
+
+        def replay():
+            for f, a, k in ops:
+                f(*a, **k)
+        restore = _ext_timers(ext)
+        try:
+            ext.clear()
+            model(*inputs)
+            n_ext = len(ext)
+            ms = collections.defaultdict(list)
+            inner = 1 if prefill else 5
+            for _ in range(reps):
+                for name, f in (("step", lambda: model(*inputs)), ("aten replay", replay), ("float eager", fp)):
+                    f()
+                    ext.clear()
+                    c = time.process_time()
+                    for _ in range(inner):
+                        f()
+                    ms[name].append((time.process_time() - c) * 1e3 / inner)
+                    if name == "step":
+                        ms["C++ / numpy inside the step"].append(sum(ext) * 1e3 / inner)
+        finally:
+            restore()
+        per_op = collections.defaultdict(float)
+        for f, a, k in ops:
+            c = time.perf_counter()
+            f(*a, **k)
+            per_op[str(f)] += time.perf_counter() - c
+        x, y = torch.randn(1, 256), torch.randn(1, 256)
+        aten = torch.ops.aten
+        pairs = (("view", lambda: aten.view.default(x, [256]), lambda: x.view(256)),
+                 ("mul", lambda: aten.mul.Tensor(x, y), lambda: x * y),
+                 ("to float64", lambda: aten._to_copy.default(x, dtype=torch.float64), lambda: x.double()))
+        call_us = {}
+        for name, fa, ft in pairs:
+            got = []
+            for f in (fa, ft):
+                for _ in range(2000):
+                    f()
+                c = time.perf_counter()
+                for _ in range(20000):
+                    f()
+                got.append((time.perf_counter() - c) / 20000 * 1e6)
+            call_us[name] = got
+    med = {k: statistics.median(v) for k, v in ms.items()}
+    phase = "prefill" if prefill else "decode"
+    lines += [f"{phase} step of the integer model: floor of a captured step; {reps} interleaved repetitions, "
+              f"median CPU ms; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", "",
+              "| part | CPU ms |", "|---|---|",
+              f"| the step as it runs | {med['step']:.2f} |",
+              f"| its {len(ops)} aten ops replayed from Python, one call each (no module / form / quantizer code) "
+              f"| {med['aten replay']:.2f} |",
+              f"| dal's C++ kernels and numpy inside the step ({n_ext} calls) | "
+              f"{med['C++ / numpy inside the step']:.2f} |",
+              f"| floor of a Python-level capture (the two above) | "
+              f"{med['aten replay'] + med['C++ / numpy inside the step']:.2f} |",
+              f"| float eager step (transformers) | {med['float eager']:.2f} |", "",
+              "per-call cost, us (aten overload as replayed / the torch-level call a captured graph makes): " +
+              ", ".join(f"{k} {a:.2f} / {t:.2f}" for k, (a, t) in call_us.items()), "",
+              "the replay's time by aten op (one pass, ms): " + ", ".join(
+                  f"{k.replace('aten.', '')} {v * 1e3:.2f}" for k, v in
+                  sorted(per_op.items(), key=lambda kv: -kv[1])[:12])]
+    if dynamo:
+        lines += [""] + _dynamo_probe(model, inputs)
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+def _dynamo_probe(model, inputs) -> list:
+    """``torch.compile(model, backend=<eager, counting graphs>)`` on today's integer model: its graphs,
+    graph breaks, compile CPU seconds, step CPU ms against the eager step, and whether its outputs are equal."""
+    import torch
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+    torch._dynamo.config.cache_size_limit = 64
+    with torch.no_grad():
+        want = [t.clone() for t in model(*inputs)]
+        compiled = torch.compile(model, backend=backend)
+        c = time.process_time()
+        got = compiled(*inputs)
+        first = time.process_time() - c
+        same = all(torch.equal(a, b) for a, b in zip(got, want))
+        ms = {"eager": [], "compiled": []}
+        for _ in range(5):
+            for name, f in (("eager", model), ("compiled", compiled)):
+                f(*inputs)
+                c = time.process_time()
+                for _ in range(5):
+                    f(*inputs)
+                ms[name].append((time.process_time() - c) * 200)
+    return [f"torch.compile(backend=eager) of the integer step as it is: {len(graphs)} graphs ({sum(graphs)} fx nodes), "
+            f"first call (compile) {first:.1f} CPU s, step {statistics.median(ms['compiled']):.2f} CPU ms against "
+            f"{statistics.median(ms['eager']):.2f} eager; outputs equal: {same}"]
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", help="the dal source tree to compare with (e.g. a `git worktree add` of the commit before)")
@@ -215,11 +393,15 @@ if __name__ == "__main__":
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--inner", type=int, default=5)
     ap.add_argument("--split", action="store_true", help="where this checkout's integer step spends its time")
-    ap.add_argument("--prefill", action="store_true", help="--split: the prefill step (default: decode)")
+    ap.add_argument("--prefill", action="store_true", help="--split / --floor: the prefill step (default: decode)")
+    ap.add_argument("--floor", action="store_true", help="the floor of a captured integer step (module doc)")
+    ap.add_argument("--dynamo", action="store_true", help="--floor: also torch.compile(backend='eager') as it is")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.split:
         split(a.prefill, a.reps)
+    elif a.floor:
+        floor(a.prefill, a.reps, a.dynamo)
     elif a.worker:
         worker(a.worker, a.reps, a.inner)
     else:
