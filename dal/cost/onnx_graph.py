@@ -20,6 +20,11 @@ and shape arithmetic (``Shape`` and whatever is computed from shapes and constan
 :meth:`_Graph.constants`) are not counted, and a vector node computed from them alone is no
 layer, as ``dal.cost.torch_graph`` does not charge a call on constants.
 
+Several nodes that one module exported and the chip runs as one operation are one layer
+(:mod:`dal.cost.onnx_patterns`): a gated activation (SiLU's ``Mul(x, Sigmoid(x))``,
+HardSwish's ``Mul(x, HardSigmoid(x))``, GELU's Erf form), a decomposed RMSNorm / LayerNorm, and
+an embedding's ``Gather`` of a 2-D table; each is charged as the traced model charges its module.
+
 Layer names are the module paths dal's exporter writes into Q/DQ node names
 (``stem.0.weight_quant/DequantizeLinear`` -> ``stem.0``), else the ONNX node name. Node types
 and MAC counts follow ``dal.cost.torch_graph``:
@@ -36,6 +41,7 @@ from typing import Optional
 import numpy as np
 
 from ..formats import FP16, get_format
+from .onnx_patterns import Pattern, find_patterns
 from .op_costs import onnx_classes, onnx_passthrough
 from .roofline import Choice, LayerGeom
 
@@ -57,6 +63,7 @@ class _Graph:
         g = model.graph
         self.nodes = list(g.node)
         self.inits = {t.name: t for t in g.initializer}
+        self.outputs = {o.name for o in g.output}
         self.producer = {o: n for n in g.node for o in n.output}
         self.consumers: dict = {}
         for n in g.node:
@@ -188,6 +195,48 @@ def _float_choice(hw, op_class: str, weighted: bool) -> Optional[Choice]:
     return Choice(FP16 if weighted else None, FP16, FP16)
 
 
+def _rounded_fmt(g: _Graph, name: str):
+    """The format of ``name``, looking through Casts: a DQ's type, or FP16 where a Cast on the
+    way wrote float16 (an FP16 quantizer's round trip), else None."""
+    while True:
+        fmt = g.fmt(name)
+        node = g.producer.get(name)
+        if fmt is not None or node is None or node.op_type != "Cast":
+            return fmt
+        name = node.input[0]
+
+
+def _pattern_layer(g: _Graph, hw, p: Pattern, node):
+    """(geometry, Choice) of a several-node layer (:mod:`dal.cost.onnx_patterns`), as
+    ``dal.cost.torch_graph`` / ``dal.cost.choices`` charge the module that wrote it: an
+    activation as a vector node; a normalisation in its input's and weight's formats (looking
+    through an FP16 island's Casts), no weight elements (the traced model charges none for a
+    norm); an embedding with no MACs and no input elements, its output's elements read from the
+    table, in the table's format."""
+    out = g.numel(p.out)
+    if p.op_class == "embedding":
+        geom = LayerGeom(_layer_name(g, node, p.weight), "embedding", 0, out, 0, out, type_name=node.op_type)
+        w = g.fmt(p.weight)
+        if w is not None:
+            return geom, Choice(w, None, g.out_fmt(p.out) or w)
+        fp16 = (hw is not None and hw.supports_op("embedding")
+                and FP16 in hw.allowed_formats("embedding", "output"))
+        return geom, Choice(FP16, None, FP16) if fp16 else None
+    first = g.nodes[min(p.members)]
+    geom = LayerGeom(_layer_name(g, first, None), p.op_class, 0, 0, g.numel(p.x), out, function=p.function,
+                     type_name=first.op_type)
+    if p.op_class == "layernorm":
+        x = _rounded_fmt(g, p.x)
+        w = _rounded_fmt(g, p.weight) if p.weight else None
+        if x is None and w is None:
+            return geom, _float_choice(hw, p.op_class, False)
+        return geom, Choice(w, x or w, g.out_fmt(p.out) or x or w)
+    x = g.fmt(p.x)
+    if x is not None:
+        return geom, Choice(None, x, g.out_fmt(p.out) or x)
+    return geom, _float_choice(hw, p.op_class, False)
+
+
 def onnx_layers(path, hardware=None):
     """(geometries, name -> Choice, the file's ``dal.hardware`` metadata or None) of an ONNX file."""
     from ..hardware import load_hardware
@@ -198,8 +247,14 @@ def onnx_layers(path, hardware=None):
     geoms, choices, previous = [], {}, None
     matrix_ops, vector_ops, passthrough = onnx_classes("matrix"), onnx_classes("vector"), onnx_passthrough()
     const = g.constants()
-    for node in g.nodes:
-        if node.op_type in matrix_ops:
+    patterns = {p.anchor: p for p in find_patterns(g, const)}
+    inside = set().union(*(p.members for p in patterns.values()))
+    for i, node in enumerate(g.nodes):
+        if i in patterns:
+            geom, choice = _pattern_layer(g, hw, patterns[i], node)
+        elif i in inside:
+            continue
+        elif node.op_type in matrix_ops:
             geom, w = _matrix(g, node, matrix_ops[node.op_type])
             x = g.fmt(node.input[0])
             wf = g.fmt(w) if w is not None else None

@@ -14,8 +14,8 @@ or ``"free"`` (folded into its producer's requantizer, or exact on codes); None:
   is matmul's, though linear's pattern lists it too); a node type of several ops' patterns and
   of none alone belongs to them when they all have the same ``cost`` and ``op_class`` (``Gemm``:
   linear), else to none (``Div``: layer norm's and a reshape's): it is not timed. ``embedding``'s
-  ``Gather`` is left out: it reads rows of codes by index, and the graph reader has no geometry
-  for it (the traced model charges its bytes).
+  ``Gather`` is left out: a ``Gather`` is also shape arithmetic and indexing, so the graph
+  reader finds embeddings by their pattern (a 2-D table, :mod:`dal.cost.onnx_patterns`).
 
 Tables are derived on first use and again after the registry changes (:func:`dal.ops.version`).
 """
