@@ -1,8 +1,9 @@
 """The layers of an exported QDQ ONNX file as the cost model sees them, read from the graph alone.
 
 Shapes come from ``onnx.shape_inference`` with data propagation (a shape the graph computes,
-``flatten(2)``'s or ``F.interpolate``'s ``Shape -> Concat``, is followed; a dimension still
-symbolic counts as 1). Formats come from
+``F.interpolate``'s ``Shape -> Concat``, is followed), and where that leaves a value without one
+(``flatten(2)``'s ``Shape -> Slice -> Concat``), from the graph's shape arithmetic evaluated by
+``onnx.reference`` (:mod:`dal.cost.onnx_shapes`); a dimension still symbolic counts as 1. Formats come from
 the element types: a compute node's input produced by a ``DequantizeLinear`` runs in the type
 that DQ reads (``uint8``, ``int4``, ``float8e4m3fn``...); a ``float16`` tensor is FP16; a float32
 input not produced by a DQ is a float op (FP16 where the hardware runs that op class in FP16,
@@ -42,6 +43,7 @@ import numpy as np
 
 from ..formats import FP16, get_format
 from .onnx_patterns import Pattern, find_patterns
+from .onnx_shapes import infer_shapes, shapes_of
 from .op_costs import onnx_classes, onnx_passthrough
 from .roofline import Choice, LayerGeom
 
@@ -53,12 +55,7 @@ class _Graph:
         import onnx
 
         model = onnx.load(str(path))
-        for data_prop in (True, False):  # data_prop: follow the shapes the graph computes (Shape -> Concat)
-            try:
-                model = onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
-                break
-            except Exception:  # noqa: BLE001 - without both, shapes come only from what the file declares
-                continue
+        self.types, self.shapes = shapes_of(infer_shapes(model))
         self.meta = {p.key: p.value for p in model.metadata_props}
         g = model.graph
         self.nodes = list(g.node)
@@ -69,13 +66,6 @@ class _Graph:
         for n in g.node:
             for i in n.input:
                 self.consumers.setdefault(i, []).append(n)
-        self.types, self.shapes = {}, {}
-        for vi in list(g.value_info) + list(g.input) + list(g.output):
-            t = vi.type.tensor_type
-            self.types[vi.name] = t.elem_type
-            self.shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim]
-        for name, t in self.inits.items():
-            self.types[name], self.shapes[name] = t.data_type, list(t.dims)
 
     def constants(self) -> set:
         """Values computed without the graph's data: initializers, ``Constant`` outputs, ``Shape`` /

@@ -15,8 +15,7 @@ import dal
 from dal.cost import estimate
 from dal.cost.torch_graph import trace_layers
 
-HW = 8 * 8  # the spatial size of the example input. The reshape names it: flatten(2) exports a
-            # Slice of a Shape, which onnx's shape inference does not follow (no rank for MatMul)
+HW = 8 * 8  # the spatial size of the example input, named by the reshape
 
 
 class Block(nn.Module):
@@ -158,17 +157,42 @@ def test_a_users_function_op_is_charged_by_its_cost_field():
 
 class _Flat(nn.Module):
     def forward(self, x):
-        t = x.flatten(2)  # exported as Reshape(Concat(Slice(Shape(x)), -1)): onnx infers no shape
+        t = x.flatten(2)  # exported as Reshape(Concat(Slice(Shape(x)), -1)): onnx's inference stops there
         return torch.matmul(t.transpose(1, 2), t)
 
 
-def test_exported_matmul_of_unknown_shape_is_refused_by_name(tmp_path):
+def test_exported_flatten_shape_is_evaluated(tmp_path):
+    """onnx's shape inference (data propagation included) gives the Reshape after ``flatten(2)``
+    no shape; the graph reader evaluates the shape arithmetic with onnx.reference and gets the
+    MatMul the torch side has. The oracle: torch's own tensors and FLOP counter."""
     x = torch.randn(1, 3, 4, 4)
     q = dal.prepare_qat(_Flat(), recipe=W8_CONV_LINEAR, hardware="a2000", example_inputs=(x,))
     path = tmp_path / "flat.onnx"
     dal.export_onnx(q, (x,), str(path))
+    t = x.flatten(2)
     (geom, _), = trace_layers(q, (x,))  # the torch side has the shapes
-    assert (geom.name, geom.macs) == ("matmul", 16 * 16 * 3)
-    with pytest.raises(ValueError, match=r"MatMul node '/MatMul': the shape of /Transpose_output_0, "
-                                         r"/Reshape_output_0 is unknown"):
+    assert geom.name == "matmul"
+    assert geom.macs == _flop_macs(lambda: torch.matmul(t.transpose(1, 2), t)) == 16 * 16 * 3
+    (row,), a = estimate(path).rows, estimate(q, example_inputs=(x,))
+    assert (row.geom.op_class, row.geom.macs, row.geom.input_elems, row.geom.output_elems) == \
+        ("matmul", geom.macs, 2 * t.numel(), torch.matmul(t.transpose(1, 2), t).numel())
+    assert row.cycles == pytest.approx(a.rows[0].cycles)
+
+
+def test_exported_matmul_of_unknown_shape_is_refused_by_name(tmp_path):
+    """A shape read from the graph's data (a Reshape to a shape given as an input) has no value
+    before the graph runs: the MatMul after it is refused, naming the node and the values."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["r"], name="/Reshape"),
+         helper.make_node("Transpose", ["r"], ["rt"], name="/Transpose", perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["rt", "r"], ["y"], name="/MatMul")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "unknown.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    with pytest.raises(ValueError, match=r"MatMul node '/MatMul': the shape of rt, r, y is unknown"):
         estimate(path)
