@@ -16,7 +16,8 @@ which needs no forward at all.
 Inside a call the mode handles, the mode is off (torch pops it while its handler runs): a call is
 recorded once, at the level the model's code made it (``F.interpolate``'s own torch calls are
 not). Calls whose result holds no tensor (``x.shape``, ``x.size()``, ``x.dim()``) are shape queries
-and are not recorded. ``opaque(module)`` marks modules whose inside is of no interest to the
+and are not recorded; an indexed assignment ``y[i] = x`` is, as a call that reads ``y`` and ``x`` and
+writes a new version of ``y``. ``opaque(module)`` marks modules whose inside is of no interest to the
 reader (a quantizer, a weighted layer): their call is recorded as one call, their outputs as new
 values, and nothing inside them is. A ``torch.jit.ScriptModule`` gets no hooks (it runs as one
 function of its parent).
@@ -104,6 +105,9 @@ class _Recorder(TorchFunctionMode):
         site = _site() if self.sites else ""
         out = func(*args, **kwargs)
         made = [out] if type(out) is torch.Tensor else _flat(out, [])
+        if not made and out is None and args and isinstance(args[0], torch.Tensor) and \
+                getattr(func, "__name__", "") == "__setitem__":
+            made = [args[0]]  # y[i] = x: a new version of y, written from y and x
         if made:
             read = _flat(args, [])
             if kwargs:

@@ -183,3 +183,17 @@ def test_a_module_called_twice_is_two_calls_and_a_script_module_is_none():
     assert mods == [("lin", (2, 4)), ("lin", (2, 4)), ("", (2, 4))]
     first, second = [c for c in record.modules() if c.path == "lin"]
     assert second.ins == first.outs
+
+
+def test_an_indexed_assignment_writes_a_new_version():
+    class Assign(nn.Module):
+        def forward(self, x):
+            y = torch.zeros(2, 4)
+            y[:, :2] = x * 2
+            return y + 1
+
+    with torch.no_grad():
+        record = capture(Assign(), torch.ones(2, 2))
+    zeros, mul, assign, add = record.functions()
+    assert assign.target.__name__ == "__setitem__"
+    assert set(zeros.outs) | set(mul.outs) <= set(assign.ins) and add.ins[0] == assign.outs[0] != zeros.outs[0]
