@@ -24,10 +24,12 @@ layer, as ``dal.cost.torch_graph`` does not charge a call on constants.
 Several nodes that one module exported and the chip runs as one operation are one layer
 (:mod:`dal.cost.onnx_patterns`): a gated activation (SiLU's ``Mul(x, Sigmoid(x))``,
 HardSwish's ``Mul(x, HardSigmoid(x))``, GELU's Erf form), a decomposed RMSNorm / LayerNorm, and
-an embedding's ``Gather`` of a 2-D table; each is charged as the traced model charges its module.
+an embedding's ``Gather`` of a 2-D table, a 3-D ``Linear``'s ``MatMul`` and bias ``Add``; each
+is charged as the traced model charges its module.
 
 Layer names are the module paths dal's exporter writes into Q/DQ node names
-(``stem.0.weight_quant/DequantizeLinear`` -> ``stem.0``), else the ONNX node name. Node types
+(``stem.0.weight_quant/DequantizeLinear`` -> ``stem.0``), else the ONNX node name; a name
+met again is ``name#2``, ``name#3``... (formats are looked up by name). Node types
 and MAC counts follow ``dal.cost.torch_graph``:
 
     Conv           out.numel() * prod(W.shape[1:])            (W: [C_out, C_in/g, k...])
@@ -36,13 +38,14 @@ and MAC counts follow ``dal.cost.torch_graph``:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
 import numpy as np
 
 from ..formats import FP16, get_format
-from .onnx_patterns import Pattern, find_patterns
+from .onnx_patterns import Pattern, bias_adds, find_patterns
 from .onnx_shapes import infer_shapes, shapes_of
 from .op_costs import onnx_classes, onnx_passthrough
 from .roofline import Choice, LayerGeom
@@ -152,9 +155,8 @@ def is_24(codes: Optional[np.ndarray], axis: int = 1) -> bool:
     return bool((moved.reshape(-1, 4).sum(-1) <= 2).all())
 
 
-def _matrix(g: _Graph, node, op_class: str):
+def _matrix(g: _Graph, node, op_class: str, out: str):
     x, w = node.input[0], node.input[1]
-    out = node.output[0]
     unknown = [v for v in (x, w, out) if not g.shapes.get(v)]
     if unknown:
         raise ValueError(f"dal.estimate: {node.op_type} node {node.name!r}: the shape of {', '.join(unknown)} is "
@@ -234,18 +236,20 @@ def onnx_layers(path, hardware=None):
     g = _Graph(path)
     meta_hw = g.meta.get("dal.hardware") or None
     hw = load_hardware(hardware if hardware is not None else meta_hw) if (hardware or meta_hw) else None
-    geoms, choices, previous = [], {}, None
+    geoms, choices, previous, seen = [], {}, None, {}
     matrix_ops, vector_ops, passthrough = onnx_classes("matrix"), onnx_classes("vector"), onnx_passthrough()
     const = g.constants()
     patterns = {p.anchor: p for p in find_patterns(g, const)}
-    inside = set().union(*(p.members for p in patterns.values()))
+    biases = bias_adds(g, const, matrix_ops)
+    inside = set().union(*(p.members for p in patterns.values()), biases.values())
     for i, node in enumerate(g.nodes):
         if i in patterns:
             geom, choice = _pattern_layer(g, hw, patterns[i], node)
         elif i in inside:
             continue
         elif node.op_type in matrix_ops:
-            geom, w = _matrix(g, node, matrix_ops[node.op_type])
+            out = g.nodes[biases[i]].output[0] if i in biases else node.output[0]
+            geom, w = _matrix(g, node, matrix_ops[node.op_type], out)
             x = g.fmt(node.input[0])
             wf = g.fmt(w) if w is not None else None
             if x is None and wf is None:
@@ -254,7 +258,7 @@ def onnx_layers(path, hardware=None):
                 x = x or wf
                 sparse = (w is not None and hw is not None and hw.supports_sparsity(geom.op_class, "2:4")
                           and is_24(g.weight_codes(w), g.sparse_axis(w)))
-                choice = Choice(wf, x, g.out_fmt(node.output[0]) or x, sparse=sparse)
+                choice = Choice(wf, x, g.out_fmt(out) or x, sparse=sparse)
         elif node.op_type in vector_ops:
             op_class = vector_ops[node.op_type]
             data = [i for i in node.input if i and i not in const]
@@ -271,6 +275,9 @@ def onnx_layers(path, hardware=None):
                 choice = _float_choice(hw, op_class, False)
         else:
             continue
+        seen[geom.name] = seen.get(geom.name, 0) + 1
+        if seen[geom.name] > 1:  # a second layer of the same name (a Linear's MatMul and Add scope): name#2
+            geom = dataclasses.replace(geom, name=f"{geom.name}#{seen[geom.name]}")
         geoms.append(geom)
         choices[geom.name] = choice
         if choice is not None:

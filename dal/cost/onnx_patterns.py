@@ -23,6 +23,7 @@ charges them as the one layer :mod:`dal.cost.torch_graph` charges for that modul
   already: :mod:`dal.cost.op_costs`).
 - **an embedding**: ``Gather(table, indices)`` along axis 0 of a 2-D initializer, or of a
   ``DequantizeLinear`` of one: an ``embedding`` layer, as dal.ops' ``embedding`` op exports.
+- **a bias** (:func:`bias_adds`): the ``Add`` of a constant after a matrix node is part of it.
 
 Every intermediate value of a pattern is read only inside it (else the nodes stay separate
 layers). A pattern's input elements are those of ``x`` (an embedding: none), its output
@@ -214,3 +215,27 @@ def find_patterns(g, const: set) -> list[Pattern]:
                     found.append(p)
                     taken |= p.members
     return found
+
+
+def bias_adds(g, const: set, matrix_types) -> dict:
+    """matrix node index -> index of the ``Add`` of its bias: a node of ``matrix_types`` with a
+    constant weight (its second input a constant or a DequantizeLinear of constants) whose
+    output only an ``Add`` in the same ONNX scope (written by the same module) reads, the other
+    operand a constant whose tensor (a DequantizeLinear's codes) is named ``<...>.bias<...>``.
+    A ``Linear`` on a 3-D input exports as ``MatMul`` then that ``Add``; the traced model charges
+    the module, bias included, as one layer (a ``Conv`` / ``Gemm`` holds its bias itself). An
+    ``x @ W + b`` a forward computes with its own tensors is two calls, two layers on both sides
+    (its ``b`` is no module's ``.bias``)."""
+    v = _View(g, const)
+    out = {}
+    for i, node in enumerate(g.nodes):
+        if node.op_type not in matrix_types or len(node.input) < 2 or not v.constant_like(node.input[1]):
+            continue
+        add = v.only_consumer(node.output[0], "Add")
+        bias = v.other(add, node.output[0]) if add is not None and len(add.input) == 2 else None
+        if bias is None or _scope(add) != _scope(node) or not v.constant_like(bias):
+            continue
+        dq = v.producer(bias, "DequantizeLinear")
+        if ".bias" in (dq.input[0] if dq is not None else bias):
+            out[i] = v.index[id(add)]
+    return out
