@@ -1,7 +1,7 @@
 """dal/convert/nan_screen.py ``holds_nan``: equal to torch's own ``torch.isnan(t).any()`` on tensors
 built to defeat a sum screen: both infinities without NaN (the sum is NaN), sums that overflow to
 infinity, NaN of either sign and with payloads, subnormals, empty tensors, float16 / bfloat16 /
-float64, non-contiguous views."""
+float64 and float8 (no sum), non-contiguous views."""
 from __future__ import annotations
 
 import struct
@@ -35,6 +35,11 @@ def cases():
     nt[0, 47] = float("nan")
     yield nt.t()[::2]  # the NaN (row 47 of the transpose) is outside this view: False
     yield nt.t()[1::2]  # and inside this one: True
+    f8 = base.clamp(-400, 400).to(torch.float8_e4m3fn)
+    yield f8  # no sum for float8: the element-wise test
+    f8n = f8.clone()
+    f8n.view(torch.uint8)[2, 2] = 0x7F  # the E4M3FN NaN
+    yield f8n
     for dt in (torch.float16, torch.bfloat16, torch.float64):
         yield torch.full((300,), 60000.0).to(dt)  # float16: the sum overflows
         h = base.to(dt)
