@@ -12,8 +12,9 @@ charges them as the one layer :mod:`dal.cost.torch_graph` charges for that modul
   activation op of :mod:`dal.ops` whose ONNX pattern holds every node type of it (its
   ``function``): the chip evaluates the chain as one function of each input element, one
   lookup table on codes (``dal/npu/fused_codes.py``). ``x * torch.sigmoid(x)`` written in a
-  forward is the same nodes, and so the same one layer here (the traced model charges its two
-  calls).
+  forward of a prepared model is no gate: prepare makes the product a QMul, whose Mul reads two
+  DequantizeLinears; left unquantized it would be the same nodes as ``F.silu``, one layer here
+  where the traced model charges its two calls.
 - **a normalisation** (export/SPEC.md §5a): RMSNorm ``Pow(x, 2) -> ReduceMean -> Add(eps) ->
   Sqrt -> Div(1, .) | Reciprocal -> Mul(x, .)`` (or ``Div(x, Sqrt(.))``), LayerNorm below
   opset 17 ``ReduceMean(x) -> Sub(x, .) = d -> Pow(d, 2) -> ReduceMean -> Add(eps) -> Sqrt ->

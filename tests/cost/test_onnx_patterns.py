@@ -143,3 +143,28 @@ def test_a_gate_is_one_activation_only_when_it_is_one(tmp_path):
     assert _graph_layers(tmp_path, silu, extra_outputs=("s",)) == [("activation", "", 16, 16), ("mul", "", 32, 16)]
     square = [helper.make_node("Add", ["x", "one"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
     assert _graph_layers(tmp_path, square) == [("add", "", 16, 16), ("mul", "", 32, 16)]
+
+
+class _OwnGate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y * torch.sigmoid(y)  # SiLU written as two calls
+
+
+def test_a_gate_the_forward_writes_stays_two_layers(tmp_path):
+    """``y * torch.sigmoid(y)`` in a forward: prepare makes the product a QMul, whose operands
+    are quantized (the Mul reads two DequantizeLinears, not ``y`` and ``Sigmoid(y)``), so the
+    file has no gate: a sigmoid and a mul on both sides, as the model's two calls."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    q = dal.prepare_qat(_OwnGate().eval(), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    dal.calibrate(q, [x], progress=False)
+    a, b = _both(q, (x,), tmp_path / "m.onnx")
+    n = x.shape[0] * 4 * 8 * 8
+    assert _rows(a) == _rows(b)
+    assert [(r.geom.op_class, r.geom.input_elems, r.geom.output_elems) for r in b.rows][1:] == \
+        [("activation", n, n), ("mul", 2 * n, n)]
