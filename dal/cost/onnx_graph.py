@@ -223,10 +223,19 @@ def _pattern_layer(g: _Graph, hw, p: Pattern, node):
         if x is None and w is None:
             return geom, _float_choice(hw, p.op_class, False)
         return geom, Choice(w, x or w, g.out_fmt(p.out) or x or w)
-    x = g.fmt(p.x)
+    x, y = g.fmt(p.x), g.out_fmt(p.out)
     if x is not None:
-        return geom, Choice(None, x, g.out_fmt(p.out) or x)
+        return geom, Choice(None, x, y or x, lut=_lookup(g, p.op_class, p.x, y))
     return geom, _float_choice(hw, p.op_class, False)
+
+
+def _lookup(g: _Graph, op_class: str, x: str, y) -> bool:
+    """An activation from codes (a DequantizeLinear of an integer or FP8 type) to a
+    QuantizeLinear runs as a lookup table: dal's one activation with quantizers of its own is
+    ``QLutActivation`` (export/SPEC.md §6 ``lut_activation``), which ``dal.cost.choices`` times
+    as a lookup."""
+    dq, fmt = g.dq_source(x)
+    return op_class == "activation" and dq is not None and y is not None and fmt is not None and fmt.is_scaled
 
 
 def onnx_layers(path, hardware=None):
@@ -268,7 +277,8 @@ def onnx_layers(path, hardware=None):
                              g.numel(node.output[0]), type_name=node.op_type)
             x = next((f for f in (g.fmt(i) for i in data) if f is not None), None)
             if x is not None:
-                choice = Choice(None, x, g.out_fmt(node.output[0]) or x)
+                y = g.out_fmt(node.output[0])
+                choice = Choice(None, x, y or x, lut=_lookup(g, op_class, data[0], y))
             elif node.op_type in passthrough and previous is not None:
                 choice = Choice(None, previous.output, previous.output)
             else:

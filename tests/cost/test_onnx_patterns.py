@@ -168,3 +168,31 @@ def test_a_gate_the_forward_writes_stays_two_layers(tmp_path):
     assert _rows(a) == _rows(b)
     assert [(r.geom.op_class, r.geom.input_elems, r.geom.output_elems) for r in b.rows][1:] == \
         [("activation", n, n), ("mul", 2 * n, n)]
+
+
+class _ConvSilu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.act, self.conv2 = nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        return self.conv2(self.act(self.conv1(x)))
+
+
+LUT_RECIPE = {"name": "int8_lut", "replace": ["lut_activation"], "rules": [
+    {"type": ["conv", "linear"], "weight": {"format": "int8", "granularity": "per_channel", "symmetric": True},
+     "input": {"format": "int8"}},
+    {"type": "activation", "input": {"format": "int8"}}]}
+
+
+def test_a_lookup_table_activation_is_timed_as_a_lookup_on_both_sides(tmp_path):
+    """``lut_activation`` on the a1000 (no fp16): the SiLU is ``QLutActivation``, exported
+    ``DQ -> Mul(x, Sigmoid(x)) -> Q``; both sides time it at the lookup rate."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    q = dal.prepare_qat(_ConvSilu().eval(), recipe=LUT_RECIPE, hardware="a1000", example_inputs=(x,))
+    dal.calibrate(q, [x], progress=False)
+    a, b = _both(q, (x,), tmp_path / "m.onnx")
+    assert _rows(a) == _rows(b)
+    (act,) = [r for r in b.rows if r.geom.op_class == "activation"]
+    assert act.choice.lut and (act.geom.function, act.geom.input_elems) == ("silu", 8 * 8 * 8)
