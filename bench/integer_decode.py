@@ -30,7 +30,7 @@ plus an INT8 KV-cache rule on the a2000; decode: one token at position 128 with 
   a captured graph makes; with ``--dynamo`` also ``torch.compile(step, backend="eager")`` as the
   model is today: its graphs, graph breaks, compile time, step time and outputs.
 
-    .venv/bin/python bench/integer_decode.py --base /tmp/h3base [--rounds 4] [--reps 9] [--inner 5]
+    .venv/bin/python bench/integer_decode.py --base /tmp/h3base [--rounds 4] [--reps 9] [--inner 5] [--compiled]
     .venv/bin/python bench/integer_decode.py --split [--prefill] [--reps 15]
     .venv/bin/python bench/integer_decode.py --floor [--prefill] [--reps 15] [--dynamo]
 """
@@ -49,8 +49,10 @@ ROOT = os.path.dirname(HERE)
 KINDS = ("int decode", "float decode", "int prefill", "float prefill")
 
 
-def worker(out: str, reps: int, inner: int) -> None:
-    """Time the four runs (module doc) with the ``dal`` on ``sys.path``; write the results to ``out``."""
+def worker(out: str, reps: int, inner: int, compiled: bool = False) -> None:
+    """Time the four runs (module doc) with the ``dal`` on ``sys.path``; write the results to ``out``.
+    ``compiled``: the integer models' decoder layers captured (``IntegerModel.compile_blocks``) after
+    their first forward."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import torch
@@ -62,6 +64,11 @@ def worker(out: str, reps: int, inner: int) -> None:
     import dal
 
     int_pre, int_dec, pre_in, dec_in, float_pre, float_dec, _ = llm_int_profile.models()
+    if compiled:
+        with torch.no_grad():
+            for m, x in ((int_dec, dec_in), (int_pre, pre_in)):
+                m(*x)
+                m.compile_blocks("step.lm.model.layers")
     runs = {"int decode": lambda: int_dec(*dec_in), "float decode": float_dec,
             "int prefill": lambda: int_pre(*pre_in), "float prefill": float_pre}
     with torch.no_grad():
@@ -79,7 +86,7 @@ def worker(out: str, reps: int, inner: int) -> None:
                 "ms": {k: statistics.median(v) for k, v in ms.items()}, "outputs": outputs}, out)
 
 
-def run_worker(tree: str | None, reps: int, inner: int, d: str, tag: str) -> dict:
+def run_worker(tree: str | None, reps: int, inner: int, d: str, tag: str, compiled: bool = False) -> dict:
     """One worker process; ``tree``: a dal source tree put first on ``PYTHONPATH`` (None: this checkout)."""
     import torch
 
@@ -88,25 +95,26 @@ def run_worker(tree: str | None, reps: int, inner: int, d: str, tag: str) -> dic
     if tree is not None:
         env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
     subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", out, "--reps", str(reps),
-                    "--inner", str(inner)], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    "--inner", str(inner)] + (["--compiled"] if compiled else []), env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return torch.load(out)
 
 
-def main(base: str, rounds: int, reps: int, inner: int) -> str:
+def main(base: str, rounds: int, reps: int, inner: int, compiled: bool = False) -> str:
     import torch
 
     got = {"base": [], "this": []}
     with tempfile.TemporaryDirectory() as d:
         for r in range(rounds):
             for name, tree in (("base", base), ("this", None)):
-                got[name].append(run_worker(tree, reps, inner, d, f"{name}{r}"))
+                got[name].append(run_worker(tree, reps, inner, d, f"{name}{r}", compiled and name == "this"))
     trees = {name: got[name][0]["dal"] for name in got}
     same = all(torch.equal(a, b) for phase in ("decode", "prefill")
                for a, b in zip(got["base"][0]["outputs"][phase], got["this"][0]["outputs"][phase]))
     med = {name: {k: statistics.median(g["ms"][k] for g in got[name]) for k in KINDS} for name in got}
     lines = [f"dal trees: base {trees['base']}, this {trees['this']}; {rounds} alternating rounds (fresh processes) "
              f"x {reps} interleaved repetitions x {inner} calls; CPU ms per call (time.process_time), medians; "
-             f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
+             f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+             + ("; this tree's decoder layers captured (compile_blocks)" if compiled else ""),
              f"every output (logits, KV codes) of the two trees equal bit for bit: {same}", "",
              "| phase | integer base | integer this | float eager (base run / this run) | ratio base | ratio this "
              "| integer step change |", "|---|---|---|---|---|---|---|"]
@@ -397,14 +405,16 @@ if __name__ == "__main__":
     ap.add_argument("--floor", action="store_true", help="the floor of a captured integer step (module doc)")
     ap.add_argument("--dynamo", action="store_true", help="--floor: also torch.compile(backend='eager') as it is")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--compiled", action="store_true",
+                    help="this tree's integer models with their decoder layers captured (IntegerModel.compile_blocks)")
     a = ap.parse_args()
     if a.split:
         split(a.prefill, a.reps)
     elif a.floor:
         floor(a.prefill, a.reps, a.dynamo)
     elif a.worker:
-        worker(a.worker, a.reps, a.inner)
+        worker(a.worker, a.reps, a.inner, a.compiled)
     else:
         if not a.base:
             ap.error("--base TREE is required")
-        main(a.base, a.rounds, a.reps, a.inner)
+        main(a.base, a.rounds, a.reps, a.inner, a.compiled)

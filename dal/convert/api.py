@@ -21,6 +21,7 @@ from ..nn.norm import QBatchNorm2d
 from ..quantizer import FakeQuantizer
 from .accumulate import OVERFLOWS
 from .blocked_linear import BLOCKED_FLOAT
+from .compiled import capture_blocks
 from .codes_boundary import integer_boundary
 from .errors import ConvertError
 from .float_ops import NPUFloatOps
@@ -168,6 +169,11 @@ class IntegerModel(nn.Module):
                 return (y,) + tuple(args[1:])
         return None
 
+    #: the NPUFloatOps of the forward in progress (None outside one), and whether captured blocks
+    #: (compiled.py) run eagerly in it: plain attributes, read by compile_blocks' blocks
+    _mode = None
+    _eager = False
+
     def forward(self, *args, **kwargs):
         _refuse_nan(args, kwargs)
         with torch.no_grad():
@@ -176,9 +182,11 @@ class IntegerModel(nn.Module):
             for lay in self._layers.values():
                 lay.calls = 0
             try:
-                with NPUFloatOps(self._fan, self.opset):
+                with NPUFloatOps(self._fan, self.opset) as mode:
+                    self._mode = mode
                     return self.net(*args, **kwargs)
             finally:
+                self._mode = None
                 self._fan.clear()
 
     def run_with_codes(self, *args, fp8_bits: bool = False, **kwargs) -> tuple[Any, dict]:
@@ -202,14 +210,35 @@ class IntegerModel(nn.Module):
                 hooks.append(m.register_forward_hook(hook))
         for lay in self._layers.values():
             lay.taps = taps
+        self._eager = True  # captured blocks (compiled.py) would run no taps
         try:
             out = self(*args, **kwargs)
         finally:
+            self._eager = False
             for h in hooks:
                 h.remove()
             for lay in self._layers.values():
                 lay.taps = None
         return out, taps
+
+    def compile_blocks(self, blocks) -> int:
+        """Run each of ``blocks`` (a submodule path of ``self.net`` naming a module or a ModuleList, or an
+        iterable of its submodules: a decoder's layers) as one graph captured by
+        ``torch.compile(backend="eager")`` from the next forward on: the same outputs bit for bit, for a
+        model not changed afterwards (dal/convert/compiled.py states the contract). Returns how many
+        blocks. ConvertError before the first forward (it plans the groups), for a model with
+        fixed-point fan-out groups and for a block outside ``self.net``."""
+        if not self._planned:
+            raise ConvertError("compile_blocks: run the integer model once first (its first forward plans the groups)")
+        if self._fan_hooked:
+            raise ConvertError("compile_blocks: the model has fixed-point fan-out groups, whose per-reader values "
+                               "are Python state of a forward: not captured")
+        return capture_blocks(self.net, blocks, lambda: NPUFloatOps(self._fan, self.opset), self._forward_mode)
+
+    def _forward_mode(self):
+        """The NPUFloatOps of the forward in progress, or None: outside a forward, and in run_with_codes
+        (its taps are Python hooks: captured blocks run eagerly there)."""
+        return None if self._eager else self._mode
 
     def layer_forms(self) -> dict[str, str]:
         """{layer path: "integer" | "float: <why>"} (after the first forward)."""

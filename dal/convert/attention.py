@@ -34,6 +34,8 @@ def exp_f32(x: torch.Tensor) -> torch.Tensor:
     rounded (on an AVX-512 CPU ~40% of its results differ by an ulp from ``float32(exp(float64
     x))``, and torch's own ``exp`` differs from it as often), so there is no torch kernel that
     reproduces it: the values go through numpy (from the GPU and back when ``x`` is on CUDA)."""
+    if torch.compiler.is_compiling():  # a captured graph (compiled.py): the same np.exp as an operator
+        return torch.ops.dal_convert.exp_f32(x.detach().to("cpu", torch.float32)).to(x.device)
     a = np.ascontiguousarray(x.detach().to("cpu", torch.float32).numpy())
     return torch.from_numpy(np.exp(a)).to(x.device)
 

@@ -139,8 +139,8 @@ class BlockedWeights(torch.nn.Module):
         than :data:`BLOCK_ROWS` rows of float32 on the CPU where ``value`` takes the kernel; None elsewhere
         and when ``x`` holds a NaN (the caller makes the codes and refuses it)."""
         w8 = self.w8
-        if w8 is None or x.numel() >= BLOCK_ROWS * self.nb * self.block:
-            return None
+        if w8 is None or x.numel() >= BLOCK_ROWS * self.nb * self.block or torch.compiler.is_compiling():
+            return None  # a captured graph (compiled.py): value() by the dal::blocked_linear op
         v = quantized_blocked_sums(x.reshape(-1, self.nb * self.block), lo, hi, w8, self.s32, self.block, s_x)
         return None if v is None else v.reshape(*x.shape[:-1], self.n)
 

@@ -18,6 +18,9 @@ constant arguments made once and re-made after any attribute set on the quantize
 scale or zero point is written in place (``_direct``): the ~10 Python calls of checks that
 ``FakeQuantizer.forward`` makes on the way are per-call cost, no value.
 
+In a graph captured by dal/convert/compiled.py the same C++ calls are operators (host_ops.py,
+``_captured``), the other quantizers ``FakeQuantizer.forward`` (its compiled route).
+
 The forms of float islands (attention.py ``MatMulForm`` / ``SoftmaxForm``, rmsnorm.py) turn the
 handling off the same way (:func:`dispatch_off`), except while a forward is captured (dal.capture).
 """
@@ -32,6 +35,7 @@ from ..capture import capturing
 from ..formats import fp_cast, native
 from ..formats.fused import kernel_mode
 from ..quantizer import FakeQuantizer
+from . import host_ops
 
 
 def dispatch_off():
@@ -57,6 +61,8 @@ class IntegerQuantizer(FakeQuantizer):
         return "FakeQuantizer"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self._captured(x)
         with torch._C.DisableTorchFunction():
             if type(x) is torch.Tensor:
                 y = self._direct(x)
@@ -96,6 +102,26 @@ class IntegerQuantizer(FakeQuantizer):
             if code is not None:
                 return ("cast", (code,)) + plan[2:]
         return plan
+
+    def _captured(self, x: torch.Tensor) -> torch.Tensor:
+        """This call in a graph captured by dal/convert/compiled.py: where the eager call ends in the C++
+        call of ``_direct`` (a frozen per-tensor quantizer or a cast quantizer, float32 CPU input), that
+        call as one operator (host_ops.py; values as eager, the output contiguous); else the forward."""
+        with torch._C.DisableTorchFunction():
+            if x.dtype == torch.float32 and x.is_cpu and not self.training and host_ops.available():
+                s, z = self.scale, self.zero_point
+                if self._kernel and self.granularity.axis is None and s.dtype == torch.float32 \
+                        and s.numel() == 1 and s.is_cpu and z.dtype == torch.int32 and z.numel() == 1 and z.is_cpu:
+                    fmt = self.fmt
+                    return torch.ops.dal_convert.fake_quant_fixed(x, s, z, float(self.qmin),
+                                                                  float(self.qmax),
+                                                                  fmt.max_value if fmt.is_float8 else 0.0,
+                                                                  kernel_mode(fmt))
+                if self.casts and not self.fake_quantizes and fp_cast.kernel_enabled():
+                    code = fp_cast.DTYPE_CODES.get(self.fmt.torch_dtype())
+                    if code is not None:
+                        return torch.ops.dal_convert.cast_round_trip(x, code)
+            return super().forward(x)
 
     def _direct(self, x: torch.Tensor):
         """This call's output by the C++ call ``FakeQuantizer.forward`` would make (module doc), or

@@ -1,0 +1,127 @@
+"""dal/convert/compiled.py ``compile_blocks``: a tiny Llama's decode step with its decoder layers
+captured by torch.compile(backend="eager") gives, over 64 greedy decode steps, every logit and every
+KV-cache code of the eager integer model and of dal.npu running the exported decode file, bit for bit.
+
+Oracle: dal.npu (the independent C++ / numpy NPU reference reading only the ONNX file) and the eager
+integer model; the captured graph is checked to run (the quantizers' eager route is not called).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import dal  # noqa: E402
+import dal.npu  # noqa: E402
+from dal.convert import ConvertError, convert  # noqa: E402
+from dal.convert.compiled import compile_blocks  # noqa: E402
+from dal.convert.quant_calls import IntegerQuantizer  # noqa: E402
+from dal.export.decoder import causal_mask  # noqa: E402
+from dal.export.decoder_module import CodesStep, DecoderStep  # noqa: E402
+
+T = pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+
+P, L, V, STEPS = 8, 72, 256, 64
+
+
+def _tokens(seed, n=16):
+    return torch.randint(0, V, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                             num_key_value_heads=2, intermediate_size=128, vocab_size=V,
+                                             max_position_embeddings=128))
+    rec = dal.load_recipe("w4a8_int8_llm").with_rules_prepended(
+        [{"type": "kv_cache", "input": {"format": "int8", "granularity": "per_tensor", "symmetric": True}}])
+    p = dal.prepare_qat(model, recipe=rec, hardware="a2000")
+    dal.calibrate(p, [_tokens(1), _tokens(2)])
+    pre, dec = dal.export_decoder(p, tmp_path_factory.mktemp("llama") / "llama", prompt_len=P, cache_len=L)
+    return p, pre, dec
+
+
+def _prefill(p, prompt):
+    int_pre = convert(CodesStep(DecoderStep(p, L, False)))
+    ids = torch.zeros(1, P, dtype=torch.long)
+    ids[0, :prompt.numel()] = prompt
+    with torch.no_grad():
+        out = int_pre(ids, torch.arange(P)[None], causal_mask(torch.arange(P)[None] < prompt.numel(), P, False))
+    caches = []
+    for t in out[1:]:
+        c = torch.zeros(*t.shape[:2], L, t.shape[3], dtype=t.dtype)
+        c[:, :, :P] = t
+        caches.append(c)
+    return int(out[0][0, prompt.numel() - 1].argmax()), caches
+
+
+def test_captured_layers_equal_eager_and_npu_for_64_decode_steps(tiny, monkeypatch):
+    p, _, dec = tiny
+    prompt = _tokens(4)[0, :5]
+    tok, caches = _prefill(p, prompt)
+    eager = convert(CodesStep(DecoderStep(p, L, True)))
+    captured = convert(CodesStep(DecoderStep(p, L, True)))
+    npu = dal.npu.load(dec, threads=1)
+    import onnx
+    names = [i.name for i in onnx.load(str(dec)).graph.input]
+
+    def inputs(tok, pos, caches):
+        return (torch.tensor([[tok]]), torch.tensor([[pos]]), causal_mask(torch.arange(L)[None] < pos, 1, True),
+                *caches)
+    with torch.no_grad():
+        with pytest.raises(ConvertError, match="run the integer model once"):
+            compile_blocks(captured, "step.lm.model.layers")
+        captured(*inputs(tok, prompt.numel(), caches))  # the probe forward
+        assert compile_blocks(captured, "step.lm.model.layers") == 2
+        calls = []
+        direct = IntegerQuantizer._direct
+        monkeypatch.setattr(IntegerQuantizer, "_direct", lambda self, x: calls.append(1) or direct(self, x))
+        n_elements = 0
+        for step in range(STEPS):
+            pos = prompt.numel() + step
+            x = inputs(tok, pos, caches)
+            calls.clear()
+            want = eager(*x)
+            n_eager = len(calls)
+            calls.clear()
+            got = captured(*x)
+            if step:  # after the first captured call (the capture itself): the graph ran, not the quantizers
+                assert len(calls) < n_eager // 3, (len(calls), n_eager)
+            ref = npu.run(dict(zip(names, [t.numpy() for t in x])))
+            assert len(got) == len(want) == len(ref) == 5
+            for a, b, c in zip(got, want, ref):
+                assert torch.equal(a, b)
+                assert np.array_equal(a.numpy(), np.asarray(c))
+                n_elements += a.numel()
+            tok = int(got[0][0, 0].argmax())
+            for k in range(4):
+                caches[k][:, :, pos:pos + 1] = got[k + 1]
+    assert n_elements == STEPS * (V + 4 * 2 * 16)
+
+
+def test_run_with_codes_and_bad_blocks_on_a_captured_model(tiny):
+    p, _, _ = tiny
+    prompt = _tokens(5)[1, :6]
+    tok, caches = _prefill(p, prompt)
+    x = (torch.tensor([[tok]]), torch.tensor([[6]]), causal_mask(torch.arange(L)[None] < 6, 1, True), *caches)
+    m = convert(CodesStep(DecoderStep(p, L, True)))
+    with torch.no_grad():
+        want = m(*x)
+        want_out, want_codes = m.run_with_codes(*x)
+        with pytest.raises(ConvertError, match="not a submodule"):
+            compile_blocks(m, [torch.nn.Linear(2, 2)])
+        with pytest.raises(ConvertError, match="no submodule"):
+            compile_blocks(m, "step.lm.model.no_such_layers")
+        compile_blocks(m, list(m.net.get_submodule("step.lm.model.layers")))
+        got = m(*x)
+        out, codes = m.run_with_codes(*x)  # taps: the blocks run eagerly
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(out, want_out))
+    assert codes.keys() == want_codes.keys()
+    assert all(torch.equal(a, b) for k in codes for a, b in zip(codes[k], want_codes[k]))
