@@ -111,10 +111,18 @@ class _NormGelu(nn.Module):
         return self.fc2(self.act(self.norm(self.fc1(x))))
 
 
-def test_decomposed_layernorm_and_gelu_are_one_layer_each(tmp_path):
+LN_FP16 = {"name": "ln_fp16", "replace": ["layernorm_fp16"], "rules": [
+    {"type": ["conv", "linear"], "weight": {"format": "int8", "granularity": "per_channel", "symmetric": True},
+     "input": {"format": "int8"}}]}
+
+
+@pytest.mark.parametrize("recipe,norm_label", [("int8_balanced", "afp16"), (LN_FP16, "wfp16/afp16")])
+def test_decomposed_layernorm_and_gelu_are_one_layer_each(tmp_path, recipe, norm_label):
+    """A float LayerNorm, and ``Fp16LayerNorm`` (its weight an FP16 quantizer's Cast round trip
+    in the file), each one layer in the formats the model's quantizers give."""
     torch.manual_seed(0)
     x = torch.randn(1, 4, 16)
-    q = dal.prepare_qat(_NormGelu().eval(), recipe="int8_balanced", hardware="a2000", example_inputs=(x,))
+    q = dal.prepare_qat(_NormGelu().eval(), recipe=recipe, hardware="a2000", example_inputs=(x,))
     dal.calibrate(q, [x], progress=False)
     a, b = _both(q, (x,), tmp_path / "m.onnx")
     types = _node_types(tmp_path / "m.onnx")
@@ -122,6 +130,7 @@ def test_decomposed_layernorm_and_gelu_are_one_layer_each(tmp_path):
     assert _rows(a) == _rows(b)
     assert sorted((r.geom.op_class, r.geom.input_elems, r.geom.output_elems) for r in b.rows
                   if r.geom.op_class in ("layernorm", "activation")) == [("activation", 128, 128), ("layernorm", 128, 128)]
+    assert [r.choice.label for r in b.rows if r.geom.op_class == "layernorm"] == [norm_label]
 
 
 def _graph_layers(tmp_path, nodes, extra_outputs=()):
