@@ -16,12 +16,14 @@ Contract:
   trip, numpy's ``exp``; the blocked linear is dal/kernels' ``dal::blocked_linear`` op on the same
   input codes). tests/convert/test_compiled_blocks.py compares every output, logits and KV codes, with
   the eager integer model and dal.npu over decode steps.
-* **A frozen model.** Guards on module attributes are skipped
-  (``torch.compiler.skip_guard_on_all_nn_modules_unsafe``): the graph keeps what a module held when it
-  was captured (states, formats, which plan a layer takes); tensors are read at each call (an in-place
-  change of a scale is seen), a new tensor object assigned to a module is not. Change the model after
-  ``compile_blocks`` and the outputs are wrong: convert again. Inputs of another shape or dtype capture
-  a new graph (tensor guards are kept).
+* **A frozen model.** The only guards kept are those on the tensors a block is called with (shape,
+  dtype, strides, device: :func:`argument_tensor_guards`); every other guard dynamo writes (~1,700 per
+  Llama layer: module attributes, globals, closures) is dropped, which is most of a captured call's
+  cost. So the graph keeps what was true when it was captured: module states, formats, which plan a
+  layer takes, process-wide switches (dal.formats' kernel switches), NPUFloatOps' table; module
+  tensors are read at each call (an in-place change of a scale is seen), a new tensor object assigned
+  to a module is not. Change the model after ``compile_blocks`` and the outputs are wrong: convert
+  again. Arguments of another shape or dtype capture a new graph.
 * **When a block runs eagerly.** Outside an integer-model forward (the probe, a direct call),
   inside ``run_with_codes`` (its taps are Python hooks), and where the model has fixed-point fan-out
   groups (their per-reader values are Python state of the forward): ``compile_blocks`` refuses such a
@@ -43,6 +45,16 @@ from .float_ops import NPUFloatOps
 from .host_ops import available, register
 
 
+def argument_tensor_guards(entries) -> list:
+    """``torch.compile``'s ``guard_filter_fn``: keep the TENSOR_MATCH guards of the captured function's
+    arguments (``args[...]``, ``kwargs[...]``: tensors a block is called with, nested in its arguments
+    too), drop every other guard (module doc). Where no guard names an argument that way (another torch
+    spelling), the guards on modules are the ones dropped (``skip_guard_on_all_nn_modules_unsafe``)."""
+    keep = [e.guard_type == "TENSOR_MATCH" and e.name.split("[")[0].split(".")[0] in ("args", "kwargs")
+            for e in entries]
+    return keep if any(keep) else torch.compiler.skip_guard_on_all_nn_modules_unsafe(entries)
+
+
 def _captured_forward(mode: NPUFloatOps, block: nn.Module, tag: int):
     """``torch.compile`` of ``block``'s class forward run under ``mode`` (module doc), with a code object
     of its own: dynamo caches graphs per code object, and with module guards skipped two blocks sharing
@@ -55,7 +67,7 @@ def _captured_forward(mode: NPUFloatOps, block: nn.Module, tag: int):
     run = types.FunctionType(run.__code__.replace(co_name=f"integer_block_{tag}"), run.__globals__, run.__name__,
                              run.__defaults__, run.__closure__)
     return torch.compile(run, backend="eager",
-                         options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+                         options={"guard_filter_fn": argument_tensor_guards})
 
 
 def _blocks(net: nn.Module, blocks) -> list:

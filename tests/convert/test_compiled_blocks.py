@@ -125,3 +125,23 @@ def test_run_with_codes_and_bad_blocks_on_a_captured_model(tiny):
     assert all(torch.equal(a, b) for a, b in zip(out, want_out))
     assert codes.keys() == want_codes.keys()
     assert all(torch.equal(a, b) for k in codes for a, b in zip(codes[k], want_codes[k]))
+
+
+def test_a_new_input_shape_captures_again(tiny):
+    """Guards are kept on the blocks' tensor arguments: a prefill step captured at 8 positions and then
+    called with 5 gets a graph of its own and the eager model's values (a graph reused for the wrong
+    shape would fail or differ)."""
+    p, _, _ = tiny
+    eager = convert(CodesStep(DecoderStep(p, L, False)))
+    captured = convert(CodesStep(DecoderStep(p, L, False)))
+    ids = _tokens(6)[:1, :P]
+
+    def inputs(n):
+        return ids[:, :n], torch.arange(n)[None], causal_mask(torch.ones(1, n, dtype=torch.bool), n, False)
+    with torch.no_grad():
+        captured(*inputs(P))
+        captured.compile_blocks("step.lm.model.layers")
+        for n in (P, 5, P):
+            want, got = eager(*inputs(n)), captured(*inputs(n))
+            assert got[0].shape == (1, n, V)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
