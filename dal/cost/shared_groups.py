@@ -18,8 +18,8 @@ to that call's inputs. The walk stops
   the result of ``detach`` / ``.data`` / a ``*_like`` or ``new_*`` factory, and the tensor that
   only gives ``expand_as`` / ``view_as`` / ``reshape_as`` / ``type_as`` / ``to`` a shape or dtype.
 
-Limits of the record: an indexed assignment (``y[i] = x``) returns no tensor and is not recorded,
-so a value written that way is not followed to ``x``.
+An indexed assignment (``y[i] = x``) is a call writing a new version of ``y`` from ``y`` and
+``x`` (dal.capture), so a value written that way is followed to ``x``.
 """
 from __future__ import annotations
 
