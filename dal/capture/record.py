@@ -17,7 +17,7 @@ import torch
 
 
 class TensorMeta(NamedTuple):
-    """The shape and dtype of one tensor a call read or wrote."""
+    """The shape (a ``torch.Size``) and dtype of one tensor a call read or wrote."""
 
     shape: tuple
     dtype: torch.dtype
@@ -32,10 +32,10 @@ class TensorMeta(NamedTuple):
 
 def meta_of(tensors) -> tuple:
     """``TensorMeta`` of each tensor, in order."""
-    return tuple(TensorMeta(tuple(t.shape), t.dtype) for t in tensors)
+    return tuple([TensorMeta(t.shape, t.dtype) for t in tensors])
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """One recorded call.
 
@@ -74,7 +74,7 @@ class Call:
         return by_function(self.target) or by_method(getattr(self.target, "__name__", "") or "")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """A :class:`Call` as plain data (it pickles and deep-copies with a model): ``kind``,
     ``name`` (the module's type name, or the function's / method's name), ``op`` (its

@@ -27,7 +27,7 @@ class Prepared:
     ``HardwareModel`` or None), ``report`` (the ``PrepareReport``, rendered from ``plan`` and
     ``actions``: the steps and the model-wide actions, ``dal.prepare.actions.ModelActions``),
     ``calls`` (the float example forward's record, ``dal.capture.Entry`` per module and function
-    call, in order; empty without example inputs)."""
+    call, in order, without call sites; empty without example inputs)."""
 
     recipe: Any
     hardware: Any

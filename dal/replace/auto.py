@@ -84,7 +84,7 @@ def _capture(model: nn.Module, modules: dict[str, nn.Module], example_inputs: tu
             if t is not None:
                 seen[path].append(t.detach().float().flatten())
         hooks.append(mod.register_forward_hook(hook))
-    recorded = recording(model, sites=True, into=record) if record is not None else contextlib.nullcontext()
+    recorded = recording(model, into=record) if record is not None else contextlib.nullcontext()
     try:
         with eval_mode(model), torch.no_grad(), recorded:
             model(*example_inputs)
