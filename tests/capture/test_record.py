@@ -18,7 +18,6 @@ import pickle
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
