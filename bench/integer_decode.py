@@ -31,6 +31,11 @@ plus an INT8 KV-cache rule on the a2000; decode: one token at position 128 with 
   model is today: its graphs, graph breaks, compile time, step time and outputs.
 
     .venv/bin/python bench/integer_decode.py --base /tmp/h3base [--rounds 4] [--reps 9] [--inner 5] [--compiled]
+        [--blocks step] [--base-blocks step.lm.model.layers]
+
+``--compiled``: this tree's integer models captured with ``IntegerModel.compile_blocks(--blocks)`` after
+their first forward (default ``step``: the whole DecoderStep, embedding to ``lm_head``; the older form was
+``step.lm.model.layers``, each decoder layer); ``--base-blocks``: the base tree's too (default: eager).
     .venv/bin/python bench/integer_decode.py --split [--prefill] [--reps 15]
     .venv/bin/python bench/integer_decode.py --floor [--prefill] [--reps 15] [--dynamo]
 """
@@ -49,10 +54,10 @@ ROOT = os.path.dirname(HERE)
 KINDS = ("int decode", "float decode", "int prefill", "float prefill")
 
 
-def worker(out: str, reps: int, inner: int, compiled: bool = False) -> None:
+def worker(out: str, reps: int, inner: int, blocks: str | None = None) -> None:
     """Time the four runs (module doc) with the ``dal`` on ``sys.path``; write the results to ``out``.
-    ``compiled``: the integer models' decoder layers captured (``IntegerModel.compile_blocks``) after
-    their first forward."""
+    ``blocks``: the integer models' submodule path captured (``IntegerModel.compile_blocks``) after
+    their first forward (None: eager)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import torch
@@ -64,11 +69,11 @@ def worker(out: str, reps: int, inner: int, compiled: bool = False) -> None:
     import dal
 
     int_pre, int_dec, pre_in, dec_in, float_pre, float_dec, _ = llm_int_profile.models()
-    if compiled:
+    if blocks:
         with torch.no_grad():
             for m, x in ((int_dec, dec_in), (int_pre, pre_in)):
                 m(*x)
-                m.compile_blocks("step.lm.model.layers")
+                m.compile_blocks(blocks)
     runs = {"int decode": lambda: int_dec(*dec_in), "float decode": float_dec,
             "int prefill": lambda: int_pre(*pre_in), "float prefill": float_pre}
     with torch.no_grad():
@@ -86,7 +91,7 @@ def worker(out: str, reps: int, inner: int, compiled: bool = False) -> None:
                 "ms": {k: statistics.median(v) for k, v in ms.items()}, "outputs": outputs}, out)
 
 
-def run_worker(tree: str | None, reps: int, inner: int, d: str, tag: str, compiled: bool = False) -> dict:
+def run_worker(tree: str | None, reps: int, inner: int, d: str, tag: str, blocks: str | None = None) -> dict:
     """One worker process; ``tree``: a dal source tree put first on ``PYTHONPATH`` (None: this checkout)."""
     import torch
 
@@ -95,18 +100,21 @@ def run_worker(tree: str | None, reps: int, inner: int, d: str, tag: str, compil
     if tree is not None:
         env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
     subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", out, "--reps", str(reps),
-                    "--inner", str(inner)] + (["--compiled"] if compiled else []), env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    "--inner", str(inner)] + (["--blocks", blocks] if blocks else []),
+                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return torch.load(out)
 
 
-def main(base: str, rounds: int, reps: int, inner: int, compiled: bool = False) -> str:
+def main(base: str, rounds: int, reps: int, inner: int, blocks: str | None = None,
+         base_blocks: str | None = None) -> str:
     import torch
 
     got = {"base": [], "this": []}
     with tempfile.TemporaryDirectory() as d:
         for r in range(rounds):
             for name, tree in (("base", base), ("this", None)):
-                got[name].append(run_worker(tree, reps, inner, d, f"{name}{r}", compiled and name == "this"))
+                got[name].append(run_worker(tree, reps, inner, d, f"{name}{r}",
+                                            blocks if name == "this" else base_blocks))
     trees = {name: got[name][0]["dal"] for name in got}
     same = all(torch.equal(a, b) for phase in ("decode", "prefill")
                for a, b in zip(got["base"][0]["outputs"][phase], got["this"][0]["outputs"][phase]))
@@ -114,7 +122,8 @@ def main(base: str, rounds: int, reps: int, inner: int, compiled: bool = False) 
     lines = [f"dal trees: base {trees['base']}, this {trees['this']}; {rounds} alternating rounds (fresh processes) "
              f"x {reps} interleaved repetitions x {inner} calls; CPU ms per call (time.process_time), medians; "
              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-             + ("; this tree's decoder layers captured (compile_blocks)" if compiled else ""),
+             + (f"; this tree's integer models captured: compile_blocks({blocks!r})" if blocks else "")
+             + (f"; the base's: compile_blocks({base_blocks!r})" if base_blocks else ""),
              f"every output (logits, KV codes) of the two trees equal bit for bit: {same}", "",
              "| phase | integer base | integer this | float eager (base run / this run) | ratio base | ratio this "
              "| integer step change |", "|---|---|---|---|---|---|---|"]
@@ -406,15 +415,17 @@ if __name__ == "__main__":
     ap.add_argument("--dynamo", action="store_true", help="--floor: also torch.compile(backend='eager') as it is")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--compiled", action="store_true",
-                    help="this tree's integer models with their decoder layers captured (IntegerModel.compile_blocks)")
+                    help="this tree's integer models captured (IntegerModel.compile_blocks(--blocks))")
+    ap.add_argument("--blocks", help="--compiled: the submodule path captured (default: the whole step)")
+    ap.add_argument("--base-blocks", help="the base tree's integer models captured too (e.g. step.lm.model.layers)")
     a = ap.parse_args()
     if a.split:
         split(a.prefill, a.reps)
     elif a.floor:
         floor(a.prefill, a.reps, a.dynamo)
     elif a.worker:
-        worker(a.worker, a.reps, a.inner, a.compiled)
+        worker(a.worker, a.reps, a.inner, a.blocks)
     else:
         if not a.base:
             ap.error("--base TREE is required")
-        main(a.base, a.rounds, a.reps, a.inner, a.compiled)
+        main(a.base, a.rounds, a.reps, a.inner, (a.blocks or "step") if a.compiled else None, a.base_blocks)

@@ -13,9 +13,10 @@ Contract:
   the captured function, so its choice of form for each call is traced into the graph and the graph
   then runs without per-call dispatch; the calls that leave torch in the eager model are operators of
   their own with the same calls inside (host_ops.py: dal.formats' C++ fake quantization and cast round
-  trip, numpy's ``exp``; the blocked linear is dal/kernels' ``dal::blocked_linear`` op on the same
-  input codes). tests/convert/test_compiled_blocks.py compares every output, logits and KV codes, with
-  the eager integer model and dal.npu over decode steps.
+  trip, numpy's ``exp``, a float island's numpy float64 matmul such as ``lm_head``'s; the blocked
+  linear is dal/kernels' ``dal::blocked_linear`` op on the same input codes).
+  tests/convert/test_compiled_blocks.py compares every output, logits and KV codes, with the eager
+  integer model and dal.npu over decode steps.
 * **A frozen model.** The only guards kept are those on the tensors a block is called with (shape,
   dtype, strides, device: :func:`argument_tensor_guards`); every other guard dynamo writes (~1,700 per
   Llama layer: module attributes, globals, closures) is dropped, which is most of a captured call's
@@ -24,6 +25,9 @@ Contract:
   tensors are read at each call (an in-place change of a scale is seen), a new tensor object assigned
   to a module is not. Change the model after ``compile_blocks`` and the outputs are wrong: convert
   again. Arguments of another shape or dtype capture a new graph.
+* **A whole decoder step.** ``compile_blocks(int_model, "step")`` captures the DecoderStep (embedding,
+  layers, final norm, ``lm_head``) as one graph; its KV quantizers' output hooks are registered once
+  (``DecoderStep.keep_kv_hooks``, on the integer model's own copy) instead of on every call.
 * **When a block runs eagerly.** Outside an integer-model forward (the probe, a direct call),
   inside ``run_with_codes`` (its taps are Python hooks), and where the model has fixed-point fan-out
   groups (their per-reader values are Python state of the forward): ``compile_blocks`` refuses such a
@@ -104,6 +108,9 @@ def capture_blocks(net: nn.Module, blocks, make_mode, current_mode) -> int:
         raise RuntimeError("compile_blocks: dal.formats' C++ kernel is not built (dal.formats.native.status())")
     found = _blocks(net, blocks)
     for i, block in enumerate(found):
+        keep = getattr(block, "keep_kv_hooks", None)  # a DecoderStep: no hook registered in its graph
+        if keep is not None:
+            keep()
         compiled = _captured_forward(make_mode(), block, i)
         forward = type(block).forward
 

@@ -10,9 +10,12 @@ graph that runs the very same call:
 * ``dal_convert::fake_quant_fixed(x, scale, zero_point, qmin, qmax, fp8_max, mode)``: ``dal_fq_forward_fixed``
   on ``x`` (float32, made contiguous) with one scale and zero point (float32 / int32, one element each);
 * ``dal_convert::cast_round_trip(x, code)``: ``dal_fp_cast_round_trip`` (code 0: float16, 1: bfloat16);
-* ``dal_convert::exp_f32(x)``: ``np.exp`` of the float32 C-contiguous array.
+* ``dal_convert::exp_f32(x)``: ``np.exp`` of the float32 C-contiguous array;
+* ``dal_convert::matmul_f64(x, w_nk)``: ``x [..., K] @ w_nk.t()`` as matmul_f64.py's ``matmul_f64`` computes
+  it (numpy's float64 matmul of C-contiguous operands, the weight's ``[K, N]`` copy kept per tensor),
+  float64 ``[..., N]``.
 
-Each returns a new contiguous float32 tensor. They are registered by :func:`register` (once, on first
+The first three return a new contiguous float32 tensor. They are registered by :func:`register` (once, on first
 use: nothing at import), CPU only, no autograd (the integer model runs without one).
 """
 from __future__ import annotations
@@ -44,6 +47,15 @@ def _exp_f32(x):
     return torch.from_numpy(np.exp(np.ascontiguousarray(x.numpy())))
 
 
+def _matmul_f64(x, w_nk):
+    from .matmul_f64 import matmul_f64, weight_kn_of
+    return matmul_f64(x, weight_kn_of(w_nk))
+
+
+def _matmul_f64_fake(x, w_nk):
+    return x.new_empty((*x.shape[:-1], w_nk.shape[0]), dtype=torch.float64)
+
+
 def _same_shape(x, *args):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -61,6 +73,9 @@ def register() -> bool:
                      ("exp_f32", _exp_f32)):
         lib.impl(name, fn, "CPU")
         torch.library.register_fake(f"dal_convert::{name}", _same_shape, lib=lib)
+    lib.define("matmul_f64(Tensor x, Tensor w_nk) -> Tensor")
+    lib.impl("matmul_f64", _matmul_f64, "CPU")
+    torch.library.register_fake("dal_convert::matmul_f64", _matmul_f64_fake, lib=lib)
     _LIBS.append(lib)  # a Library's registrations last as long as the object
     _READY[0] = native.library() is not None
     return _READY[0]

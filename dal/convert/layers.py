@@ -44,7 +44,7 @@ from .blocked_linear import ACC_LIMIT, BLOCKED_FLOAT, BlockedWeights, blocked_wh
 from .accumulate import chunk_bounds, conv_exact, limit, linear_exact, refuse_int32_overflow
 from .errors import ConvertError
 from .fp16_region import half_dtype, half_forward
-from .matmul_f64 import matmul_f64, weight_kn
+from .matmul_f64 import linear_f64
 from .nan_screen import holds_nan
 from .probe import GroupPlan
 from .quant_calls import dispatch_off
@@ -222,7 +222,7 @@ class IntegerLayer(WrapsModule):
             if self.b_dq is not None:
                 y = y + self.b_dq.reshape(1, -1, 1, 1)
         else:
-            y = matmul_f64(xd, weight_kn(self, self.w_dq)).float()  # dal.npu's summation order (matmul_f64.py)
+            y = linear_f64(self, xd, self.w_dq).float()  # dal.npu's summation order (matmul_f64.py)
             if self.b_dq is not None:
                 y = y + self.b_dq
         y = apply_activation(y, self.qat.activation)

@@ -40,3 +40,29 @@ def weight_kn(owner: torch.nn.Module, w_nk: torch.Tensor) -> np.ndarray:
         kept = (key, np.ascontiguousarray(w_nk.detach().t().to("cpu", torch.float64).numpy()))
         _KEPT[owner] = kept
     return kept[1]
+
+
+#: id(w_nk) -> (weakref to w_nk, its key, its float64 [K, N] copy): see :func:`weight_kn_of`
+_KEPT_BY_TENSOR: dict = {}
+
+
+def weight_kn_of(w_nk: torch.Tensor) -> np.ndarray:
+    """:func:`weight_kn` keyed by the weight tensor itself instead of an owner module (for the
+    ``dal_convert::matmul_f64`` operator, host_ops.py, which is handed tensors only): the copy is kept
+    while the same tensor object is alive with the same storage, ``_version`` and shape."""
+    key = (w_nk.data_ptr(), w_nk._version, tuple(w_nk.shape))
+    kept = _KEPT_BY_TENSOR.get(id(w_nk))
+    if kept is None or kept[0]() is not w_nk or kept[1] != key:
+        kept = (weakref.ref(w_nk, lambda _r, i=id(w_nk): _KEPT_BY_TENSOR.pop(i, None)), key,
+                np.ascontiguousarray(w_nk.detach().t().to("cpu", torch.float64).numpy()))
+        _KEPT_BY_TENSOR[id(w_nk)] = kept
+    return kept[2]
+
+
+def linear_f64(owner: torch.nn.Module, x: torch.Tensor, w_nk: torch.Tensor) -> torch.Tensor:
+    """``matmul_f64(x, weight_kn(owner, w_nk))``: ``x [..., K] @ w_nk.t()`` in float64 (unrounded), numpy's
+    order. Inside a ``torch.compile`` capture (compiled.py) the same call runs as the opaque operator
+    ``dal_convert::matmul_f64(x, w_nk)`` (host_ops.py: numpy's matmul on the same operands)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.dal_convert.matmul_f64(x, w_nk)
+    return matmul_f64(x, weight_kn(owner, w_nk))

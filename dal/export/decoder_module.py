@@ -95,6 +95,23 @@ class DecoderStep(nn.Module):
         self.register_buffer("sin_table", sin[0].float().clone(), persistent=False)
         self._kw = _cache_kwarg(parts["attn"][0])
 
+    def keep_kv_hooks(self) -> None:
+        """Register the KV quantizers' output hooks once, for good, instead of on every call (a step
+        captured by ``torch.compile``, dal/convert/compiled.py, cannot register hooks inside its graph).
+        The hooks stay on the quantizers of ``self.lm`` (they collect only while this step's forward
+        runs), so call it only on a step whose model is its own (dal.convert's copy) and not changed
+        afterwards. Idempotent."""
+        if self.__dict__.get("_kv_box") is not None:
+            return
+        box: list = [None]
+
+        def collect(m, a, out):
+            if box[0] is not None:
+                box[0].append(out)
+        for kv in decoder_parts(self.lm)["kv"]:
+            kv.register_forward_hook(collect)
+        self.__dict__["_kv_box"] = box
+
     def forward(self, input_ids, position_ids, mask, *past):
         # looked up at every call: dal.convert swaps submodules of a copy of this module
         parts = decoder_parts(self.lm)
@@ -102,7 +119,12 @@ class DecoderStep(nn.Module):
             raise ExportError(f"decode step: {len(past)} past tensors for {len(parts['layers'])} layers "
                               "(past_key_i, past_value_i per layer)")
         seen: list = []
-        hooks = [kv.register_forward_hook(lambda m, a, out: seen.append(out)) for kv in parts["kv"]]
+        box = self.__dict__.get("_kv_box")
+        if box is not None:  # hooks kept (:meth:`keep_kv_hooks`): no registration in the step
+            box[0] = seen
+            hooks = []
+        else:
+            hooks = [kv.register_forward_hook(lambda m, a, out: seen.append(out)) for kv in parts["kv"]]
         try:
             h = parts["embed"](input_ids)
             emb = (self.cos_table[position_ids].to(h.dtype), self.sin_table[position_ids].to(h.dtype))
@@ -115,6 +137,8 @@ class DecoderStep(nn.Module):
         finally:
             for hk in hooks:
                 hk.remove()
+            if box is not None:
+                box[0] = None
         out = [logits]
         for k, v in seen:
             if self.decode:

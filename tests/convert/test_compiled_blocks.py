@@ -145,3 +145,61 @@ def test_a_new_input_shape_captures_again(tiny):
             want, got = eager(*inputs(n)), captured(*inputs(n))
             assert got[0].shape == (1, n, V)
             assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_whole_step_captured_equals_eager_and_npu(tiny, monkeypatch):
+    """``compile_blocks(m, "step")``: the whole DecoderStep (embedding, layers, final norm, ``lm_head``'s
+    numpy float64 matmul as the ``dal_convert::matmul_f64`` operator, the KV quantizers' hooks kept
+    instead of registered per call) as one graph: 16 greedy decode steps equal the eager integer model
+    and dal.npu on every logit and KV code; after the capture neither the eager matmul route nor the
+    quantizers' eager route runs; the prepared model gets no hook; a prefill step captured whole gives
+    the eager values at a new prompt length too."""
+    import dal.convert.matmul_f64 as mm
+    p, _, dec = tiny
+    hooks_before = [len(m._forward_hooks) for m in p.modules()]
+    prompt = _tokens(7)[0, :4]
+    tok, caches = _prefill(p, prompt)
+    eager = convert(CodesStep(DecoderStep(p, L, True)))
+    captured = convert(CodesStep(DecoderStep(p, L, True)))
+    npu = dal.npu.load(dec, threads=1)
+    import onnx
+    names = [i.name for i in onnx.load(str(dec)).graph.input]
+
+    def inputs(tok, pos, caches):
+        return (torch.tensor([[tok]]), torch.tensor([[pos]]), causal_mask(torch.arange(L)[None] < pos, 1, True),
+                *caches)
+    calls = []
+    direct, kn, kn_of = IntegerQuantizer._direct, mm.weight_kn, mm.weight_kn_of
+    with torch.no_grad():
+        captured(*inputs(tok, prompt.numel(), caches))  # the probe forward
+        assert compile_blocks(captured, "step") == 1
+        monkeypatch.setattr(IntegerQuantizer, "_direct", lambda self, x: calls.append("q") or direct(self, x))
+        monkeypatch.setattr(mm, "weight_kn", lambda *a: calls.append("eager mm") or kn(*a))
+        monkeypatch.setattr(mm, "weight_kn_of", lambda *a: calls.append("op mm") or kn_of(*a))
+        for step in range(16):
+            pos = prompt.numel() + step
+            x = inputs(tok, pos, caches)
+            want = eager(*x)
+            calls.clear()
+            got = captured(*x)
+            if step:
+                assert calls.count("q") == 0 and calls.count("eager mm") == 0 and calls.count("op mm") == 1, calls
+            ref = npu.run(dict(zip(names, [t.numpy() for t in x])))
+            assert len(got) == len(want) == len(ref) == 5
+            for a, b, c in zip(got, want, ref):
+                assert torch.equal(a, b)
+                assert np.array_equal(a.numpy(), np.asarray(c))
+            tok = int(got[0][0, 0].argmax())
+            for k in range(4):
+                caches[k][:, :, pos:pos + 1] = got[k + 1]
+        pre_eager = convert(CodesStep(DecoderStep(p, L, False)))
+        pre = convert(CodesStep(DecoderStep(p, L, False)))
+        ids = _tokens(8)[:1, :P]
+
+        def pre_inputs(n):
+            return ids[:, :n], torch.arange(n)[None], causal_mask(torch.ones(1, n, dtype=torch.bool), n, False)
+        pre(*pre_inputs(P))
+        pre.compile_blocks("step")
+        for n in (P, 5):
+            assert all(torch.equal(a, b) for a, b in zip(pre(*pre_inputs(n)), pre_eager(*pre_inputs(n))))
+    assert [len(m._forward_hooks) for m in p.modules()] == hooks_before
