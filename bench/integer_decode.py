@@ -31,13 +31,14 @@ plus an INT8 KV-cache rule on the a2000; decode: one token at position 128 with 
   model is today: its graphs, graph breaks, compile time, step time and outputs.
 
     .venv/bin/python bench/integer_decode.py --base /tmp/h3base [--rounds 4] [--reps 9] [--inner 5] [--compiled]
-        [--blocks step] [--base-blocks step.lm.model.layers]
-
-``--compiled``: this tree's integer models captured with ``IntegerModel.compile_blocks(--blocks)`` after
-their first forward (default ``step``: the whole DecoderStep, embedding to ``lm_head``; the older form was
-``step.lm.model.layers``, each decoder layer); ``--base-blocks``: the base tree's too (default: eager).
+        [--blocks ''] [--base-blocks step]
     .venv/bin/python bench/integer_decode.py --split [--prefill] [--reps 15]
     .venv/bin/python bench/integer_decode.py --floor [--prefill] [--reps 15] [--dynamo]
+
+``--compiled``: this tree's integer models captured with ``IntegerModel.compile_blocks(--blocks)`` after
+their first forward (default ``''``: the whole net, the codes boundary included; ``step``: the
+DecoderStep, embedding to ``lm_head``; ``step.lm.model.layers``: each decoder layer); ``--base-blocks``:
+the base tree's too (default: eager).
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def worker(out: str, reps: int, inner: int, blocks: str | None = None) -> None:
     import dal
 
     int_pre, int_dec, pre_in, dec_in, float_pre, float_dec, _ = llm_int_profile.models()
-    if blocks:
+    if blocks is not None:
         with torch.no_grad():
             for m, x in ((int_dec, dec_in), (int_pre, pre_in)):
                 m(*x)
@@ -100,7 +101,7 @@ def run_worker(tree: str | None, reps: int, inner: int, d: str, tag: str, blocks
     if tree is not None:
         env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
     subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", out, "--reps", str(reps),
-                    "--inner", str(inner)] + (["--blocks", blocks] if blocks else []),
+                    "--inner", str(inner)] + (["--blocks", blocks] if blocks is not None else []),
                    env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return torch.load(out)
 
@@ -122,8 +123,8 @@ def main(base: str, rounds: int, reps: int, inner: int, blocks: str | None = Non
     lines = [f"dal trees: base {trees['base']}, this {trees['this']}; {rounds} alternating rounds (fresh processes) "
              f"x {reps} interleaved repetitions x {inner} calls; CPU ms per call (time.process_time), medians; "
              f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-             + (f"; this tree's integer models captured: compile_blocks({blocks!r})" if blocks else "")
-             + (f"; the base's: compile_blocks({base_blocks!r})" if base_blocks else ""),
+             + (f"; this tree's integer models captured: compile_blocks({blocks!r})" if blocks is not None else "")
+             + (f"; the base's: compile_blocks({base_blocks!r})" if base_blocks is not None else ""),
              f"every output (logits, KV codes) of the two trees equal bit for bit: {same}", "",
              "| phase | integer base | integer this | float eager (base run / this run) | ratio base | ratio this "
              "| integer step change |", "|---|---|---|---|---|---|---|"]
@@ -416,7 +417,8 @@ if __name__ == "__main__":
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--compiled", action="store_true",
                     help="this tree's integer models captured (IntegerModel.compile_blocks(--blocks))")
-    ap.add_argument("--blocks", help="--compiled: the submodule path captured (default: the whole step)")
+    ap.add_argument("--blocks", help="--compiled: the submodule path captured "
+                                     "(default '': the whole net, codes boundary included)")
     ap.add_argument("--base-blocks", help="the base tree's integer models captured too (e.g. step.lm.model.layers)")
     a = ap.parse_args()
     if a.split:
@@ -428,4 +430,5 @@ if __name__ == "__main__":
     else:
         if not a.base:
             ap.error("--base TREE is required")
-        main(a.base, a.rounds, a.reps, a.inner, (a.blocks or "step") if a.compiled else None, a.base_blocks)
+        blocks = (a.blocks if a.blocks is not None else "") if a.compiled else None
+        main(a.base, a.rounds, a.reps, a.inner, blocks, a.base_blocks)

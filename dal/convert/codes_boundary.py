@@ -15,7 +15,9 @@ every call: ``(float32(c) - float32(zp)) * s`` and ``clamp(nan_to_num(round(floa
 qmin, qmax)`` with ``s`` float32, ``qmin, qmax`` the format's range. The constants are made, and
 checked by one call of the dal.formats function, when first seen and again whenever the quantizer's
 scale or zero point tensor is replaced or written (its data pointer or version changes); every other
-quantizer (FP8, per channel, float casts) takes dal.formats' functions on every call.
+quantizer (FP8, per channel, float casts) takes dal.formats' functions on every call. Inside a
+``torch.compile`` capture (compiled.py: a frozen model) the kept constants are read without that
+check (a data pointer cannot be traced).
 """
 from __future__ import annotations
 
@@ -61,8 +63,10 @@ class IntegerCodesStep(CodesStep):
         fmt = q.fmt
         if not fmt.is_scaled or fmt.is_float8 or q.granularity.axis is not None:
             return None
-        key = (q.scale.data_ptr(), q.scale._version, q.zero_point.data_ptr(), q.zero_point._version, id(fmt))
         got = self.__dict__.setdefault("_kv_constants", {}).get(id(q))
+        if torch.compiler.is_compiling():  # a captured model is frozen (compiled.py): the kept constants
+            return got[2] if got is not None and got[0] is q else False
+        key = (q.scale.data_ptr(), q.scale._version, q.zero_point.data_ptr(), q.zero_point._version, id(fmt))
         return got[2] if got is not None and got[0] is q and got[1] == key else False
 
     def _keep(self, q, s: torch.Tensor, zp: torch.Tensor) -> None:

@@ -26,7 +26,9 @@ Contract:
   to a module is not. Change the model after ``compile_blocks`` and the outputs are wrong: convert
   again. Arguments of another shape or dtype capture a new graph.
 * **A whole decoder step.** ``compile_blocks(int_model, "step")`` captures the DecoderStep (embedding,
-  layers, final norm, ``lm_head``) as one graph; its KV quantizers' output hooks are registered once
+  layers, final norm, ``lm_head``) as one graph, ``compile_blocks(int_model, "")`` the whole net (a
+  decoder file's codes boundary too: codes_boundary.py reads its kept constants without the data
+  pointer check while captured); a DecoderStep's KV quantizers' output hooks are registered once
   (``DecoderStep.keep_kv_hooks``, on the integer model's own copy) instead of on every call.
 * **When a block runs eagerly.** Outside an integer-model forward (the probe, a direct call),
   inside ``run_with_codes`` (its taps are Python hooks), and where the model has fixed-point fan-out
@@ -90,12 +92,13 @@ def _blocks(net: nn.Module, blocks) -> list:
 
 
 def compile_blocks(model, blocks: Union[str, Iterable[nn.Module]]) -> int:
-    """``model.compile_blocks(blocks)`` (api.py ``IntegerModel.compile_blocks``): run each block (a submodule path of ``model.net`` naming a module or a ModuleList, or an iterable
-    of its submodules) of the integer model ``model`` as a graph captured by ``torch.compile(backend=
-    "eager")``, from its next forward on (module doc: the same outputs, bit for bit, for a model not
-    changed afterwards). Returns how many blocks. Raises ConvertError before the first forward (the
-    probe plans the groups), for a model with fixed-point fan-out groups, and for a block that is not
-    in ``model.net``; RuntimeError where dal.formats' C++ kernel is not built."""
+    """``model.compile_blocks(blocks)`` (api.py ``IntegerModel.compile_blocks``): run each block (a
+    submodule path of ``model.net`` naming a module or a ModuleList, or an iterable of its submodules;
+    ``""``: the whole net) of the integer model ``model`` as a graph captured by
+    ``torch.compile(backend="eager")``, from its next forward on (module doc: the same outputs, bit for
+    bit, for a model not changed afterwards). Returns how many blocks. Raises ConvertError before the
+    first forward (the probe plans the groups), for a model with fixed-point fan-out groups, and for a
+    block that is not in ``model.net``; RuntimeError where dal.formats' C++ kernel is not built."""
     return model.compile_blocks(blocks)
 
 
@@ -108,9 +111,10 @@ def capture_blocks(net: nn.Module, blocks, make_mode, current_mode) -> int:
         raise RuntimeError("compile_blocks: dal.formats' C++ kernel is not built (dal.formats.native.status())")
     found = _blocks(net, blocks)
     for i, block in enumerate(found):
-        keep = getattr(block, "keep_kv_hooks", None)  # a DecoderStep: no hook registered in its graph
-        if keep is not None:
-            keep()
+        for m in block.modules():  # a DecoderStep: no hook registered in its graph
+            keep = getattr(m, "keep_kv_hooks", None)
+            if keep is not None:
+                keep()
         compiled = _captured_forward(make_mode(), block, i)
         forward = type(block).forward
 

@@ -153,7 +153,8 @@ def test_the_whole_step_captured_equals_eager_and_npu(tiny, monkeypatch):
     instead of registered per call) as one graph: 16 greedy decode steps equal the eager integer model
     and dal.npu on every logit and KV code; after the capture neither the eager matmul route nor the
     quantizers' eager route runs; the prepared model gets no hook; a prefill step captured whole gives
-    the eager values at a new prompt length too."""
+    the eager values at a new prompt length too, and so does one whose whole net (``""``: the codes
+    boundary too) is captured."""
     import dal.convert.matmul_f64 as mm
     p, _, dec = tiny
     hooks_before = [len(m._forward_hooks) for m in p.modules()]
@@ -199,7 +200,7 @@ def test_the_whole_step_captured_equals_eager_and_npu(tiny, monkeypatch):
         def pre_inputs(n):
             return ids[:, :n], torch.arange(n)[None], causal_mask(torch.ones(1, n, dtype=torch.bool), n, False)
         pre(*pre_inputs(P))
-        pre.compile_blocks("step")
+        pre.compile_blocks("")  # the whole net: the codes boundary in the graph too
         for n in (P, 5):
             assert all(torch.equal(a, b) for a, b in zip(pre(*pre_inputs(n)), pre_eager(*pre_inputs(n))))
     assert [len(m._forward_hooks) for m in p.modules()] == hooks_before
