@@ -61,23 +61,30 @@ def _prefill(p, prompt):
     return int(out[0][0, prompt.numel() - 1].argmax()), caches
 
 
+def _decode_models(p, dec):
+    """Two integer models of the decode step (one to stay eager, one to capture), dal.npu on the
+    decode file, and the file's input names."""
+    import onnx
+
+    names = [i.name for i in onnx.load(str(dec)).graph.input]
+    return (convert(CodesStep(DecoderStep(p, L, True))), convert(CodesStep(DecoderStep(p, L, True))),
+            dal.npu.load(dec, threads=1), names)
+
+
+def _decode_inputs(tok, pos, caches):
+    """A decode step's inputs: the token, its position, the causal mask over the cache, the cache."""
+    return (torch.tensor([[tok]]), torch.tensor([[pos]]), causal_mask(torch.arange(L)[None] < pos, 1, True), *caches)
+
+
 def test_captured_layers_equal_eager_and_npu_for_64_decode_steps(tiny, monkeypatch):
     p, _, dec = tiny
     prompt = _tokens(4)[0, :5]
     tok, caches = _prefill(p, prompt)
-    eager = convert(CodesStep(DecoderStep(p, L, True)))
-    captured = convert(CodesStep(DecoderStep(p, L, True)))
-    npu = dal.npu.load(dec, threads=1)
-    import onnx
-    names = [i.name for i in onnx.load(str(dec)).graph.input]
-
-    def inputs(tok, pos, caches):
-        return (torch.tensor([[tok]]), torch.tensor([[pos]]), causal_mask(torch.arange(L)[None] < pos, 1, True),
-                *caches)
+    eager, captured, npu, names = _decode_models(p, dec)
     with torch.no_grad():
         with pytest.raises(ConvertError, match="run the integer model once"):
             compile_blocks(captured, "step.lm.model.layers")
-        captured(*inputs(tok, prompt.numel(), caches))  # the probe forward
+        captured(*_decode_inputs(tok, prompt.numel(), caches))  # the probe forward
         assert compile_blocks(captured, "step.lm.model.layers") == 2
         calls = []
         direct = IntegerQuantizer._direct
@@ -85,7 +92,7 @@ def test_captured_layers_equal_eager_and_npu_for_64_decode_steps(tiny, monkeypat
         n_elements = 0
         for step in range(STEPS):
             pos = prompt.numel() + step
-            x = inputs(tok, pos, caches)
+            x = _decode_inputs(tok, pos, caches)
             calls.clear()
             want = eager(*x)
             n_eager = len(calls)
@@ -160,26 +167,18 @@ def test_the_whole_step_captured_equals_eager_and_npu(tiny, monkeypatch):
     hooks_before = [len(m._forward_hooks) for m in p.modules()]
     prompt = _tokens(7)[0, :4]
     tok, caches = _prefill(p, prompt)
-    eager = convert(CodesStep(DecoderStep(p, L, True)))
-    captured = convert(CodesStep(DecoderStep(p, L, True)))
-    npu = dal.npu.load(dec, threads=1)
-    import onnx
-    names = [i.name for i in onnx.load(str(dec)).graph.input]
-
-    def inputs(tok, pos, caches):
-        return (torch.tensor([[tok]]), torch.tensor([[pos]]), causal_mask(torch.arange(L)[None] < pos, 1, True),
-                *caches)
+    eager, captured, npu, names = _decode_models(p, dec)
     calls = []
     direct, kn, kn_of = IntegerQuantizer._direct, mm.weight_kn, mm.weight_kn_of
     with torch.no_grad():
-        captured(*inputs(tok, prompt.numel(), caches))  # the probe forward
+        captured(*_decode_inputs(tok, prompt.numel(), caches))  # the probe forward
         assert compile_blocks(captured, "step") == 1
         monkeypatch.setattr(IntegerQuantizer, "_direct", lambda self, x: calls.append("q") or direct(self, x))
         monkeypatch.setattr(mm, "weight_kn", lambda *a: calls.append("eager mm") or kn(*a))
         monkeypatch.setattr(mm, "weight_kn_of", lambda *a: calls.append("op mm") or kn_of(*a))
         for step in range(16):
             pos = prompt.numel() + step
-            x = inputs(tok, pos, caches)
+            x = _decode_inputs(tok, pos, caches)
             want = eager(*x)
             calls.clear()
             got = captured(*x)
