@@ -141,10 +141,9 @@ def main(base: str, rounds: int, reps: int, inner: int, blocks: str | None = Non
     return text
 
 
-def split(prefill: bool, reps: int) -> str:
-    """The in-context cost of each kind of integer-model module (module doc), as a markdown table."""
-    import collections
-
+def _step(prefill: bool) -> tuple:
+    """``(integer model, its inputs, the float eager step)`` of the decode (or prefill) step, one
+    torch thread, OpenBLAS pinned to one thread."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import torch
@@ -153,10 +152,19 @@ def split(prefill: bool, reps: int) -> str:
     torch.set_num_threads(1)
     import llm_int_profile
 
+    int_pre, int_dec, pre_in, dec_in, float_pre, float_dec, _ = llm_int_profile.models()
+    return (int_pre, pre_in, float_pre) if prefill else (int_dec, dec_in, float_dec)
+
+
+def split(prefill: bool, reps: int) -> str:
+    """The in-context cost of each kind of integer-model module (module doc), as a markdown table."""
+    import collections
+
+    model, inputs, fp = _step(prefill)
+    import torch
+
     from dal.convert import api, attention, blocked_linear, layers, quant_calls, rmsnorm
 
-    int_pre, int_dec, pre_in, dec_in, float_pre, float_dec, _ = llm_int_profile.models()
-    model, inputs, fp = (int_pre, pre_in, float_pre) if prefill else (int_dec, dec_in, float_dec)
     kinds = {"linears (IntegerLayer, their output quantizers included)": (layers.IntegerLayer, "forward"),
              "linears: the blocked matmul alone (BlockedWeights.value)": (blocked_linear.BlockedWeights, "value"),
              "linears: the blocked sums with their input codes (BlockedWeights.input_value, the C++ call)":
@@ -239,7 +247,8 @@ def _ext_timers(record: list):
     """Wrap dal's C++ calls (the fake-quant and blocked-sum kernels) and the numpy routines of the
     integer model (softmax's exp, the float-island MatMul) so that each call's CPU seconds are appended
     to ``record``; returns the function that undoes it."""
-    from dal.convert import attention, layers
+    from dal.convert import attention
+    from dal.convert import matmul_f64 as float_island_matmul
     from dal.formats import native
     from dal.kernels import blocked_sums
 
@@ -258,7 +267,7 @@ def _ext_timers(record: list):
             f = getattr(lib, n)
             setattr(lib, n, timed(f))
             undo.append((lib, n, f))
-    for mod, n in ((attention, "exp_f32"), (layers, "matmul_f64")):
+    for mod, n in ((attention, "exp_f32"), (float_island_matmul, "matmul_f64")):
         f = getattr(mod, n)
         setattr(mod, n, timed(f))
         undo.append((mod, n, f))
@@ -273,17 +282,10 @@ def floor(prefill: bool, reps: int, dynamo: bool) -> str:
     """The floor of a captured integer step (module doc), as markdown lines."""
     import collections
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    model, inputs, fp = _step(prefill)
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode  # measurement only: the aten ops of a step
 
-    sys.path.insert(0, HERE)
-    torch.set_num_threads(1)
-    import llm_int_profile
-
-    int_pre, int_dec, pre_in, dec_in, float_pre, float_dec, _ = llm_int_profile.models()
-    model, inputs, fp = (int_pre, pre_in, float_pre) if prefill else (int_dec, dec_in, float_dec)
 
     class Recorder(TorchDispatchMode):
         def __init__(self):
