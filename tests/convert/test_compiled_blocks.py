@@ -203,3 +203,21 @@ def test_the_whole_step_captured_equals_eager_and_npu(tiny, monkeypatch):
         for n in (P, 5):
             assert all(torch.equal(a, b) for a, b in zip(pre(*pre_inputs(n)), pre_eager(*pre_inputs(n))))
     assert [len(m._forward_hooks) for m in p.modules()] == hooks_before
+
+
+def test_a_captured_net_names_a_bad_cache_as_the_eager_model_does(tiny):
+    """Bad input reaches the decode step's own check through a captured whole net (its Python checks are
+    traced and raise when a new shape or dtype is traced): a cache one entry short, a cache of floats."""
+    p, _, dec = tiny
+    prompt = _tokens(7)[0, :4]
+    tok, caches = _prefill(p, prompt)
+    eager, captured, _, _ = _decode_models(p, dec)
+    with torch.no_grad():
+        captured(*_decode_inputs(tok, prompt.numel(), caches))  # the probe forward
+        captured.compile_blocks("")
+        captured(*_decode_inputs(tok, prompt.numel(), caches))  # captured
+        for bad, why in (([c[:, :, :-1] for c in caches], rf"past_key_0 must be \[B, kv_heads, {L}, head_dim\]"),
+                         ([c.float() for c in caches], r"past_key_0 must hold int8 codes")):
+            for model in (eager, captured):
+                with pytest.raises(ValueError, match=why):
+                    model(*_decode_inputs(tok, prompt.numel(), bad))
