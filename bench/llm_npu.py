@@ -11,7 +11,8 @@ interleaved run (each repetition runs every engine once, in turn):
   dal.npu (``dal.npu.load(path, threads=1)``) vs onnxruntime (1 intra-op thread, sequential,
   default graph optimizations but one: at its default level it refuses these files, see
   :data:`ORT_OFF`) on the same decode file, fed the same codes;
-  the integer model (``dal.convert`` of the decode step, torch) vs the float model's eager decode
+  the integer model (``dal.convert`` of the decode step, torch; eager, and captured whole by
+  ``IntegerModel.compile_blocks("")``) vs the float model's eager decode
   (the same pre-trained weights, unprepared: transformers' LlamaForCausalLM, one token with its
   DynamicCache of P entries, cropped back to P after each step, as generate does one step);
 - prefill: the same pairs on the P = 128 prompt (the float model's forward with ``use_cache``).
@@ -155,6 +156,9 @@ class Engines:
                                                           cache_len=L)
         self.int_pre = convert(CodesStep(DecoderStep(q, L, False)))
         self.int_dec = convert(CodesStep(DecoderStep(q, L, True)))
+        # the same integer models with the whole net captured (IntegerModel.compile_blocks("")) after a forward
+        self.cap_pre = convert(CodesStep(DecoderStep(q, L, False)))
+        self.cap_dec = convert(CodesStep(DecoderStep(q, L, True)))
         self.npu_pre, self.npu_dec = dal.npu.load(self.pre_path, threads=1), dal.npu.load(self.dec_path, threads=1)
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads = 1, 1
@@ -177,6 +181,14 @@ class Engines:
         dec_in = (torch.tensor([[tok]]), torch.tensor([[P]]),
                   causal_mask(torch.arange(L)[None] < P, 1, True), *caches)
         self.pre_in, self.dec_in = pre_in, dec_in
+        with torch.no_grad():
+            for m, x in ((self.cap_pre, pre_in), (self.cap_dec, dec_in)):
+                m(*x)
+                m.compile_blocks("")
+            #: whether the captured models give the eager integer models' outputs, bit for bit
+            self.captured_same = all(torch.equal(a, b) for m, c, x in ((self.int_pre, self.cap_pre, pre_in),
+                                                                     (self.int_dec, self.cap_dec, dec_in))
+                                     for a, b in zip(m(*x), c(*x)))
         names = lambda s: [i.name for i in s.get_inputs()]
         self.pre_np = dict(zip(names(self.ort_pre), [t.numpy() for t in pre_in]))
         self.dec_np = dict(zip(names(self.ort_dec), [t.numpy() for t in dec_in]))
@@ -204,16 +216,24 @@ class Engines:
         with torch.no_grad():
             return self.int_pre(*self.pre_in)
 
+    def cap_decode(self):
+        with torch.no_grad():
+            return self.cap_dec(*self.dec_in)
+
+    def cap_prefill(self):
+        with torch.no_grad():
+            return self.cap_pre(*self.pre_in)
+
     def runs(self) -> dict:
         """name -> callable, in the order each repetition runs them (``ort <phase> -<optimizer>``:
         onnxruntime with that one optimizer off, :data:`ORT_OFF`)."""
         ort = lambda phase, off, feed: (lambda: self.ort[phase, off].run(None, feed))
         return {"npu decode": lambda: self.npu_dec.run(self.dec_np),
                 **{f"ort decode -{off}": ort("decode", off, self.dec_np) for off in ORT_OFF},
-                "int decode": self.int_decode, "float decode": self.float_decode,
+                "int decode": self.int_decode, "cap decode": self.cap_decode, "float decode": self.float_decode,
                 "npu prefill": lambda: self.npu_pre.run(self.pre_np),
                 **{f"ort prefill -{off}": ort("prefill", off, self.pre_np) for off in ORT_OFF},
-                "int prefill": self.int_prefill, "float prefill": self.float_prefill}
+                "int prefill": self.int_prefill, "cap prefill": self.cap_prefill, "float prefill": self.float_prefill}
 
 
 def timed(runs: dict, reps: int) -> tuple[dict, dict]:
@@ -334,15 +354,15 @@ def main(reps: int = 15, layers: int | None = None, write: bool = True, example_
         say("|---|---|---|---|---|---|---|---|---|---|")
         ratios, peer_note = {}, {}
         for phase, toks in (("decode", 1), ("prefill", PROMPT)):
-            for a, b, target in (("npu", "ort", 1.0), ("int", "float", 0.5)):
+            for a, b, target in (("npu", "ort", 1.0), ("int", "float", 0.5), ("cap", "float", 0.5)):
                 ka, kb = f"{a} {phase}", f"{b} {phase}"
                 if b == "ort":  # the faster of the two loadable onnxruntime variants
                     kb = min((f"ort {phase} -{off}" for off in ORT_OFF), key=lambda k: wall[k])
                     peer_note[phase] = kb
                 rw, rc = wall[kb] / wall[ka], cpu[kb] / cpu[ka]
                 ratios[ka] = rw
-                name = {"npu": "dal.npu", "ort": "onnxruntime", "int": "integer model (dal.convert)",
-                        "float": "float eager (transformers)"}
+                name = {"npu": "dal.npu", "ort": "onnxruntime", "int": "integer model (dal.convert), eager",
+                        "cap": "integer model, captured (`compile_blocks(\"\")`)", "float": "float eager (transformers)"}
                 say(f"| {phase} | {name[a]} | {wall[ka]:.2f} | {cpu[ka]:.2f} | {name[b]} | {wall[kb]:.2f} | {cpu[kb]:.2f} "
                     f"| {rw:.2f}x (>= {target}x) | {rc:.2f}x | {toks * 1e3 / wall[ka]:.0f} |")
         say()
@@ -350,6 +370,11 @@ def main(reps: int = 15, layers: int | None = None, write: bool = True, example_
             "bench); the peer is the faster of it with one optimizer off: " +
             "; ".join(f"{ph}: " + ", ".join(f"-{off} {wall[f'ort {ph} -{off}']:.2f} ms" for off in ORT_OFF) +
                       f" (peer: {peer_note[ph].split(' -')[1]} off)" for ph in ("decode", "prefill")))
+        say()
+        from dal.kernels import blocked_sums
+        say("the captured integer models' outputs (logits, KV codes) equal the eager ones bit for bit: "
+            f"{e.captured_same}; the blocked linears' kernel on AVX-512 VNNI (dal.kernels.blocked_sums.vnni()): "
+            f"{blocked_sums.vnni()}")
         profile_lines(say, e, ratios)
     text = "\n".join(lines) + "\n" + NOTES
     if write:

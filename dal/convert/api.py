@@ -223,9 +223,9 @@ class IntegerModel(nn.Module):
 
     def compile_blocks(self, blocks) -> int:
         """Run each of ``blocks`` (a submodule path of ``self.net`` naming a module or a ModuleList, or an
-        iterable of its submodules: a decoder's layers) as one graph captured by
-        ``torch.compile(backend="eager")`` from the next forward on: the same outputs bit for bit, for a
-        model not changed afterwards (dal/convert/compiled.py states the contract). Returns how many
+        iterable of its submodules: a decoder's layers) as one graph captured by ``torch.compile`` with an
+        eager backend (no inductor) from the next forward on: the same outputs bit for bit, for a model
+        not changed afterwards (dal/convert/compiled.py states the contract). Returns how many
         blocks. ConvertError before the first forward (it plans the groups), for a model with
         fixed-point fan-out groups and for a block outside ``self.net``."""
         if not self._planned:

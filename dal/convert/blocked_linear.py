@@ -21,7 +21,10 @@ every partial sum is an integer of magnitude at most ``B max|x_i| max|w_i| <= 2^
 the same ``t``, the same ``v``. Before both, for fewer than :data:`BLOCK_ROWS` rows on the CPU where the
 weight code differences fit int8 and the C++ kernel is built: ``dal::blocked_linear``
 (dal/kernels/blocked_sums.py), the int32 block sums ``acc_b`` on int8 weights (a quarter of the float32
-bytes) combined in float64 left to right as above, the reference loop's ``v`` for any scales.
+bytes) combined in float64 left to right as above, the reference loop's ``v`` for any scales. Where that
+kernel runs on AVX-512 VNNI (``blocked_sums.vnni()``) and the input codes span at most 256 values, the
+layer takes it, input codes included, at any number of rows (a prefill too): it outruns the float64
+matmul there (bench/results/integer_decode.md).
 
 The output quantizer then rounds ``v`` (ONNX's float32 division; probe.py finds it) exactly as
 the NPU's requantizer ``clamp(round_half_even(v / s_y) + zp_y, lo, hi)`` does (Q is monotone, so
@@ -55,6 +58,13 @@ def blocked_sums_op(x: torch.Tensor, w8: torch.Tensor, s32: torch.Tensor, block:
     sums combined in ascending block order), imported on first use."""
     from ..kernels.blocked_sums import blocked_linear
     return blocked_linear(x, w8, s32, block, s_x)
+
+
+def quantized_blocked_sums_op(x, lo: int, hi: int, w8, s32, block: int, s_x: float) -> torch.Tensor:
+    """``dal::quantized_blocked_linear`` (dal/kernels/blocked_sums.py: :func:`quantized_blocked_sums` as one
+    op, for a captured graph), imported on first use."""
+    from ..kernels.blocked_sums import quantized_blocked_linear_op
+    return quantized_blocked_linear_op(x, lo, hi, w8, s32, block, s_x)
 
 
 def quantized_blocked_sums(x, lo, hi, w8, s32, block: int, s_x: float) -> Optional[torch.Tensor]:
@@ -126,22 +136,33 @@ class BlockedWeights(torch.nn.Module):
         self.register_buffer("s_w3", self.s_w.unsqueeze(1).contiguous() if f32 else None, persistent=False)
         # value()'s few-row path on the CPU: dal::blocked_linear's C++ kernel on int8 weights (None where a
         # weight code difference leaves int8, the input codes are wider than 8 bits or the kernel is not built)
-        w8 = None
+        w8, self.vnni = None, False
         if x_max <= 255 and self.bound < 2 ** 31 and n and k:
             from ..kernels import blocked_sums
             w8 = blocked_sums.pack(self.w) if blocked_sums.library() is not None else None
+            # input_value at any number of rows where the kernel runs on AVX-512 VNNI (it outruns the float64
+            # matmul there): a plain flag, read in traced code
+            self.vnni = w8 is not None and blocked_sums.vnni()
         self.register_buffer("w8", w8, persistent=False)
         self.register_buffer("s32", scale.float().t().contiguous() if w8 is not None else None, persistent=False)
 
     def input_value(self, x: torch.Tensor, s_x: float, lo, hi) -> Optional[torch.Tensor]:
         """``value(clamp(round_half_even(x / float32(s_x)), lo, hi), s_x)``: the input codes minus zero
         point made (ONNX QuantizeLinear, float32 division) and the blocked sums in one C++ call, for fewer
-        than :data:`BLOCK_ROWS` rows of float32 on the CPU where ``value`` takes the kernel; None elsewhere
-        and when ``x`` holds a NaN (the caller makes the codes and refuses it)."""
+        than :data:`BLOCK_ROWS` rows of float32 on the CPU where ``value`` takes the kernel, and for any number
+        of rows where the kernel runs on AVX-512 VNNI (``self.vnni``) and ``hi - lo <= 255``; None elsewhere
+        and when ``x`` holds a NaN (the caller makes the codes and refuses it). In a captured graph
+        (compiled.py) the ``dal::quantized_blocked_linear`` op, which refuses a NaN itself (a ValueError)."""
         w8 = self.w8
-        if w8 is None or x.numel() >= BLOCK_ROWS * self.nb * self.block or torch.compiler.is_compiling():
-            return None  # a captured graph (compiled.py): value() by the dal::blocked_linear op
-        v = quantized_blocked_sums(x.reshape(-1, self.nb * self.block), lo, hi, w8, self.s32, self.block, s_x)
+        if w8 is None or x.dtype != torch.float32 or not x.is_cpu:
+            return None
+        if x.numel() >= BLOCK_ROWS * self.nb * self.block and not (self.vnni and hi - lo <= 255):
+            return None
+        flat = x.reshape(-1, self.nb * self.block)
+        if torch.compiler.is_compiling():
+            v = quantized_blocked_sums_op(flat, int(lo), int(hi), w8, self.s32, self.block, s_x)
+        else:
+            v = quantized_blocked_sums(flat, lo, hi, w8, self.s32, self.block, s_x)
         return None if v is None else v.reshape(*x.shape[:-1], self.n)
 
     def value(self, xi: torch.Tensor, s_x: float) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Blocks of the integer model captured as graphs: ``torch.compile(backend="eager")``, so Python runs
+"""Blocks of the integer model captured as graphs: ``torch.compile`` with an eager backend, so Python runs
 once per block call instead of once per op, module, form and quantizer (issue 43's decode step).
 
     int_model = dal.convert(model)
@@ -8,23 +8,26 @@ once per block call instead of once per op, module, form and quantizer (issue 43
 
 Contract:
 
-* **The same bits.** The ``eager`` backend calls the torch ops dynamo recorded, in their order, without
-  fusing or reordering any arithmetic (no inductor). NPUFloatOps (float_ops.py) is entered *inside*
-  the captured function, so its choice of form for each call is traced into the graph and the graph
-  then runs without per-call dispatch; the calls that leave torch in the eager model are operators of
-  their own with the same calls inside (host_ops.py: dal.formats' C++ fake quantization and cast round
-  trip, numpy's ``exp``, a float island's numpy float64 matmul such as ``lm_head``'s; the blocked
-  linear is dal/kernels' ``dal::blocked_linear`` op on the same input codes).
-  tests/convert/test_compiled_blocks.py compares every output, logits and KV codes, with the eager
-  integer model and dal.npu over decode steps.
+* **The same bits.** The backend (:func:`eager_direct_host_calls`) is torch's ``eager`` one: it calls the
+  torch ops dynamo recorded, in their order, without fusing or reordering any arithmetic (no inductor), except
+  that a host operator's node calls its CPU implementation directly (host_ops.py ``direct_calls``: the
+  function the dispatcher would reach, less its round trip through Python). NPUFloatOps (float_ops.py) is
+  entered *inside* the captured function, so its choice of form for each call is traced into the graph and the
+  graph then runs without per-call dispatch; the calls that leave torch in the eager model are operators of
+  their own with the same calls inside (host_ops.py: dal.formats' C++ fake quantization and cast round trip,
+  numpy's ``exp``, a float island's numpy float64 matmul such as ``lm_head``'s; the blocked linear is
+  dal/kernels' ``dal::quantized_blocked_linear`` op, its input codes made inside, where the eager layer
+  makes them in the kernel call, else ``dal::blocked_linear`` on the same codes). tests/convert/test_compiled_blocks.py
+  compares every output, logits and KV codes, with the eager integer model and dal.npu over decode steps.
 * **A frozen model.** The only guards kept are those on the tensors a block is called with (shape,
   dtype, strides, device: :func:`argument_tensor_guards`); every other guard dynamo writes (~1,700 per
   Llama layer: module attributes, globals, closures) is dropped, which is most of a captured call's
   cost. So the graph keeps what was true when it was captured: module states, formats, which plan a
-  layer takes, process-wide switches (dal.formats' kernel switches), NPUFloatOps' table; module
-  tensors are read at each call (an in-place change of a scale is seen), a new tensor object assigned
-  to a module is not. Change the model after ``compile_blocks`` and the outputs are wrong: convert
-  again. Arguments of another shape or dtype capture a new graph.
+  layer takes, process-wide switches (dal.formats' kernel switches), NPUFloatOps' table, and the output
+  of each weight quantizer (an embedding table's, a norm weight's: the one its eager call kept,
+  quant_calls.py); other module tensors are read at each call (an in-place change of an activation
+  quantizer's scale is seen), a new tensor object assigned to a module is not. Change the model after
+  ``compile_blocks`` and the outputs are wrong: convert again. Arguments of another shape or dtype capture a new graph.
 * **A whole decoder step.** ``compile_blocks(int_model, "step")`` captures the DecoderStep (embedding,
   layers, final norm, ``lm_head``) as one graph, ``compile_blocks(int_model, "")`` the whole net (a
   decoder file's codes boundary too: codes_boundary.py reads its kept constants without the data
@@ -41,14 +44,14 @@ Contract:
 from __future__ import annotations
 
 import types
-from typing import Iterable, Union
+from typing import Callable, Iterable, Union
 
 import torch
 from torch import nn
 
 from .errors import ConvertError
 from .float_ops import NPUFloatOps
-from .host_ops import available, register
+from .host_ops import available, direct_calls, register
 
 
 def argument_tensor_guards(entries) -> list:
@@ -72,8 +75,20 @@ def _captured_forward(mode: NPUFloatOps, block: nn.Module, tag: int):
             return forward(block, *args, **kwargs)
     run = types.FunctionType(run.__code__.replace(co_name=f"integer_block_{tag}"), run.__globals__, run.__name__,
                              run.__defaults__, run.__closure__)
-    return torch.compile(run, backend="eager",
+    return torch.compile(run, backend=eager_direct_host_calls,
                          options={"guard_filter_fn": argument_tensor_guards})
+
+
+def eager_direct_host_calls(gm: torch.fx.GraphModule, example_inputs) -> Callable:
+    """The ``eager`` backend (the captured ops called in their order, no arithmetic changed) with each
+    host operator's node calling its CPU implementation directly (host_ops.py ``direct_calls``): the same
+    function the dispatcher would reach, without its round trip through Python."""
+    direct = direct_calls()
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in direct:
+            node.target = direct[node.target]
+    gm.recompile()
+    return gm.forward
 
 
 def _blocks(net: nn.Module, blocks) -> list:
@@ -95,8 +110,8 @@ def compile_blocks(model, blocks: Union[str, Iterable[nn.Module]]) -> int:
     """``model.compile_blocks(blocks)`` (api.py ``IntegerModel.compile_blocks``): run each block (a
     submodule path of ``model.net`` naming a module or a ModuleList, or an iterable of its submodules;
     ``""``: the whole net) of the integer model ``model`` as a graph captured by
-    ``torch.compile(backend="eager")``, from its next forward on (module doc: the same outputs, bit for
-    bit, for a model not changed afterwards). Returns how many blocks. Raises ConvertError before the
+    ``torch.compile`` (:func:`eager_direct_host_calls`), from its next forward on (module doc: the same
+    outputs, bit for bit, for a model not changed afterwards). Returns how many blocks. Raises ConvertError before the
     first forward (the probe plans the groups), for a model with fixed-point fan-out groups, and for a
     block that is not in ``model.net``; RuntimeError where dal.formats' C++ kernel is not built."""
     return model.compile_blocks(blocks)

@@ -28,7 +28,14 @@ import torch
 from ..formats import native
 
 
+def _cpu_only(name: str, *tensors) -> None:
+    for t in tensors:
+        if not t.is_cpu:
+            raise ValueError(f"dal_convert::{name}: the CPU implementation was handed a tensor on {t.device}")
+
+
 def _fake_quant_fixed(x, scale, zero_point, qmin: float, qmax: float, fp8_max: float, mode: int):
+    _cpu_only("fake_quant_fixed", x, scale, zero_point)
     x = x.contiguous()
     out = torch.empty_like(x)
     native.library().dal_fq_forward_fixed(x.data_ptr(), out.data_ptr(), None, 1, x.numel(), 1, 1, scale.data_ptr(),
@@ -37,6 +44,7 @@ def _fake_quant_fixed(x, scale, zero_point, qmin: float, qmax: float, fp8_max: f
 
 
 def _cast_round_trip(x, code: int):
+    _cpu_only("cast_round_trip", x)
     x = x.contiguous()
     out = torch.empty_like(x)
     native.library().dal_fp_cast_round_trip(x.data_ptr(), out.data_ptr(), x.numel(), code, torch.get_num_threads())
@@ -44,10 +52,12 @@ def _cast_round_trip(x, code: int):
 
 
 def _exp_f32(x):
+    _cpu_only("exp_f32", x)
     return torch.from_numpy(np.exp(np.ascontiguousarray(x.numpy())))
 
 
 def _matmul_f64(x, w_nk):
+    _cpu_only("matmul_f64", w_nk)
     from .matmul_f64 import matmul_f64, weight_kn_of
     return matmul_f64(x, weight_kn_of(w_nk))
 
@@ -79,6 +89,23 @@ def register() -> bool:
     _LIBS.append(lib)  # a Library's registrations last as long as the object
     _READY[0] = native.library() is not None
     return _READY[0]
+
+
+def direct_calls() -> dict:
+    """The CPU implementation of each host operator a captured graph may call, by the graph's call target
+    (the operator and its default overload): dal_convert's (:func:`register`) and dal/kernels'
+    ``dal::blocked_linear`` / ``dal::quantized_blocked_linear``. Called directly, an implementation returns
+    what the operator returns, without the dispatcher's round trip into Python (a few microseconds per
+    call); each refuses a tensor that is not on the CPU (a ValueError) as the dispatcher would."""
+    from ..kernels import blocked_sums
+    register()
+    impls = {torch.ops.dal_convert.fake_quant_fixed: _fake_quant_fixed,
+             torch.ops.dal_convert.cast_round_trip: _cast_round_trip,
+             torch.ops.dal_convert.exp_f32: _exp_f32,
+             torch.ops.dal_convert.matmul_f64: _matmul_f64,
+             torch.ops.dal.blocked_linear: blocked_sums.cpu_checked,
+             torch.ops.dal.quantized_blocked_linear: blocked_sums.quantized_cpu}
+    return {**impls, **{op.default: fn for op, fn in impls.items()}}
 
 
 _LIBS: list = []

@@ -106,7 +106,12 @@ class IntegerQuantizer(FakeQuantizer):
     def _captured(self, x: torch.Tensor) -> torch.Tensor:
         """This call in a graph captured by dal/convert/compiled.py: where the eager call ends in the C++
         call of ``_direct`` (a frozen per-tensor quantizer or a cast quantizer, float32 CPU input), that
-        call as one operator (host_ops.py; values as eager, the output contiguous); else the forward."""
+        call as one operator (host_ops.py; values as eager, the output contiguous); for the parameter whose
+        output the eager calls kept (``_kept``), that output, a constant of the graph (the frozen model of
+        compiled.py: the capture keeps it from the eager forward before); else the forward."""
+        kept = self._kept_output
+        if kept is not None and isinstance(x, nn.Parameter) and kept[0][0] == id(x) and not torch.is_grad_enabled():
+            return kept[1]
         with torch._C.DisableTorchFunction():
             if x.dtype == torch.float32 and x.is_cpu and not self.training and host_ops.available():
                 s, z = self.scale, self.zero_point

@@ -19,6 +19,8 @@ reference's float64 block sums are the same exact integers). An ``x`` that is no
 :func:`quantized_blocked_linear` takes the float32 input instead of its codes and makes them in the same
 C++ call, as ONNX QuantizeLinear minus the zero point (``clamp(round_half_even(in / float32(s_x)), lo,
 hi)``): the eager integer model's decode path, a plain function (one ctypes call) rather than an op.
+``dal::quantized_blocked_linear(inp, lo, hi, w, s, block, s_x)`` is that call as an op, for a captured
+integer model (dal/convert/compiled.py): one node instead of the codes' five and the sums'.
 
 CPU: the C++ kernel ``dal_blocked_linear`` (``dal/formats/csrc/blocked_sums.cpp``, built on first
 use by ``dal.formats.native.compile_library``, AVX2 ``vpmaddwd`` on int8 weights: a quarter of the
@@ -41,7 +43,7 @@ from ..formats import native
 
 _SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "formats", "csrc",
                        "blocked_sums.cpp")
-_ABI_VERSION = 2
+_ABI_VERSION = 3
 _status = ["not built yet (built on the first blocked linear that can use it)"]
 #: the largest ``|x|`` the op takes: 8-bit input codes minus their zero point
 X_MAX = 255
@@ -65,10 +67,20 @@ def library() -> Optional[ctypes.CDLL]:
     lib.dal_blocked_linear.argtypes = [p, i64, p, p, i64, i64, i64, ctypes.c_double, p]
     lib.dal_blocked_linear.restype = i64
     f32 = ctypes.c_float
-    lib.dal_blocked_linear_q.argtypes = [p, i64, p, p, i64, i64, i64, f32, f32, f32, ctypes.c_double, p]
+    lib.dal_blocked_linear_q.argtypes = [p, i64, p, p, i64, i64, i64, f32, f32, f32, ctypes.c_double, p, ctypes.c_int]
     lib.dal_blocked_linear_q.restype = i64
+    lib.dal_blocked_vnni.restype = ctypes.c_int
     _status[0] = "built and loaded"
     return lib
+
+
+@functools.lru_cache(maxsize=1)
+def vnni() -> bool:
+    """Whether :func:`quantized_blocked_linear` runs on AVX-512 VNNI here (the kernel is built and this CPU
+    has it): four products per int32 lane and each weight vector shared by four rows, so the kernel
+    outruns a float64 matmul at any number of rows (bench/results/integer_decode.md)."""
+    lib = library()
+    return lib is not None and bool(lib.dal_blocked_vnni())
 
 
 def status() -> str:
@@ -143,6 +155,15 @@ def _cpu(x, w, s, block, s_x):
     return out
 
 
+def cpu_checked(x, w, s, block, s_x):
+    """``dal::blocked_linear``'s CPU implementation called directly (a captured graph's node): refuses a
+    tensor that is not on the CPU (a ValueError), as the dispatcher would."""
+    if not (x.is_cpu and w.is_cpu and s.is_cpu):
+        raise ValueError("dal::blocked_linear: the CPU implementation was handed a tensor on "
+                         f"{next(t.device for t in (x, w, s) if not t.is_cpu)}")
+    return _cpu(x, w, s, block, s_x)
+
+
 def _any(x, w, s, block, s_x):
     _check(x, w, s, block)
     return generic(x, w, s, block, s_x)
@@ -162,8 +183,48 @@ def blocked_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: int
     return torch.ops.dal.blocked_linear(x, w, s, block, s_x)
 
 
+_LIB.define("quantized_blocked_linear(Tensor inp, int lo, int hi, Tensor w, Tensor s, int block, float s_x) -> Tensor")
+
+
+def quantized_blocked_linear_op(inp: torch.Tensor, lo: int, hi: int, w: torch.Tensor, s: torch.Tensor, block: int,
+                                s_x: float) -> torch.Tensor:
+    """``v`` [M, N] float32 of :func:`quantized_blocked_linear` as the op ``dal::quantized_blocked_linear``
+    (a NaN input raises a ValueError naming the element)."""
+    return torch.ops.dal.quantized_blocked_linear(inp, lo, hi, w, s, block, s_x)
+
+
+def quantized_cpu(inp, lo, hi, w, s, block, s_x):
+    """``dal::quantized_blocked_linear`` on the CPU: :func:`quantized_blocked_linear`'s one C++ call where it
+    applies, else the codes made in torch (ONNX QuantizeLinear minus the zero point: a float32 division,
+    half-even rounding, the clamp) and :func:`blocked_linear`'s CPU call, which refuses a NaN (ValueError
+    naming the element). The same ``v`` either way."""
+    if not (inp.is_cpu and w.is_cpu and s.is_cpu):
+        raise ValueError("dal::quantized_blocked_linear: the CPU implementation was handed a tensor on "
+                         f"{next(t.device for t in (inp, w, s) if not t.is_cpu)}")
+    v = quantized_blocked_linear(inp.contiguous(), lo, hi, w, s, block, s_x)
+    if v is not None:
+        return v
+    codes = torch.round(inp.float() / torch.tensor(s_x, dtype=torch.float32)).clamp_(lo, hi)
+    return _cpu(codes, w, s, block, s_x)
+
+
+def _quantized_any(inp, lo, hi, w, s, block, s_x):
+    codes = torch.round(inp.float() / torch.tensor(s_x, dtype=torch.float32, device=inp.device)).clamp_(lo, hi)
+    _check(codes, w, s, block)
+    return generic(codes, w, s, block, s_x)
+
+
+_LIB.impl("quantized_blocked_linear", quantized_cpu, "CPU")
+_LIB.impl("quantized_blocked_linear", _quantized_any, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("dal::quantized_blocked_linear")
+def _quantized_fake(inp, lo, hi, w, s, block, s_x):
+    return inp.new_empty(inp.shape[0], w.shape[2], dtype=torch.float32)
+
+
 def quantized_blocked_linear(inp: torch.Tensor, lo: int, hi: int, w: torch.Tensor, s: torch.Tensor, block: int,
-                             s_x: float) -> Optional[torch.Tensor]:
+                             s_x: float, use_vnni: bool = True) -> Optional[torch.Tensor]:
     """``v`` of ``blocked_linear(clamp(round_half_even(inp / float32(s_x)), lo, hi), w, s, block, s_x)`` (the
     input codes minus zero point as ONNX QuantizeLinear makes them, a float32 division) in one C++ call
     (``dal_blocked_linear_q``), for a float32 CPU ``inp`` [M, nb * block] (contiguous) and integers
@@ -171,14 +232,16 @@ def quantized_blocked_linear(inp: torch.Tensor, lo: int, hi: int, w: torch.Tenso
     holds a NaN (no code: the caller's QuantizeLinear refuses it), or ``w`` / ``s`` are not int8 / float32
     CPU tensors (a module moved or cast after convert). Not an op: the eager integer model's
     fast path, its bits the op's; shapes are the caller's to keep (``w``, ``s`` from :func:`pack` for
-    ``nb`` blocks of ``block``)."""
+    ``nb`` blocks of ``block``). The kernel takes its AVX-512 VNNI path where :func:`vnni` and
+    ``hi - lo <= 255`` (``use_vnni=False``: the AVX2 / portable path, the same bits)."""
     lib = library()
     if lib is None or inp.dtype != torch.float32 or inp.device.type != "cpu" or not inp.is_contiguous() \
             or not -X_MAX <= lo <= hi <= X_MAX or inp.dim() != 2 or inp.shape[1] != w.shape[0] * block \
-            or block > KERNEL_BLOCK_MAX or w.dtype != torch.int8 or s.dtype != torch.float32 or not s.is_cpu:
+            or block > KERNEL_BLOCK_MAX or w.dtype != torch.int8 or not w.is_cpu or s.dtype != torch.float32 \
+            or not s.is_cpu:
         return None
     out = torch.empty(inp.shape[0], w.shape[2], dtype=torch.float32)
     if lib.dal_blocked_linear_q(inp.data_ptr(), inp.shape[0], w.data_ptr(), s.data_ptr(), w.shape[0], block,
-                                w.shape[2], s_x, lo, hi, s_x, out.data_ptr()):
+                                w.shape[2], s_x, lo, hi, s_x, out.data_ptr(), int(use_vnni)):
         return None
     return out

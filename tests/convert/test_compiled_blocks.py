@@ -221,3 +221,42 @@ def test_a_captured_net_names_a_bad_cache_as_the_eager_model_does(tiny):
             for model in (eager, captured):
                 with pytest.raises(ValueError, match=why):
                     model(*_decode_inputs(tok, prompt.numel(), bad))
+
+
+def test_captured_graph_calls_the_host_implementations_directly(tiny, monkeypatch):
+    """The backend (``eager_direct_host_calls``) leaves no dispatcher call to a dal operator in the captured
+    decode graph: every host operator's node calls its CPU implementation, each blocked linear is one
+    ``dal::quantized_blocked_linear`` call (its input codes made inside), the weight quantizers' outputs
+    (the embedding table's, the norms' weights) are the graph's constants (no quantizer call on them);
+    two decode steps equal the eager integer model's and dal.npu's on every element."""
+    from dal.convert import compiled, host_ops
+    from dal.kernels import blocked_sums
+
+    p, _, dec = tiny
+    graphs = []
+    backend = compiled.eager_direct_host_calls
+    monkeypatch.setattr(compiled, "eager_direct_host_calls", lambda gm, ex: graphs.append(gm) or backend(gm, ex))
+    prompt = _tokens(9)[0, :5]
+    tok, caches = _prefill(p, prompt)
+    eager, captured, npu, names = _decode_models(p, dec)
+    with torch.no_grad():
+        captured(*_decode_inputs(tok, prompt.numel(), caches))
+        captured.compile_blocks("")
+        for step in range(2):
+            x = _decode_inputs(tok, prompt.numel() + step, caches)
+            got, want = captured(*x), eager(*x)
+            ref = npu.run(dict(zip(names, [t.numpy() for t in x])))
+            for a, b, c in zip(got, want, ref):
+                assert torch.equal(a, b) and np.array_equal(a.numpy(), np.asarray(c))
+    assert len(graphs) == 1
+    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    ops = [t for t in targets if isinstance(t, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))]
+    assert not [t for t in ops if t.namespace in ("dal", "dal_convert")], ops
+    direct = set(host_ops.direct_calls().values())
+    assert {t for t in targets if t in direct} >= {blocked_sums.quantized_cpu}
+    blocked = sum(lay.blocked is not None for lay in captured._layers.values())
+    assert blocked and targets.count(blocked_sums.quantized_cpu) == blocked
+    on_params = [n for n in graphs[0].graph.nodes if n.target in direct and n.args[0].op == "placeholder"
+                 and "_parameters_" in n.args[0].name]
+    assert not on_params, on_params  # no quantizer call on a parameter (the norms' weights before: cast_round_trip)
+    assert any(isinstance(m, IntegerQuantizer) and m._kept_output is not None for m in captured.modules())

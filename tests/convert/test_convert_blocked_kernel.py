@@ -225,3 +225,68 @@ def test_integer_model_same_with_and_without_the_kernel_codes(blocked_model, mon
         bad[0, 3] = float("nan")
         with pytest.raises(ConvertError, match=rf"{lay.path}: its input holds 1 NaN"):
             lay._integer(bad, lay.plans[0])
+
+
+@needs_kernel
+@pytest.mark.parametrize("k,n,block", [(96, 19, 32), (35, 7, 5), (12, 17, 1), (64, 40, 64), (18, 33, 6), (28, 16, 7)])
+def test_both_kernel_paths_equal_quantizelinear_then_the_spec_at_any_rows(k, n, block):
+    """``dal_blocked_linear_q``'s two paths, AVX-512 VNNI (``use_vnni``, where this CPU has it: u8 codes
+    shifted by ``lo`` times int8 weights, four k per lane, tiles of 8, 4 and 1 rows, 16 columns a
+    vector) and AVX2 / portable, on row counts around those tiles, columns and blocks off the lanes and
+    the quads, the INT4 and int8 weight extremes and inputs beyond the code range: the SPEC formula on
+    ONNX QuantizeLinear's codes (numpy) for every code range, the ones wider than 255 included (the
+    VNNI path does not take those)."""
+    rng = np.random.default_rng([k, n, block])
+    for wlo, whi in ((-8, 7), (-128, 127)):
+        codes, zp, scale = _weights(rng, k, n, block, wlo, whi, True)
+        bw = BlockedWeights(torch.tensor(codes, dtype=torch.float32), torch.tensor(zp, dtype=torch.int32),
+                            torch.tensor(scale), block, 255)
+        for rows in (1, 3, 4, 5, 8, 9, 13, 21):
+            for lo, hi in ((-131, 124), (0, 255), (-255, 0), (-128, 127), (-200, 200)):
+                s_x = float(np.float32(0.0625))
+                x = (rng.standard_normal((rows, k)) * 6).astype(np.float32)
+                x[0, ::2], x[-1, 1::2] = 1e9, -1e9  # codes at hi and lo: the widest products
+                want = blocked_oracle.block_values(_onnx_codes(x, s_x, lo, hi), 0, codes.T, zp.T, scale.T, block, s_x)
+                for use_vnni in (True, False):
+                    got = blocked_sums.quantized_blocked_linear(torch.tensor(x), lo, hi, bw.w8, bw.s32, block, s_x,
+                                                                use_vnni)
+                    np.testing.assert_array_equal(got.numpy(), want, err_msg=f"rows {rows}, codes [{lo}, {hi}], "
+                                                                             f"vnni {use_vnni}")
+
+
+@needs_kernel
+def test_quantized_op_refuses_nan_by_element_on_every_path():
+    """``dal::quantized_blocked_linear`` names the first NaN's flat index, in a later tile of rows too; the
+    C++ entry returns None on it (both paths) and the op's fallback refuses it as ``dal::blocked_linear``."""
+    w8, s = blocked_sums.pack(torch.ones(2, 8, 5)), torch.ones(2, 5)
+    x = torch.zeros(13, 16)
+    x[9, 5] = float("nan")
+    for use_vnni in (True, False):
+        assert blocked_sums.quantized_blocked_linear(x, -128, 127, w8, s, 8, 0.5, use_vnni) is None
+    with pytest.raises(ValueError, match=r"input element 149 \(of \(13, 16\)\)"):
+        torch.ops.dal.quantized_blocked_linear(x, -128, 127, w8, s, 8, 0.5)
+
+
+def test_quantized_op_equals_quantizelinear_then_the_op_and_traces():
+    """The op equals ``dal::blocked_linear`` on ONNX QuantizeLinear's codes (numpy), on the CPU and in its
+    device-independent form (the kernel's other entry or torch's float64 loop); it traces with fake tensors
+    (torch.compile), and its CPU implementation called directly (a captured graph's node) refuses a tensor
+    off the CPU."""
+    from dal.convert.host_ops import direct_calls
+
+    rng = np.random.default_rng(5)
+    w = torch.tensor(rng.integers(-8, 8, (3, 6, 11)), dtype=torch.float32)
+    w8, s = blocked_sums.pack(w), torch.tensor(rng.uniform(0.01, 0.1, (3, 11)).astype(np.float32))
+    x = torch.tensor((rng.standard_normal((9, 18)) * 3).astype(np.float32))
+    codes = torch.tensor(_onnx_codes(x.numpy(), 0.125, -100, 120), dtype=torch.float32)
+    want = blocked_sums.generic(codes, w8, s, 6, 0.125)
+    assert torch.equal(torch.ops.dal.quantized_blocked_linear(x, -100, 120, w8, s, 6, 0.125), want)
+    assert torch.equal(torch.ops.dal.quantized_blocked_linear.default.redispatch(
+        torch._C.DispatchKeySet("CompositeExplicitAutograd"), x, -100, 120, w8, s, 6, 0.125), want)
+    torch.library.opcheck(torch.ops.dal.quantized_blocked_linear.default, (x, -100, 120, w8, s, 6, 0.125),
+                          test_utils=("test_schema", "test_faketensor"))
+    for op in (torch.ops.dal.quantized_blocked_linear, torch.ops.dal.blocked_linear):
+        args = (x.to("meta"), -100, 120, w8, s, 6, 0.125) if op is torch.ops.dal.quantized_blocked_linear \
+            else (codes.to("meta"), w8, s, 6, 0.125)
+        with pytest.raises(ValueError, match="handed a tensor on meta"):
+            direct_calls()[op](*args)

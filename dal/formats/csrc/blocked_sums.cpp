@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
-#ifdef __AVX2__
+#if defined(__AVX2__) || (defined(__GNUC__) && defined(__x86_64__))
 #include <immintrin.h>
 #endif
 
@@ -103,11 +103,131 @@ int64_t blocked(const float* x, int64_t M, const int8_t* w, const float* s, int6
     return 0;
 }
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#define DAL_VNNI 1
+// The same v by AVX-512 VNNI (vpdpbusd: four u8 x s8 products summed into each int32 lane), for the
+// quantizing entry where hi - lo <= 255: with u = x - lo in [0, 255] (x the code as above),
+//     acc_b[n] = sum_k u[k] w[b, k, n] + lo * sum_k w[b, k, n]
+// is the same exact integer (int32 lanes wrap, and the true sum fits: |acc_b| < 2^31). R rows share
+// each weight vector: a 16-column vector holds 4 consecutive k per column, made from two rows of pairs
+// of the layout above (zero-extended, the second shifted into the upper half). t and v as above: each
+// block's float64 product added in ascending b, no FMA, one rounding to float32 per lane.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+void vnni_rows(const int32_t* const* uq, const int8_t* w, const float* s, int64_t nb, int64_t B,
+                      int64_t N, double s_x, float lo, float* const* out) {
+    const int64_t pairs = (B + 1) / 2, quads = (B + 3) / 4;
+    const __m512i ones = _mm512_set1_epi32(0x01010101), lo_v = _mm512_set1_epi32(static_cast<int32_t>(lo));
+    const __m512d sx = _mm512_set1_pd(s_x);
+    for (int64_t n0 = 0; n0 < N; n0 += 16) {
+        const __mmask16 m16 = N - n0 >= 16 ? static_cast<__mmask16>(0xffff)
+                                           : static_cast<__mmask16>((1u << (N - n0)) - 1u);
+        __m512d t[R][2];
+        for (int64_t b = 0; b < nb; ++b) {
+            const int8_t* wb = w + b * pairs * N * 2;
+            __m512i acc[R];
+            for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+            __m512i cs = _mm512_setzero_si512();
+            for (int64_t g = 0; g < quads; ++g) {
+                const __m512i w01 = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m16, wb + (2 * g) * N * 2 + 2 * n0));
+                const __m512i w23 = 2 * g + 1 < pairs
+                    ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m16, wb + (2 * g + 1) * N * 2 + 2 * n0))
+                    : _mm512_setzero_si512();
+                const __m512i wv = _mm512_or_si512(w01, _mm512_slli_epi32(w23, 16));
+                cs = _mm512_dpbusd_epi32(cs, ones, wv);
+                for (int r = 0; r < R; ++r)
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(uq[r][b * quads + g]), wv);
+            }
+            const __m512 sf = _mm512_maskz_loadu_ps(m16, s + b * N + n0);
+            const __m512d s0 = _mm512_cvtps_pd(_mm512_castps512_ps256(sf));
+            const __m512d s1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(sf, 1));
+            const __m512i corr = _mm512_mullo_epi32(cs, lo_v);
+            for (int r = 0; r < R; ++r) {
+                const __m512i a = _mm512_add_epi32(acc[r], corr);
+                const __m512d p0 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(a)), s0);
+                const __m512d p1 = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(a, 1)), s1);
+                if (b == 0) {
+                    t[r][0] = p0;
+                    t[r][1] = p1;
+                } else {
+                    t[r][0] = _mm512_add_pd(t[r][0], p0);
+                    t[r][1] = _mm512_add_pd(t[r][1], p1);
+                }
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            _mm256_mask_storeu_ps(out[r] + n0, static_cast<__mmask8>(m16 & 0xff),
+                                  _mm512_cvtpd_ps(_mm512_mul_pd(t[r][0], sx)));
+            _mm256_mask_storeu_ps(out[r] + n0 + 8, static_cast<__mmask8>(m16 >> 8),
+                                  _mm512_cvtpd_ps(_mm512_mul_pd(t[r][1], sx)));
+        }
+    }
+}
+
+// One row's u = code - lo, four k per int32 (byte i: k = 4g + i of block b; zero past B). Returns 1 + the
+// flat index of the first NaN, else 0.
+inline int64_t row_quads(const float* xm, int64_t flat0, int64_t nb, int64_t B, float s_in, float lo, float hi,
+                         int32_t* uq) {
+    const int64_t quads = (B + 3) / 4;
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int64_t g = 0; g < quads; ++g) {
+            uint32_t q = 0;
+            for (int i = 0; i < 4; ++i) {
+                const int64_t k = 4 * g + i;
+                if (k >= B) break;
+                float v = int_code_round(xm[b * B + k], s_in);
+                if (v != v) return 1 + flat0 + b * B + k;
+                v = int_code_clamp(v, lo, hi);
+                q |= static_cast<uint32_t>(static_cast<int32_t>(v) - static_cast<int32_t>(lo)) << (8 * i);
+            }
+            uq[b * quads + g] = static_cast<int32_t>(q);
+        }
+    }
+    return 0;
+}
+
+int64_t blocked_vnni(const float* in, int64_t M, const int8_t* w, const float* s, int64_t nb, int64_t B, int64_t N,
+                     float s_in, float lo, float hi, double s_x, float* out) {
+    const int64_t K = nb * B, per_row = nb * ((B + 3) / 4);
+    std::vector<int32_t> uq(8 * per_row);
+    for (int64_t m0 = 0; m0 < M;) {
+        const int R = M - m0 >= 8 ? 8 : M - m0 >= 4 ? 4 : 1;
+        const int32_t* rows[8];
+        float* outs[8];
+        for (int r = 0; r < R; ++r) {
+            const int64_t bad = row_quads(in + (m0 + r) * K, (m0 + r) * K, nb, B, s_in, lo, hi, uq.data() + r * per_row);
+            if (bad) return bad;
+            rows[r] = uq.data() + r * per_row;
+            outs[r] = out + (m0 + r) * N;
+        }
+        if (R == 8) {
+            vnni_rows<8>(rows, w, s, nb, B, N, s_x, lo, outs);
+        } else if (R == 4) {
+            vnni_rows<4>(rows, w, s, nb, B, N, s_x, lo, outs);
+        } else {
+            vnni_rows<1>(rows, w, s, nb, B, N, s_x, lo, outs);
+        }
+        m0 += R;
+    }
+    return 0;
+}
+#endif
+
 }  // namespace
 
 extern "C" {
 
-int dal_blocked_abi_version() { return 2; }
+int dal_blocked_abi_version() { return 3; }
+
+// Whether dal_blocked_linear_q takes the AVX-512 VNNI path on this CPU (for hi - lo <= 255).
+int dal_blocked_vnni() {
+#ifdef DAL_VNNI
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")
+        && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
 
 // x [M, nb * B] float32 (integer values), w packed as above, s [nb, N] float32, out [M, N] float32.
 // Returns 0, or 1 + the flat index of the first x that is not an integer in [-255, 255] (out is
@@ -119,8 +239,13 @@ int64_t dal_blocked_linear(const float* x, int64_t M, const int8_t* w, const flo
 
 // The same from the float32 input `in` [M, nb * B] (codes made as in the header; lo, hi integers with
 // -255 <= lo <= hi <= 255, s_in > 0: the caller's). Returns 0, or 1 + the flat index of the first NaN.
+// vnni: 1 takes the AVX-512 VNNI path where dal_blocked_vnni() and hi - lo <= 255, 0 the AVX2 / portable one
+// (the same bits).
 int64_t dal_blocked_linear_q(const float* in, int64_t M, const int8_t* w, const float* s, int64_t nb, int64_t B,
-                             int64_t N, float s_in, float lo, float hi, double s_x, float* out) {
+                             int64_t N, float s_in, float lo, float hi, double s_x, float* out, int vnni) {
+#ifdef DAL_VNNI
+    if (vnni && hi - lo <= 255.0f && dal_blocked_vnni()) return blocked_vnni(in, M, w, s, nb, B, N, s_in, lo, hi, s_x, out);
+#endif
     return blocked(in, M, w, s, nb, B, N, s_x, out, 1, s_in, lo, hi);
 }
 
