@@ -202,14 +202,17 @@ def quantized_cpu(inp, lo, hi, w, s, block, s_x):
         raise ValueError("dal::quantized_blocked_linear: the CPU implementation was handed a tensor on "
                          f"{next(t.device for t in (inp, w, s) if not t.is_cpu)}")
     v = quantized_blocked_linear(inp.contiguous(), lo, hi, w, s, block, s_x)
-    if v is not None:
-        return v
-    codes = torch.round(inp.float() / torch.tensor(s_x, dtype=torch.float32)).clamp_(lo, hi)
-    return _cpu(codes, w, s, block, s_x)
+    return v if v is not None else _cpu(_input_codes(inp, lo, hi, s_x), w, s, block, s_x)
+
+
+def _input_codes(inp, lo, hi, s_x):
+    """ONNX QuantizeLinear minus the zero point in torch: ``clamp(round_half_even(inp / float32(s_x)), lo, hi)``
+    (NaN stays NaN)."""
+    return torch.round(inp.float() / torch.tensor(s_x, dtype=torch.float32, device=inp.device)).clamp_(lo, hi)
 
 
 def _quantized_any(inp, lo, hi, w, s, block, s_x):
-    codes = torch.round(inp.float() / torch.tensor(s_x, dtype=torch.float32, device=inp.device)).clamp_(lo, hi)
+    codes = _input_codes(inp, lo, hi, s_x)
     _check(codes, w, s, block)
     return generic(codes, w, s, block, s_x)
 
