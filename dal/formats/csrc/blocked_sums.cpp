@@ -195,7 +195,8 @@ int64_t blocked_vnni(const float* in, int64_t M, const int8_t* w, const float* s
         const int32_t* rows[8];
         float* outs[8];
         for (int r = 0; r < R; ++r) {
-            const int64_t bad = row_quads(in + (m0 + r) * K, (m0 + r) * K, nb, B, s_in, lo, hi, uq.data() + r * per_row);
+            const int64_t bad = row_quads(in + (m0 + r) * K, (m0 + r) * K, nb, B, s_in, lo, hi,
+                                          uq.data() + r * per_row);
             if (bad) return bad;
             rows[r] = uq.data() + r * per_row;
             outs[r] = out + (m0 + r) * N;
@@ -244,7 +245,8 @@ int64_t dal_blocked_linear(const float* x, int64_t M, const int8_t* w, const flo
 int64_t dal_blocked_linear_q(const float* in, int64_t M, const int8_t* w, const float* s, int64_t nb, int64_t B,
                              int64_t N, float s_in, float lo, float hi, double s_x, float* out, int vnni) {
 #ifdef DAL_VNNI
-    if (vnni && hi - lo <= 255.0f && dal_blocked_vnni()) return blocked_vnni(in, M, w, s, nb, B, N, s_in, lo, hi, s_x, out);
+    if (vnni && hi - lo <= 255.0f && dal_blocked_vnni())
+        return blocked_vnni(in, M, w, s, nb, B, N, s_in, lo, hi, s_x, out);
 #endif
     return blocked(in, M, w, s, nb, B, N, s_x, out, 1, s_in, lo, hi);
 }
