@@ -16,18 +16,19 @@ Contract:
   graph then runs without per-call dispatch; the calls that leave torch in the eager model are operators of
   their own with the same calls inside (host_ops.py: dal.formats' C++ fake quantization and cast round trip,
   numpy's ``exp``, a float island's numpy float64 matmul such as ``lm_head``'s; the blocked linear is
-  dal/kernels' ``dal::quantized_blocked_linear`` op, its input codes made inside, where the eager layer
-  makes them in the kernel call, else ``dal::blocked_linear`` on the same codes). tests/convert/test_compiled_blocks.py
-  compares every output, logits and KV codes, with the eager integer model and dal.npu over decode steps.
-* **A frozen model.** The only guards kept are those on the tensors a block is called with (shape,
-  dtype, strides, device: :func:`argument_tensor_guards`); every other guard dynamo writes (~1,700 per
-  Llama layer: module attributes, globals, closures) is dropped, which is most of a captured call's
-  cost. So the graph keeps what was true when it was captured: module states, formats, which plan a
-  layer takes, process-wide switches (dal.formats' kernel switches), NPUFloatOps' table, and the output
-  of each weight quantizer (an embedding table's, a norm weight's: the one its eager call kept,
-  quant_calls.py); other module tensors are read at each call (an in-place change of an activation
-  quantizer's scale is seen), a new tensor object assigned to a module is not. Change the model after
-  ``compile_blocks`` and the outputs are wrong: convert again. Arguments of another shape or dtype capture a new graph.
+  dal/kernels' ``dal::quantized_blocked_linear`` op, its input codes made inside, where the eager layer makes
+  them in the kernel call, else ``dal::blocked_linear`` on the same codes).
+  tests/convert/test_compiled_blocks.py compares every output, logits and KV codes, with the eager integer
+  model and dal.npu over decode steps.
+* **A frozen model.** The only guards kept are those on the tensors a block is called with (shape, dtype,
+  strides, device: :func:`argument_tensor_guards`); every other guard dynamo writes (~1,700 per Llama layer:
+  module attributes, globals, closures) is dropped, which is most of a captured call's cost. So the graph
+  keeps what was true when it was captured: module states, formats, which plan a layer takes, process-wide
+  switches (dal.formats' kernel switches), NPUFloatOps' table, and the output of each weight quantizer (an
+  embedding table's, a norm weight's: the one its eager call kept, quant_calls.py); other module tensors are
+  read at each call (an in-place change of an activation quantizer's scale is seen), a new tensor object
+  assigned to a module is not. Change the model after ``compile_blocks`` and the outputs are wrong: convert
+  again. Arguments of another shape or dtype capture a new graph.
 * **A whole decoder step.** ``compile_blocks(int_model, "step")`` captures the DecoderStep (embedding,
   layers, final norm, ``lm_head``) as one graph, ``compile_blocks(int_model, "")`` the whole net (a
   decoder file's codes boundary too: codes_boundary.py reads its kept constants without the data
@@ -36,7 +37,8 @@ Contract:
 * **When a block runs eagerly.** Outside an integer-model forward (the probe, a direct call),
   inside ``run_with_codes`` (its taps are Python hooks), and where the model has fixed-point fan-out
   groups (their per-reader values are Python state of the forward): ``compile_blocks`` refuses such a
-  model. NaN reaching a blocked linear is refused by the ``dal::blocked_linear`` op (a ValueError
+  model. NaN reaching a blocked linear is refused by its ``dal::quantized_blocked_linear`` or
+  ``dal::blocked_linear`` op (a ValueError
   naming the element) instead of the layer's ConvertError; NaN model inputs are refused before any block.
 * The integer model's torch-function mode must be the innermost one when a block is called (no other
   ``TorchFunctionMode`` entered inside the model's forward): the block leaves it for its call.
@@ -111,9 +113,10 @@ def compile_blocks(model, blocks: Union[str, Iterable[nn.Module]]) -> int:
     submodule path of ``model.net`` naming a module or a ModuleList, or an iterable of its submodules;
     ``""``: the whole net) of the integer model ``model`` as a graph captured by
     ``torch.compile`` (:func:`eager_direct_host_calls`), from its next forward on (module doc: the same
-    outputs, bit for bit, for a model not changed afterwards). Returns how many blocks. Raises ConvertError before the
-    first forward (the probe plans the groups), for a model with fixed-point fan-out groups, and for a
-    block that is not in ``model.net``; RuntimeError where dal.formats' C++ kernel is not built."""
+    outputs, bit for bit, for a model not changed afterwards). Returns how many blocks. Raises
+    ConvertError before the first forward (the probe plans the groups), for a model with fixed-point
+    fan-out groups, and for a block that is not in ``model.net``; RuntimeError where dal.formats' C++
+    kernel is not built."""
     return model.compile_blocks(blocks)
 
 

@@ -114,8 +114,8 @@ int64_t blocked(const float* x, int64_t M, const int8_t* w, const float* s, int6
 // block's float64 product added in ascending b, no FMA, one rounding to float32 per lane.
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
-void vnni_rows(const int32_t* const* uq, const int8_t* w, const float* s, int64_t nb, int64_t B,
-                      int64_t N, double s_x, float lo, float* const* out) {
+void vnni_rows(const int32_t* const* uq, const int8_t* w, const float* s, int64_t nb, int64_t B, int64_t N,
+               double s_x, float lo, float* const* out) {
     const int64_t pairs = (B + 1) / 2, quads = (B + 3) / 4;
     const __m512i ones = _mm512_set1_epi32(0x01010101), lo_v = _mm512_set1_epi32(static_cast<int32_t>(lo));
     const __m512d sx = _mm512_set1_pd(s_x);
@@ -129,7 +129,8 @@ void vnni_rows(const int32_t* const* uq, const int8_t* w, const float* s, int64_
             for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
             __m512i cs = _mm512_setzero_si512();
             for (int64_t g = 0; g < quads; ++g) {
-                const __m512i w01 = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m16, wb + (2 * g) * N * 2 + 2 * n0));
+                const __m512i w01 =
+                    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m16, wb + (2 * g) * N * 2 + 2 * n0));
                 const __m512i w23 = 2 * g + 1 < pairs
                     ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m16, wb + (2 * g + 1) * N * 2 + 2 * n0))
                     : _mm512_setzero_si512();
