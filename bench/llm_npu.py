@@ -208,21 +208,11 @@ class Engines:
         with torch.no_grad():
             return self.fp(self.ids, use_cache=True).logits
 
-    def int_decode(self):
+    @staticmethod
+    def stepped(model, inputs):
+        """``model(*inputs)`` without autograd: one step of an integer model."""
         with torch.no_grad():
-            return self.int_dec(*self.dec_in)
-
-    def int_prefill(self):
-        with torch.no_grad():
-            return self.int_pre(*self.pre_in)
-
-    def cap_decode(self):
-        with torch.no_grad():
-            return self.cap_dec(*self.dec_in)
-
-    def cap_prefill(self):
-        with torch.no_grad():
-            return self.cap_pre(*self.pre_in)
+            return model(*inputs)
 
     def runs(self) -> dict:
         """name -> callable, in the order each repetition runs them (``ort <phase> -<optimizer>``:
@@ -230,10 +220,12 @@ class Engines:
         ort = lambda phase, off, feed: (lambda: self.ort[phase, off].run(None, feed))
         return {"npu decode": lambda: self.npu_dec.run(self.dec_np),
                 **{f"ort decode -{off}": ort("decode", off, self.dec_np) for off in ORT_OFF},
-                "int decode": self.int_decode, "cap decode": self.cap_decode, "float decode": self.float_decode,
+                "int decode": lambda: self.stepped(self.int_dec, self.dec_in),
+                "cap decode": lambda: self.stepped(self.cap_dec, self.dec_in), "float decode": self.float_decode,
                 "npu prefill": lambda: self.npu_pre.run(self.pre_np),
                 **{f"ort prefill -{off}": ort("prefill", off, self.pre_np) for off in ORT_OFF},
-                "int prefill": self.int_prefill, "cap prefill": self.cap_prefill, "float prefill": self.float_prefill}
+                "int prefill": lambda: self.stepped(self.int_pre, self.pre_in),
+                "cap prefill": lambda: self.stepped(self.cap_pre, self.pre_in), "float prefill": self.float_prefill}
 
 
 def timed(runs: dict, reps: int) -> tuple[dict, dict]:

@@ -20,11 +20,14 @@ reference's float64 block sums are the same exact integers). An ``x`` that is no
 C++ call, as ONNX QuantizeLinear minus the zero point (``clamp(round_half_even(in / float32(s_x)), lo,
 hi)``): the eager integer model's decode path, a plain function (one ctypes call) rather than an op.
 ``dal::quantized_blocked_linear(inp, lo, hi, w, s, block, s_x)`` is that call as an op, for a captured
-integer model (dal/convert/compiled.py): one node instead of the codes' five and the sums'.
+integer model (dal/convert/compiled.py): one node instead of the codes' five and the sums'. It has no
+second way to make the codes: a NaN input or arguments the kernel does not take raise a ValueError
+naming them.
 
 CPU: the C++ kernel ``dal_blocked_linear`` (``dal/formats/csrc/blocked_sums.cpp``, built on first
 use by ``dal.formats.native.compile_library``, AVX2 ``vpmaddwd`` on int8 weights: a quarter of the
-float32 block sums' weight bytes, one call instead of nine torch ops), for float32 ``x`` when the
+float32 block sums' weight bytes, one call instead of nine torch ops; the quantizing entry takes an
+AVX-512 VNNI path where the CPU has it, :func:`vnni`), for float32 ``x`` when the
 kernel is built; elsewhere (other devices, no compiler) the generic implementation: the same loop in
 plain torch on float64, the same bits. It is a ``torch.library.Library`` op rather than a
 ``torch.library.custom_op`` for the lower per-call dispatch (bench/results/integer_decode.md); a
@@ -194,36 +197,55 @@ def quantized_blocked_linear_op(inp: torch.Tensor, lo: int, hi: int, w: torch.Te
 
 
 def quantized_cpu(inp, lo, hi, w, s, block, s_x):
-    """``dal::quantized_blocked_linear`` on the CPU: :func:`quantized_blocked_linear`'s one C++ call where it
-    applies, else the codes made in torch (ONNX QuantizeLinear minus the zero point: a float32 division,
-    half-even rounding, the clamp) and :func:`blocked_linear`'s CPU call, which refuses a NaN (ValueError
-    naming the element). The same ``v`` either way."""
-    if not (inp.is_cpu and w.is_cpu and s.is_cpu):
-        raise ValueError("dal::quantized_blocked_linear: the CPU implementation was handed a tensor on "
-                         f"{next(t.device for t in (inp, w, s) if not t.is_cpu)}")
-    v = quantized_blocked_linear(inp.contiguous(), lo, hi, w, s, block, s_x)
-    return v if v is not None else _cpu(_input_codes(inp, lo, hi, s_x), w, s, block, s_x)
-
-
-def _input_codes(inp, lo, hi, s_x):
-    """ONNX QuantizeLinear minus the zero point in torch: ``clamp(round_half_even(inp / float32(s_x)), lo, hi)``
-    (NaN stays NaN)."""
-    return torch.round(inp.float() / torch.tensor(s_x, dtype=torch.float32, device=inp.device)).clamp_(lo, hi)
-
-
-def _quantized_any(inp, lo, hi, w, s, block, s_x):
-    codes = _input_codes(inp, lo, hi, s_x)
-    _check(codes, w, s, block)
-    return generic(codes, w, s, block, s_x)
+    """``dal::quantized_blocked_linear`` on the CPU: :func:`quantized_blocked_linear`'s one C++ call. Raises
+    a ValueError naming the first NaN of ``inp`` (QuantizeLinear has no code for it), and one naming the
+    argument the kernel does not take (a tensor off the CPU included: the captured graph calls this
+    directly) instead of computing the codes a second way."""
+    why = _why_not(inp, lo, hi, w, s, block)
+    if why:
+        raise ValueError(f"dal::quantized_blocked_linear: {why}")
+    out, bad = _quantized_call(inp.contiguous(), lo, hi, w, s, block, s_x, True)
+    if bad:
+        raise ValueError(f"dal::quantized_blocked_linear: input element {bad - 1} (of {tuple(inp.shape)}) is NaN: "
+                         "ONNX QuantizeLinear has no code for it")
+    return out
 
 
 _LIB.impl("quantized_blocked_linear", quantized_cpu, "CPU")
-_LIB.impl("quantized_blocked_linear", _quantized_any, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("dal::quantized_blocked_linear")
 def _quantized_fake(inp, lo, hi, w, s, block, s_x):
     return inp.new_empty(inp.shape[0], w.shape[2], dtype=torch.float32)
+
+
+def _why_not(inp, lo, hi, w, s, block) -> str:
+    """Why :func:`quantized_blocked_linear` cannot take these arguments ("" when it can)."""
+    off = [t.device for t in (inp, w, s) if not t.is_cpu]
+    if off:
+        return f"the CPU implementation was handed a tensor on {off[0]}"
+    if library() is None:
+        return status()
+    if inp.dtype != torch.float32 or s.dtype != torch.float32:
+        return f"inp ({inp.dtype}) and s ({s.dtype}) must be float32"
+    try:
+        _check(inp, w, s, block)  # the shapes dal::blocked_linear takes
+    except ValueError as e:
+        return str(e).removeprefix("dal::blocked_linear: ")
+    if not -X_MAX <= lo <= hi <= X_MAX:
+        return f"code range [{lo}, {hi}] is not within [-{X_MAX}, {X_MAX}]"
+    if block > KERNEL_BLOCK_MAX:
+        return f"block {block} is longer than the kernel's int32 sums allow ({KERNEL_BLOCK_MAX})"
+    return ""
+
+
+def _quantized_call(inp, lo, hi, w, s, block, s_x, use_vnni) -> tuple:
+    """``(v, 0)`` from ``dal_blocked_linear_q`` on arguments :func:`_why_not` accepts (``inp`` contiguous), or
+    ``(None, 1 + the flat index of the first NaN)``."""
+    out = torch.empty(inp.shape[0], w.shape[2], dtype=torch.float32)
+    bad = library().dal_blocked_linear_q(inp.data_ptr(), inp.shape[0], w.data_ptr(), s.data_ptr(), w.shape[0], block,
+                                         w.shape[2], s_x, lo, hi, s_x, out.data_ptr(), int(use_vnni))
+    return (None, bad) if bad else (out, 0)
 
 
 def quantized_blocked_linear(inp: torch.Tensor, lo: int, hi: int, w: torch.Tensor, s: torch.Tensor, block: int,
@@ -237,14 +259,6 @@ def quantized_blocked_linear(inp: torch.Tensor, lo: int, hi: int, w: torch.Tenso
     fast path, its bits the op's; shapes are the caller's to keep (``w``, ``s`` from :func:`pack` for
     ``nb`` blocks of ``block``). The kernel takes its AVX-512 VNNI path where :func:`vnni` and
     ``hi - lo <= 255`` (``use_vnni=False``: the AVX2 / portable path, the same bits)."""
-    lib = library()
-    if lib is None or inp.dtype != torch.float32 or inp.device.type != "cpu" or not inp.is_contiguous() \
-            or not -X_MAX <= lo <= hi <= X_MAX or inp.dim() != 2 or inp.shape[1] != w.shape[0] * block \
-            or block > KERNEL_BLOCK_MAX or w.dtype != torch.int8 or not w.is_cpu or s.dtype != torch.float32 \
-            or not s.is_cpu:
+    if not inp.is_contiguous() or _why_not(inp, lo, hi, w, s, block):
         return None
-    out = torch.empty(inp.shape[0], w.shape[2], dtype=torch.float32)
-    if lib.dal_blocked_linear_q(inp.data_ptr(), inp.shape[0], w.data_ptr(), s.data_ptr(), w.shape[0], block,
-                                w.shape[2], s_x, lo, hi, s_x, out.data_ptr(), int(use_vnni)):
-        return None
-    return out
+    return _quantized_call(inp, lo, hi, w, s, block, s_x, use_vnni)[0]

@@ -257,36 +257,44 @@ def test_both_kernel_paths_equal_quantizelinear_then_the_spec_at_any_rows(k, n, 
 @needs_kernel
 def test_quantized_op_refuses_nan_by_element_on_every_path():
     """``dal::quantized_blocked_linear`` names the first NaN's flat index, in a later tile of rows too; the
-    C++ entry returns None on it (both paths) and the op's fallback refuses it as ``dal::blocked_linear``."""
+    eager entry returns None on it on both paths (the layer then makes the codes and names its quantizer)."""
     w8, s = blocked_sums.pack(torch.ones(2, 8, 5)), torch.ones(2, 5)
     x = torch.zeros(13, 16)
     x[9, 5] = float("nan")
     for use_vnni in (True, False):
         assert blocked_sums.quantized_blocked_linear(x, -128, 127, w8, s, 8, 0.5, use_vnni) is None
-    with pytest.raises(ValueError, match=r"input element 149 \(of \(13, 16\)\)"):
+    with pytest.raises(ValueError, match=r"input element 149 \(of \(13, 16\)\) is NaN"):
         torch.ops.dal.quantized_blocked_linear(x, -128, 127, w8, s, 8, 0.5)
 
 
-def test_quantized_op_equals_quantizelinear_then_the_op_and_traces():
-    """The op equals ``dal::blocked_linear`` on ONNX QuantizeLinear's codes (numpy), on the CPU and in its
-    device-independent form (the kernel's other entry or torch's float64 loop); it traces with fake tensors
-    (torch.compile), and its CPU implementation called directly (a captured graph's node) refuses a tensor
-    off the CPU."""
+@needs_kernel
+def test_quantized_op_equals_quantizelinear_then_the_spec_and_names_bad_arguments():
+    """The op equals the SPEC formula (tests/blocked_oracle.py) on ONNX QuantizeLinear's codes (numpy); it
+    traces with fake tensors (torch.compile); bad arguments raise a ValueError naming them rather than
+    taking a second route: a weight not in pack()'s layout, a code range past 8 bits, float64 input, and a
+    tensor off the CPU (its CPU implementation called directly, as a captured graph's node does)."""
     from dal.convert.host_ops import direct_calls
 
     rng = np.random.default_rng(5)
-    w = torch.tensor(rng.integers(-8, 8, (3, 6, 11)), dtype=torch.float32)
-    w8, s = blocked_sums.pack(w), torch.tensor(rng.uniform(0.01, 0.1, (3, 11)).astype(np.float32))
-    x = torch.tensor((rng.standard_normal((9, 18)) * 3).astype(np.float32))
-    codes = torch.tensor(_onnx_codes(x.numpy(), 0.125, -100, 120), dtype=torch.float32)
-    want = blocked_sums.generic(codes, w8, s, 6, 0.125)
-    assert torch.equal(torch.ops.dal.quantized_blocked_linear(x, -100, 120, w8, s, 6, 0.125), want)
-    assert torch.equal(torch.ops.dal.quantized_blocked_linear.default.redispatch(
-        torch._C.DispatchKeySet("CompositeExplicitAutograd"), x, -100, 120, w8, s, 6, 0.125), want)
-    torch.library.opcheck(torch.ops.dal.quantized_blocked_linear.default, (x, -100, 120, w8, s, 6, 0.125),
+    codes = rng.integers(-8, 8, (11, 18))
+    scale = rng.uniform(0.01, 0.1, (11, 3)).astype(np.float32)
+    w8 = blocked_sums.pack(torch.tensor(codes.T.reshape(3, 6, 11), dtype=torch.float32))
+    s = torch.tensor(scale.T.copy())
+    x = (rng.standard_normal((9, 18)) * 3).astype(np.float32)
+    want = blocked_oracle.block_values(_onnx_codes(x, 0.125, -100, 120), 0, codes.T, np.zeros((3, 11), np.int64),
+                                       scale.T, 6, 0.125)
+    op = torch.ops.dal.quantized_blocked_linear
+    np.testing.assert_array_equal(op(torch.tensor(x), -100, 120, w8, s, 6, 0.125).numpy(), want)
+    torch.library.opcheck(op.default, (torch.tensor(x), -100, 120, w8, s, 6, 0.125),
                           test_utils=("test_schema", "test_faketensor"))
-    for op in (torch.ops.dal.quantized_blocked_linear, torch.ops.dal.blocked_linear):
-        args = (x.to("meta"), -100, 120, w8, s, 6, 0.125) if op is torch.ops.dal.quantized_blocked_linear \
-            else (codes.to("meta"), w8, s, 6, 0.125)
-        with pytest.raises(ValueError, match="handed a tensor on meta"):
-            direct_calls()[op](*args)
+    xt = torch.tensor(x)
+    for args, match in (((xt, -100, 120, w8[:, :2], s, 6, 0.125), "do not fit block 6"),
+                        ((xt, -300, 120, w8, s, 6, 0.125), r"code range \[-300, 120\]"),
+                        ((xt.double(), -100, 120, w8, s, 6, 0.125), "must be float32")):
+        with pytest.raises(ValueError, match=match):
+            op(*args)
+    direct = direct_calls()
+    with pytest.raises(ValueError, match="handed a tensor on meta"):
+        direct[op](xt.to("meta"), -100, 120, w8, s, 6, 0.125)
+    with pytest.raises(ValueError, match="handed a tensor on meta"):
+        direct[torch.ops.dal.blocked_linear](xt.to("meta"), w8, s, 6, 0.125)

@@ -27,7 +27,8 @@ def test_bench_runs_one_layer(tmp_path):
     assert "model.layers.0.mlp.down_proj.weight_quant/DequantizeLinear" in llm_npu.constant_dequantizers(e.dec_path)
     # the thing timed is the real step: dal.npu's decode codes equal the integer model's, bit for bit
     npu = e.npu_dec.run(e.dec_np)
-    mine = e.int_decode()
+    mine = e.stepped(e.int_dec, e.dec_in)
+    assert e.captured_same  # the captured integer models (compile_blocks("")) time the same outputs
     assert np.array_equal(npu[0].view(np.uint32), mine[0].numpy().view(np.uint32))
     for a, b in zip(npu[1:], mine[1:]):
         assert np.array_equal(a, b.numpy())
